@@ -1,0 +1,40 @@
+# The two commands of the README:
+#   make demo   set up (.venv, package, data) and run the main job
+#   make test   set up, then run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
+DEMO_DIR ?= runs/demo
+
+.PHONY: demo test install data clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test,notebooks]"
+	touch $(STAMP)
+
+# Fashion-MNIST offline: the Debian package ships the original IDX files;
+# tfmulti prepares them once as the TFDS dataset `fashion_mnist`.
+data: $(STAMP)
+	@if [ ! -f $(FASHION_MNIST_DIR)/t10k-labels-idx1-ubyte.gz ]; then \
+	  echo "Installing Debian package dataset-fashion-mnist"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist; \
+	fi
+	$(VENV)/bin/tfmulti prepare-data --dataset fashion_mnist
+
+demo: data
+	$(PY) recipes/train.py --strategy=mirrored --num_virtual_devices=4 \
+	  --dataset=fashion_mnist --model=mlp --epochs=5 --global_batch_size=256 \
+	  --model_dir=$(DEMO_DIR)
+
+test: data
+	$(PY) -m pytest -q --durations=15
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache build *.egg-info

@@ -1,0 +1,46 @@
+"""What every recipe shares: flag parsing that turns bad input into one line
+and exit code 2, and quieter TensorFlow start-up logs."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+
+EXIT_USAGE = 2
+
+
+def usage_error(message: str) -> None:
+    """Prints `<program>: error: <message>` and exits with code 2."""
+    prog = os.path.basename(sys.argv[0] or "recipe")
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing with a one-line error and exit code 2 (absl exits 1)."""
+    try:
+        rest = flags.FLAGS(argv)
+    except flags.Error as e:
+        usage_error(f"{e} (see --helpfull)")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # TF's INFO chatter hides progress
+    return rest
+
+
+def run(main) -> None:
+    """`app.run(main)`, with user errors (ValueError, FileNotFoundError,
+    RuntimeError from device set-up) as one line and exit code 2."""
+
+    def guarded(argv):
+        if len(argv) > 1:
+            usage_error(f"unexpected arguments {argv[1:]}; every option is a --flag.")
+        try:
+            return main(argv)
+        except (ValueError, FileNotFoundError) as e:
+            usage_error(str(e))
+
+    app.run(guarded, flags_parser=parse_flags)

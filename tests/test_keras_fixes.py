@@ -1,0 +1,44 @@
+"""Each upstream workaround: the bug still happens without it, and the fix works.
+
+When a test named `test_upstream_bug_*` starts failing after a TensorFlow or
+Keras upgrade, upstream has fixed the bug: drop the workaround.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from tests._util import run_python
+
+_TWO_STRATEGIES = textwrap.dedent("""
+    import tensorflow as tf
+    import tfmulti
+    from tfmulti import keras_fixes
+    tfmulti.configure_virtual_devices(4)
+    make = {make}
+
+    def all_reduce(strategy):
+        value = strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+            "sum", tf.constant(1.0)))
+        return float(strategy.experimental_local_results(value)[0])
+
+    first = make([f"CPU:{{i}}" for i in range(2)])
+    second = make([f"CPU:{{i}}" for i in range(4)])
+    print("sums", all_reduce(first), all_reduce(second))
+""")
+
+
+def test_upstream_bug_mirrored_strategies_share_collective_keys():
+    # tensorflow/tensorflow#61314: a second MirroredStrategy over other devices
+    # reuses group key 1 and its first all-reduce fails.
+    code = _TWO_STRATEGIES.format(make="lambda d: tf.distribute.MirroredStrategy(d)")
+    result = run_python(["-c", code], timeout=120)
+    assert result.returncode != 0, result.stdout
+    assert "is joining a group with size" in result.stderr
+
+
+def test_fix_gives_each_mirrored_strategy_its_own_keys():
+    code = _TWO_STRATEGIES.format(make="keras_fixes.mirrored_strategy")
+    result = run_python(["-c", code], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sums 2.0 4.0" in result.stdout

@@ -1,0 +1,153 @@
+"""The recipes and the `tfmulti` command, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests._util import REPO, run_python
+
+TRAIN = str(REPO / "recipes" / "train.py")
+TINY = ["--dataset=synthetic", "--num_examples=512", "--epochs=2", "--global_batch_size=64"]
+
+
+def _tree(path) -> dict:
+    """Relative path -> bytes of every file under `path` (to prove nothing changed)."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = f.read()
+    return out
+
+
+def test_train_recipe_smoke(tmp_path):
+    model_dir = tmp_path / "run"
+    result = run_python([TRAIN, "--strategy=mirrored", "--num_virtual_devices=2", *TINY,
+                         f"--model_dir={model_dir}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["num_replicas"] == 2
+    assert metrics["strategy"] == "MirroredStrategy"
+    assert metrics["epochs_completed"] == 2
+    assert metrics["steps_per_epoch"] == 512 // 64
+    assert metrics["examples_per_second"] > 0
+    assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0
+    assert (model_dir / "model.keras").is_file()
+    assert any((model_dir / "logs").rglob("events.out.tfevents.*"))
+    assert not [p for p in model_dir.iterdir() if p.name.startswith(".tmp-")]
+    assert "test_accuracy=" in result.stdout
+    # The saved model loads and predicts in a fresh process.
+    check = run_python(["-c", (
+        "import keras, numpy as np, tfmulti.models;"
+        f"m = keras.models.load_model({str(model_dir / 'model.keras')!r});"
+        "print(m.predict(np.zeros((3, 28, 28, 1)), verbose=0).shape)")])
+    assert check.returncode == 0, check.stderr[-2000:]
+    assert "(3, 10)" in check.stdout
+
+
+def test_train_recipe_regression_one_device(tmp_path):
+    result = run_python([TRAIN, "--strategy=one_device", "--model=regression",
+                         "--dataset=synthetic_regression", "--num_examples=256", "--epochs=1",
+                         "--global_batch_size=32", "--optimizer=sgd", "--learning_rate=0.01",
+                         f"--model_dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["num_replicas"] == 1 and "test_mae" in metrics
+    assert "test_accuracy" not in metrics
+
+
+# Each bad configuration: its message, exit code 2, and model_dir untouched.
+BAD_FLAGS = [
+    (["--global_batch_size=10", "--num_virtual_devices=4", "--strategy=mirrored"],
+     r"`global_batch_size` (10) must be divisible by the number of replicas (4)"),
+    (["--strategy=bogus"], "flag --strategy=bogus"),
+    (["--epochs=0"], "flag --epochs=0"),
+    (["--lr_scaling=cubic"], "flag --lr_scaling=cubic"),
+    (["--devices=CPU:9", "--num_virtual_devices=2"], "do not exist; available"),
+    (["--cross_device_ops=nccl", "--num_virtual_devices=2", "--strategy=mirrored"],
+     "needs GPU devices"),
+    (["--model=regression"], "does regression but dataset 'synthetic' is a classification"),
+    (["--warmup_epochs=-1"], "flag --warmup_epochs=-1"),
+    (["stray_argument"], "unexpected arguments ['stray_argument']"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_FLAGS, ids=[f[0][0] for f in BAD_FLAGS])
+def test_train_recipe_bad_flags(tmp_path, flags, message):
+    model_dir = tmp_path / "existing_run"
+    model_dir.mkdir()
+    (model_dir / "keep.txt").write_text("previous results")
+    before = _tree(model_dir)
+    args = [TRAIN, "--dataset=synthetic", "--num_examples=256", f"--model_dir={model_dir}",
+            *flags]
+    result = run_python(args, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    # One line from the recipe (TensorFlow's C++ start-up log may precede it).
+    error_lines = [line for line in result.stderr.splitlines()
+                   if line.startswith("train.py: error:")]
+    assert len(error_lines) == 1, result.stderr
+    assert message in error_lines[0]
+    assert _tree(model_dir) == before
+
+
+def test_train_recipe_missing_dataset_fails_fast(tmp_path):
+    model_dir = tmp_path / "new_run"
+    result = run_python([TRAIN, "--dataset=cifar10", f"--data_dir={tmp_path / 'empty'}",
+                         f"--model_dir={model_dir}"], timeout=60)
+    assert result.returncode == 2
+    assert "dataset 'cifar10' not found" in result.stderr and "--download" in result.stderr
+    assert not model_dir.exists()
+
+
+def test_seed_examples_data_parallel_matches_single_device():
+    result = run_python([str(REPO / "recipes" / "seed_examples.py"), "--example=data_parallel",
+                         "--dataset=synthetic", "--num_examples=512"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("batch (25, 28, 28, 1)") == 4
+    diff = float(result.stdout.split("max gradient difference")[1].split()[0])
+    assert diff < 1e-5
+
+
+def test_seed_examples_optimizers_compares_both():
+    result = run_python([str(REPO / "recipes" / "seed_examples.py"), "--example=optimizers",
+                         "--dataset=synthetic", "--num_examples=400", "--epochs=2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "adam=" in result.stdout and "sgd=" in result.stdout
+    assert len([l for l in result.stdout.splitlines() if l.strip()[:1].isdigit()]) == 2
+
+
+def test_cli_env_json():
+    result = run_python(["-m", "tfmulti.cli", "env", "--json", "--num_virtual_devices=3"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    for key in ("python", "tensorflow", "keras", "tensorflow_datasets", "absl_py",
+                "physical_devices", "logical_devices", "gpus", "nccl_usable", "cpu_count",
+                "ram_bytes", "tf_config"):
+        assert key in report, key
+    assert report["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert report["tensorflow"].startswith("2.21")
+    assert report["keras"].startswith("3.")
+    assert len([d for d in report["logical_devices"] if ":CPU:" in d]) == 3
+    assert report["cpu_count"] == os.cpu_count()
+
+
+def test_cli_env_shows_tf_config():
+    tf_config = {"cluster": {"worker": ["localhost:1234"]}, "task": {"type": "worker", "index": 0}}
+    result = run_python(["-m", "tfmulti.cli", "env"], env={"TF_CONFIG": json.dumps(tf_config)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "localhost:1234" in result.stdout
+
+
+def test_cli_prepare_data_missing_source(tmp_path):
+    result = run_python(["-m", "tfmulti.cli", "prepare-data", f"--source_dir={tmp_path}",
+                         f"--data_dir={tmp_path / 'tfds'}"], timeout=60)
+    assert result.returncode == 2
+    assert "Fashion-MNIST IDX files not found" in result.stderr
+    assert not (tmp_path / "tfds").exists()

@@ -1,0 +1,230 @@
+"""Thin Keras model builders and a compile helper.
+
+Builders create every variable under the strategy's scope (seed 000's example
+built its model outside the scope and fed 28x28x1 images to a Dense layer
+expecting 784 features; here the MLP flattens its input).
+
+Example:
+    >>> import tfmulti
+    >>> strategy = tfmulti.get_strategy("one_device")
+    >>> model = tfmulti.models.build_model("mlp", strategy=strategy)
+    >>> tfmulti.models.compile_model(model, strategy=strategy, global_batch_size=256)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import keras
+import tensorflow as tf
+
+OPTIMIZERS = ("adam", "sgd")
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+def _mlp(input_shape, num_classes, dropout):
+    return [
+        keras.layers.Flatten(name="flatten"),
+        keras.layers.Dense(512, activation="relu", name="fc1"),
+        keras.layers.Dropout(dropout, name="dropout"),
+        keras.layers.Dense(num_classes, name="logits"),
+    ]
+
+
+def _regression(input_shape, num_classes, dropout):
+    return [
+        keras.layers.Flatten(name="flatten"),
+        keras.layers.Dense(1024, activation="relu", name="dense1"),
+        keras.layers.Dense(1024, activation="relu", name="dense2"),
+        keras.layers.Dense(1, name="output"),
+    ]
+
+
+def _cnn(input_shape, num_classes, dropout):
+    return [
+        keras.layers.Conv2D(32, 3, activation="relu", name="conv1"),
+        keras.layers.MaxPooling2D(name="pool1"),
+        keras.layers.Conv2D(64, 3, activation="relu", name="conv2"),
+        keras.layers.MaxPooling2D(name="pool2"),
+        keras.layers.Flatten(name="flatten"),
+        keras.layers.Dropout(dropout, name="dropout"),
+        keras.layers.Dense(num_classes, name="logits"),
+    ]
+
+
+# name -> (layers factory, task, default input shape)
+MODELS = {
+    "mlp": (_mlp, "classification", (28, 28, 1)),
+    "regression": (_regression, "regression", (1024,)),
+    "cnn": (_cnn, "classification", (28, 28, 1)),
+}
+
+
+def model_task(name: str) -> str:
+    """"classification" or "regression" for a builder name."""
+    _check_name(name)
+    return MODELS[name][1]
+
+
+def _check_name(name: str) -> None:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; valid models: {sorted(MODELS)}.")
+
+
+def _scope(strategy):
+    return strategy.scope() if strategy is not None else contextlib.nullcontext()
+
+
+def build_model(
+    name: str,
+    *,
+    strategy: tf.distribute.Strategy | None = None,
+    input_shape=None,
+    num_classes: int = 10,
+    dropout: float = 0.2,
+    seed: int | None = None,
+) -> keras.Sequential:
+    """Builds a model under `strategy.scope()`.
+
+    Models:
+        * "mlp": seed 000's network: Flatten, Dense(512, relu), Dropout, Dense(10).
+        * "regression": seed 001's network: Dense(1024), Dense(1024), Dense(1), for MSE.
+        * "cnn": two conv + pool blocks and a dense head for 28x28 images.
+
+    Args:
+        name: one of "mlp", "regression", "cnn".
+        strategy: the strategy to build under; None uses the current one.
+        input_shape: per-example input shape; default (28, 28, 1) for images
+            and (1024,) for "regression".
+        num_classes: output logits (classifiers).
+        dropout: dropout rate (0 disables it).
+        seed: seeds the weight initializers (same seed, same weights) through
+            `keras.utils.set_random_seed`, which also seeds Python's, NumPy's
+            and TensorFlow's global generators.
+
+    Raises:
+        ValueError: an unknown name or a dropout rate outside [0, 1).
+    """
+    _check_name(name)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"`dropout` must be in [0, 1), got {dropout}.")
+    factory, _, default_shape = MODELS[name]
+    input_shape = tuple(input_shape or default_shape)
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    with _scope(strategy):
+        model = keras.Sequential(
+            [keras.Input(shape=input_shape), *factory(input_shape, num_classes, dropout)],
+            name=name,
+        )
+    return model
+
+
+@keras.saving.register_keras_serializable(package="tfmulti")
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup from `initial` to `target` over `warmup_steps`, then constant
+    (Goyal et al. 2017, "gradual warmup"; Horovod's LearningRateWarmupCallback)."""
+
+    def __init__(self, initial: float, target: float, warmup_steps: int):
+        self.initial = float(initial)
+        self.target = float(target)
+        self.warmup_steps = int(warmup_steps)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        frac = tf.minimum(step / max(self.warmup_steps, 1), 1.0)
+        return self.initial + (self.target - self.initial) * frac
+
+    def get_config(self):
+        return {"initial": self.initial, "target": self.target, "warmup_steps": self.warmup_steps}
+
+
+def scaled_learning_rate(
+    learning_rate: float, global_batch_size: int, base_batch_size: int, lr_scaling: str
+) -> float:
+    """The learning rate for `global_batch_size`, given one tuned for `base_batch_size`.
+
+    "linear" multiplies by global/base (Goyal et al. 2017), "sqrt" by its square
+    root (for adaptive optimizers, Hoffer et al. 2017), "none" keeps it.
+    """
+    if lr_scaling not in LR_SCALINGS:
+        raise ValueError(f"`lr_scaling` must be one of {list(LR_SCALINGS)}, got {lr_scaling!r}.")
+    if base_batch_size < 1:
+        raise ValueError(f"`base_batch_size` must be positive, got {base_batch_size}.")
+    ratio = global_batch_size / base_batch_size
+    factor = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[lr_scaling]
+    return learning_rate * factor
+
+
+def compile_model(
+    model: keras.Model,
+    *,
+    strategy: tf.distribute.Strategy | None = None,
+    optimizer: str = "adam",
+    learning_rate: float = 1e-3,
+    lr_scaling: str = "none",
+    global_batch_size: int | None = None,
+    base_batch_size: int = 256,
+    warmup_epochs: float = 0.0,
+    steps_per_epoch: int | None = None,
+    task: str | None = None,
+    **compile_kwargs,
+) -> keras.Model:
+    """Compiles `model` under `strategy.scope()` with a scaled learning rate.
+
+    Args:
+        model: a model built by `build_model` (or any Keras model).
+        strategy: the strategy the model was built under; None: current.
+        optimizer: "adam" or "sgd".
+        learning_rate: the rate tuned for `base_batch_size`.
+        lr_scaling: "none" (default), "linear" or "sqrt"; scales the rate by
+            `global_batch_size / base_batch_size`.
+        global_batch_size: needed unless `lr_scaling` is "none".
+        base_batch_size: the batch `learning_rate` was tuned for (default 256).
+        warmup_epochs: ramp linearly from `learning_rate` to the scaled rate
+            over this many epochs (needs `steps_per_epoch`); 0 disables it.
+        steps_per_epoch: steps per epoch, for the warmup length.
+        task: "classification" (sparse categorical cross-entropy on logits and
+            accuracy) or "regression" (MSE and MAE); default from the model name.
+        **compile_kwargs: passed to `model.compile` (e.g. `steps_per_execution`).
+
+    Returns:
+        The model, compiled.
+
+    Raises:
+        ValueError: an unknown optimizer, scaling or task, a non-positive
+            learning rate, or a missing batch size or steps for scaling/warmup.
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"`optimizer` must be one of {list(OPTIMIZERS)}, got {optimizer!r}.")
+    if not learning_rate > 0:
+        raise ValueError(f"`learning_rate` must be positive, got {learning_rate}.")
+    if lr_scaling != "none" and global_batch_size is None:
+        raise ValueError(f"`lr_scaling={lr_scaling!r}` needs `global_batch_size`.")
+    if warmup_epochs < 0:
+        raise ValueError(f"`warmup_epochs` must be >= 0, got {warmup_epochs}.")
+    if warmup_epochs > 0 and not steps_per_epoch:
+        raise ValueError("`warmup_epochs` > 0 needs `steps_per_epoch` to size the warmup.")
+    task = task or MODELS.get(model.name, (None, "classification"))[1]
+    if task not in ("classification", "regression"):
+        raise ValueError(f"`task` must be 'classification' or 'regression', got {task!r}.")
+    target = scaled_learning_rate(
+        learning_rate, global_batch_size or base_batch_size, base_batch_size, lr_scaling
+    )
+    rate = (
+        WarmupSchedule(learning_rate, target, round(warmup_epochs * steps_per_epoch))
+        if warmup_epochs > 0 else target
+    )
+    with _scope(strategy):
+        opt = (keras.optimizers.Adam(rate) if optimizer == "adam"
+               else keras.optimizers.SGD(rate))
+        if task == "classification":
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        else:
+            loss = keras.losses.MeanSquaredError()
+            metrics = [keras.metrics.MeanAbsoluteError(name="mae")]
+        compile_kwargs.setdefault("metrics", metrics)
+        model.compile(optimizer=opt, loss=loss, **compile_kwargs)
+    return model

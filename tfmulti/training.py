@@ -1,0 +1,232 @@
+"""One training run from a config: the engine behind `recipes/train.py`.
+
+Everything that can be checked is checked before anything is written, so a bad
+configuration leaves `model_dir` untouched.
+
+Example:
+    >>> import tfmulti
+    >>> from tfmulti.training import TrainConfig, train
+    >>> metrics = train(TrainConfig(dataset="synthetic", num_examples=2048,
+    ...                             epochs=1, global_batch_size=64,
+    ...                             model_dir="/tmp/tfmulti_run"))
+    >>> sorted(metrics)[:3]
+    ['epochs_completed', 'examples_per_second', 'global_batch_size']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+STRATEGIES = ("auto", "one_device", "mirrored")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """A training run. Batch sizes are global (all replicas together)."""
+
+    strategy: str = "auto"
+    num_virtual_devices: int = 0
+    devices: tuple[str, ...] | None = None
+    cross_device_ops: str = "auto"
+    dataset: str = "fashion_mnist"
+    data_dir: str | None = None
+    download: bool = False
+    num_examples: int | None = None
+    model: str = "mlp"
+    dropout: float = 0.2
+    epochs: int = 5
+    steps_per_epoch: int | None = None
+    global_batch_size: int = 256
+    learning_rate: float = 1e-3
+    lr_scaling: str = "none"
+    base_batch_size: int = 256
+    warmup_epochs: float = 0.0
+    optimizer: str = "adam"
+    seed: int | None = 0
+    model_dir: str | None = None
+    verbose: int | str = "auto"
+
+    def validate(self) -> None:
+        """Checks what needs no TensorFlow; raises ValueError naming the field."""
+        from tfmulti import models
+
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; valid: {list(STRATEGIES)}.")
+        for name in ("epochs", "global_batch_size", "base_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
+            raise ValueError(
+                f"`steps_per_epoch` must be positive (or unset for full epochs), "
+                f"got {self.steps_per_epoch}."
+            )
+        if self.num_virtual_devices < 0:
+            raise ValueError(
+                f"`num_virtual_devices` must be >= 0 (0: leave devices as they are), "
+                f"got {self.num_virtual_devices}."
+            )
+        models.model_task(self.model)
+        models.scaled_learning_rate(self.learning_rate, self.global_batch_size,
+                                    self.base_batch_size, self.lr_scaling)
+        if self.optimizer not in models.OPTIMIZERS:
+            raise ValueError(
+                f"`optimizer` must be one of {list(models.OPTIMIZERS)}, got {self.optimizer!r}."
+            )
+        if not self.learning_rate > 0:
+            raise ValueError(f"`learning_rate` must be positive, got {self.learning_rate}.")
+        if self.warmup_epochs < 0:
+            raise ValueError(f"`warmup_epochs` must be >= 0, got {self.warmup_epochs}.")
+        if self.model_dir and os.path.exists(self.model_dir) and not os.path.isdir(self.model_dir):
+            raise ValueError(f"`model_dir` {self.model_dir!r} exists and is not a directory.")
+
+
+class _EpochTimer:
+    """Wall time of each epoch (a Keras callback, built lazily to keep imports light)."""
+
+    def __new__(cls):
+        import keras
+
+        class EpochTimer(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.seconds: list[float] = []
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self._start = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.seconds.append(time.perf_counter() - self._start)
+
+        return EpochTimer()
+
+
+def _write_json_atomic(path: str, payload: dict) -> None:
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _save_model_atomic(model, path: str) -> None:
+    folder = os.path.dirname(path)
+    tmp = os.path.join(folder, f".tmp-{os.getpid()}-model.keras")
+    try:
+        model.save(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def train(config: TrainConfig) -> dict:
+    """Trains, evaluates on the test split, and writes results to `model_dir`.
+
+    Writes `<model_dir>/metrics.json`, `<model_dir>/model.keras` and TensorBoard
+    logs under `<model_dir>/logs` (when `model_dir` is set).
+
+    Returns:
+        The metrics: test loss/accuracy (or MAE), examples per second, replica
+        count, strategy, epochs completed, and the effective learning rate.
+
+    Raises:
+        ValueError: a bad configuration (nothing is written then).
+        RuntimeError: virtual devices requested after TensorFlow started.
+        tfmulti.data.DataNotFoundError: the dataset is not available offline.
+    """
+    config.validate()
+    from tfmulti import data, devices, models, strategy as strategy_lib
+
+    if config.num_virtual_devices:
+        devices.configure_virtual_devices(config.num_virtual_devices)
+    strategy = strategy_lib.get_strategy(
+        config.strategy, devices=list(config.devices) if config.devices else None,
+        cross_device_ops=config.cross_device_ops,
+    )
+    data_dir = config.data_dir or data.default_data_dir()
+    train_ds = data.load(config.dataset, "train", data_dir=data_dir,
+                         download=config.download, num_examples=config.num_examples)
+    test_ds = data.load(config.dataset, "test", data_dir=data_dir, download=config.download,
+                        num_examples=config.num_examples and max(config.num_examples // 4, 1))
+    info = data.dataset_info(config.dataset, data_dir)
+    task = models.model_task(config.model)
+    if task != info["task"]:
+        raise ValueError(
+            f"model {config.model!r} does {task} but dataset {config.dataset!r} is a "
+            f"{info['task']} dataset; use "
+            + ("--dataset=synthetic_regression" if task == "regression" else "--model=mlp or cnn")
+            + "."
+        )
+    train_input = data.distribute(train_ds, strategy, config.global_batch_size,
+                                  training=True, seed=config.seed)
+    test_input = data.distribute(test_ds, strategy, config.global_batch_size, training=False)
+    steps_per_epoch = config.steps_per_epoch or train_input.steps_per_epoch
+    model = models.build_model(
+        config.model, strategy=strategy, input_shape=info["input_shape"],
+        num_classes=info["num_classes"] or 1, dropout=config.dropout, seed=config.seed,
+    )
+    models.compile_model(
+        model, strategy=strategy, optimizer=config.optimizer,
+        learning_rate=config.learning_rate, lr_scaling=config.lr_scaling,
+        global_batch_size=config.global_batch_size, base_batch_size=config.base_batch_size,
+        warmup_epochs=config.warmup_epochs, steps_per_epoch=steps_per_epoch,
+    )
+    # All checks passed: from here on we write.
+    import keras
+
+    timer = _EpochTimer()
+    callbacks = [timer]
+    if config.model_dir:
+        os.makedirs(config.model_dir, exist_ok=True)
+        callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.model_dir, "logs")))
+    verbose = config.verbose
+    if verbose == "auto":
+        verbose = 1 if sys.stdout.isatty() else 2
+    print(f"tfmulti: {strategy_lib.describe(strategy)}; global batch "
+          f"{config.global_batch_size} = {train_input.num_replicas} x "
+          f"{train_input.per_replica_batch_size}; {steps_per_epoch} steps/epoch", flush=True)
+    fit_kwargs = train_input.fit_kwargs()
+    if config.steps_per_epoch:
+        fit_kwargs["steps_per_epoch"] = config.steps_per_epoch
+    history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=callbacks,
+                        verbose=verbose)
+    results = model.evaluate(**test_input.evaluate_kwargs(), return_dict=True, verbose=0)
+    epoch_seconds = timer.seconds
+    steady = epoch_seconds[1:] or epoch_seconds
+    examples_per_epoch = steps_per_epoch * config.global_batch_size
+    metrics = {
+        "strategy": type(strategy).__name__,
+        "num_replicas": strategy.num_replicas_in_sync,
+        "dataset": config.dataset,
+        "model": config.model,
+        "global_batch_size": config.global_batch_size,
+        "per_replica_batch_size": train_input.per_replica_batch_size,
+        "learning_rate": models.scaled_learning_rate(
+            config.learning_rate, config.global_batch_size, config.base_batch_size,
+            config.lr_scaling),
+        "epochs_completed": len(history.history.get("loss", [])),
+        "steps_per_epoch": steps_per_epoch,
+        "train_seconds": sum(epoch_seconds),
+        "examples_per_second": examples_per_epoch / statistics.median(steady),
+        "train_loss": history.history["loss"][-1],
+        "test_loss": results["loss"],
+    }
+    if task == "classification":
+        metrics["train_accuracy"] = history.history["accuracy"][-1]
+        metrics["test_accuracy"] = results["accuracy"]
+    else:
+        metrics["test_mae"] = results["mae"]
+    metrics = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str)) else v)
+               for k, v in metrics.items()}
+    if config.model_dir:
+        _write_json_atomic(os.path.join(config.model_dir, "metrics.json"), metrics)
+        _save_model_atomic(model, os.path.join(config.model_dir, "model.keras"))
+    return metrics
