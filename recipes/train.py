@@ -7,6 +7,11 @@ over 4 virtual CPU devices, 5 epochs:
         --dataset=fashion_mnist --model=mlp --epochs=5 --global_batch_size=256 \
         --model_dir=/tmp/tfmulti_demo
 
+Multi-worker (MultiWorkerMirroredStrategy, 2 processes on this host):
+
+    tfmulti launch --num_workers 2 -- python recipes/train.py \
+        --strategy=multi_worker --global_batch_size=256 --model_dir=/tmp/tfmulti_mw
+
 Writes <model_dir>/metrics.json, <model_dir>/model.keras and TensorBoard logs
 in <model_dir>/logs. Bad flags print one line and exit with code 2, writing
 nothing.
@@ -31,8 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets TF log level before TensorFlow loads)
 from absl import flags  # noqa: E402
 
-_STRATEGY = flags.DEFINE_enum("strategy", "auto", ["auto", "one_device", "mirrored"],
-                              "Distribution strategy.")
+_STRATEGY = flags.DEFINE_enum(
+    "strategy", "auto", ["auto", "one_device", "mirrored", "multi_worker"],
+    "Distribution strategy; multi_worker runs under `tfmulti launch` or with TF_CONFIG.")
 _NUM_VIRTUAL_DEVICES = flags.DEFINE_integer(
     "num_virtual_devices", 0, "Split the host CPU into this many logical devices (0: no split).",
     lower_bound=0)
@@ -96,8 +102,6 @@ def main(argv):
         for k in ("test_accuracy", "test_loss", "test_mae", "examples_per_second",
                   "num_replicas", "strategy", "epochs_completed") if k in metrics)
     print(f"tfmulti: {summary}")
-    if _MODEL_DIR.value:
-        print(f"tfmulti: wrote {os.path.join(_MODEL_DIR.value, 'metrics.json')}")
 
 
 if __name__ == "__main__":

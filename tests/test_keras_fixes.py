@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests._util import run_python
 
 _TWO_STRATEGIES = textwrap.dedent("""
@@ -42,3 +44,33 @@ def test_fix_gives_each_mirrored_strategy_its_own_keys():
     result = run_python(["-c", code], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sums 2.0 4.0" in result.stdout
+
+
+def _fake_slurm(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "3")
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "cpu-[1-3]")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1(x3)")
+
+
+def test_upstream_bug_slurm_resolver_needs_gpus(monkeypatch):
+    import tensorflow as tf
+
+    _fake_slurm(monkeypatch)
+    with pytest.raises(FileNotFoundError):  # it runs nvidia-smi
+        tf.distribute.cluster_resolver.SlurmClusterResolver()
+    with pytest.raises(ValueError, match="range"):
+        tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=0).cluster_spec()
+
+
+def test_fix_slurm_resolver_on_cpu_nodes(monkeypatch):
+    from tfmulti import keras_fixes
+
+    _fake_slurm(monkeypatch)
+    resolver = keras_fixes.slurm_cluster_resolver(port_base=7000)
+    assert resolver.cluster_spec().as_dict() == {
+        "worker": ["cpu-1:7000", "cpu-2:7000", "cpu-3:7000"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 2)
+    assert "CUDA_VISIBLE_DEVICES" not in __import__("os").environ

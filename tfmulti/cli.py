@@ -2,6 +2,8 @@
 
     tfmulti env [--json]
     tfmulti prepare-data [--dataset fashion_mnist] [--data_dir DIR] [--source_dir DIR]
+    tfmulti launch --num_workers N [--pin_cpus] [--port P] [--startup_timeout S]
+                   [--no_isolate] [--grace_period S] -- COMMAND ...
 """
 
 from __future__ import annotations
@@ -42,6 +44,48 @@ def _cmd_prepare_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from tfmulti import launch
+
+    command = args.worker_command
+    if command[:1] == ["--"]:
+        command = command[1:]
+    return launch.launch(
+        command, num_workers=args.num_workers, pin_cpus=args.pin_cpus, port=args.port,
+        startup_timeout=args.startup_timeout, isolate=not args.no_isolate,
+        grace_period=args.grace_period,
+    )
+
+
+def _add_launch_parser(sub) -> None:
+    from tfmulti.launch import DEFAULT_GRACE_PERIOD, DEFAULT_STARTUP_TIMEOUT
+
+    p = sub.add_parser(
+        "launch", help="run a command as N MultiWorkerMirroredStrategy workers on this host",
+        description="Runs COMMAND as N workers with TF_CONFIG set (worker 0 is the chief), "
+                    "prefixes their output with [worker I], stops all when one fails or on "
+                    "Ctrl-C, and exits with the chief's status.",
+    )
+    p.add_argument("--num_workers", type=int, default=2, help="number of workers (default 2)")
+    p.add_argument("--pin_cpus", action="store_true",
+                   help="give each worker its own contiguous share of the cores")
+    p.add_argument("--port", type=int, default=None,
+                   help="base port: workers use PORT..PORT+N-1 (default: free ports)")
+    p.add_argument("--startup_timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT,
+                   help="seconds workers wait for each other, as TFMULTI_STARTUP_TIMEOUT "
+                        f"(default {DEFAULT_STARTUP_TIMEOUT:g})")
+    p.add_argument("--no_isolate", action="store_true",
+                   help="do not run the workers in a private network namespace; by default "
+                        "they are isolated: their unauthenticated gRPC ports are unreachable "
+                        "from other hosts, and isolated workers have no outside network")
+    p.add_argument("--grace_period", type=float, default=DEFAULT_GRACE_PERIOD,
+                   help="seconds between SIGTERM and SIGKILL when stopping workers "
+                        f"(default {DEFAULT_GRACE_PERIOD:g})")
+    p.add_argument("worker_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="the worker's command line")
+    p.set_defaults(func=_cmd_launch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfmulti", description="Multi-device training for TensorFlow + Keras 3."
@@ -57,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--data_dir", default=None, help="TFDS data dir (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)")
     prep.add_argument("--source_dir", default=None, help="folder with the IDX files")
     prep.set_defaults(func=_cmd_prepare_data)
+    _add_launch_parser(sub)
     return parser
 
 

@@ -379,6 +379,76 @@ def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
     return global_batch_size // num_replicas
 
 
+def input_pipeline(
+    dataset: tf.data.Dataset,
+    ctx: tf.distribute.InputContext,
+    global_batch_size: int,
+    *,
+    training: bool,
+    seed: int | None,
+    shuffle_buffer: int,
+    cache: bool,
+    map_fn: Callable | None,
+    repeat: bool,
+) -> tf.data.Dataset:
+    """One input pipeline's per-replica batches (see `distribute`).
+
+    Sharding across input pipelines (one per worker under
+    MultiWorkerMirroredStrategy) is explicit, not TensorFlow's auto-shard:
+    every pipeline reads the (cached) data, shuffles it with the same seed,
+    forms the same global batches, and keeps its contiguous share of each
+    one. So each example is used exactly once per epoch across all workers,
+    every worker runs the same number of steps, and the union of the
+    replicas' batches is exactly the global batch a single device would see.
+    """
+    pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
+    share = global_batch_size // pipelines
+    per_replica = ctx.get_per_replica_batch_size(global_batch_size)
+    if map_fn is not None:
+        dataset = dataset.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    if cache:
+        dataset = dataset.cache()
+    if pipelines > 1 and seed is None:
+        seed = 0  # all workers must shuffle alike, or examples repeat or go missing
+
+    def keep_share(*batch):
+        start = pipeline_id * share
+        element = batch if len(batch) > 1 else batch[0]
+        return tf.nest.map_structure(lambda t: t[start:start + share], element)
+
+    def batches(ds: tf.data.Dataset) -> tf.data.Dataset:
+        # Whole global batches (for training only full ones: every replica gets
+        # a full batch, and the cache upstream is read to its end, so it is
+        # kept), this pipeline's share of each, split per replica.
+        ds = ds.batch(global_batch_size, drop_remainder=training)
+        if pipelines > 1:
+            ds = ds.map(keep_share)
+        return ds.rebatch(per_replica, drop_remainder=training)
+
+    if training:
+        source = dataset
+
+        def one_iteration(_):
+            # Built anew for every iterator, so the shuffle's seed sequence
+            # restarts: the same seed gives the same epochs however many
+            # iterators were made before (Keras peeks at one to build).
+            out = batches(source.shuffle(shuffle_buffer, seed=seed,
+                                         reshuffle_each_iteration=True))
+            return out.repeat() if repeat else out
+
+        dataset = tf.data.Dataset.range(1).flat_map(one_iteration)
+    else:
+        dataset = batches(dataset)
+        if repeat:
+            dataset = dataset.repeat()
+    options = tf.data.Options()
+    options.deterministic = seed is not None or not training
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF  # sharded above, explicitly
+    )
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
 def distribute(
     dataset: tf.data.Dataset | Callable[[], tf.data.Dataset],
     strategy: tf.distribute.Strategy,
@@ -394,9 +464,9 @@ def distribute(
 ) -> DistributedInput:
     """Batches, shards and streams a dataset to the replicas of `strategy`.
 
-    Pipeline per input worker: shard (multi-worker only) -> map (parallel,
-    AUTOTUNE) -> cache -> shuffle (training) -> per-replica batch -> repeat ->
-    prefetch, then `distribute_datasets_from_function` with prefetch-to-device
+    Pipeline per input worker (`input_pipeline`): map (parallel, AUTOTUNE)
+    -> cache -> shuffle (training) -> global batch -> this worker's share
+    (multi-worker only) -> per-replica batches -> repeat -> prefetch, then `distribute_datasets_from_function` with prefetch-to-device
     (`InputOptions(experimental_fetch_to_device=True)` and a per-replica
     buffer), so the next batch is already on each device when a step starts.
 
@@ -448,40 +518,9 @@ def distribute(
         cache = training
 
     def input_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-        ds = make()
-        if ctx.num_input_pipelines > 1:
-            ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-        if map_fn is not None:
-            ds = ds.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
-        if cache:
-            ds = ds.cache()
-        if training:
-            source = ds
-
-            def one_iteration(_):
-                # Built anew for every iterator, so the shuffle's seed sequence
-                # restarts: the same seed gives the same epochs however many
-                # iterators were made before (Keras peeks at one to build).
-                out = source.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-                # Whole global batches only (this pipeline's share of one), then
-                # split per replica: every replica gets a full batch, and the cache
-                # upstream is read to its end, so it is kept.
-                out = out.batch(per_replica * replicas_per_pipeline, drop_remainder=True)
-                out = out.rebatch(per_replica, drop_remainder=True)
-                return out.repeat() if repeat else out
-
-            ds = tf.data.Dataset.range(1).flat_map(one_iteration)
-        else:
-            ds = ds.batch(per_replica)
-            if repeat:
-                ds = ds.repeat()
-        options = tf.data.Options()
-        options.deterministic = seed is not None or not training
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.OFF
-        )
-        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+        return input_pipeline(
+            make(), ctx, global_batch_size, training=training, seed=seed,
+            shuffle_buffer=shuffle_buffer, cache=cache, map_fn=map_fn, repeat=repeat)
 
     dist = strategy.distribute_datasets_from_function(
         input_fn,

@@ -43,3 +43,112 @@ def mirrored_strategy(devices, cross_device_ops=None) -> tf.distribute.MirroredS
             return cls(devices=devices, cross_device_ops=cross_device_ops)
         finally:
             cls._collective_key_base = previous  # pylint: disable=protected-access
+
+
+# --------------------------------------------------------------------------
+# Fixes 2 and 3: Keras 3 `fit`/`evaluate`/`predict` under
+# MultiWorkerMirroredStrategy (TensorFlow 2.21, Keras 3.15).
+#
+# Fix 2, symbolic build. `TensorFlowTrainer._maybe_symbolic_build` peeks at
+# one distributed batch and reduces the whole `(x, y)` structure with one
+# `strategy.reduce("MEAN", batch, axis=None)`; under MultiWorkerMirroredStrategy
+# that is a collective over a nested structure and fails with "Attempt to
+# convert a value (PerReplica...) to a Tensor". The build needs only shapes
+# and dtypes, so we use the first local replica's batch instead: no
+# collective at all. Upstream: https://github.com/keras-team/keras/issues/20585
+# (also dict inputs: https://github.com/keras-team/keras/issues/20329).
+#
+# Fix 3, metric reduction. `reduce_per_replica(..., reduction="mean")`
+# reduces every logged value with `strategy.reduce("MEAN", v, axis=0)` under
+# MultiWorkerMirroredStrategy; logs are scalars, so it fails with "Invalid
+# reduction dimension 0 for input with 0 dimensions". We reduce scalars with
+# `axis=None` (the mean over replicas, as Keras does for one worker).
+# Upstream: https://github.com/tensorflow/tensorflow/issues/72388 and
+# https://github.com/keras-team/keras/issues/20585.
+#
+# Both patches change behaviour only under a multi-worker
+# MultiWorkerMirroredStrategy and are installed by
+# `apply_multi_worker_fixes()`, which `get_strategy("multi_worker")` calls.
+# --------------------------------------------------------------------------
+
+_applied: set[str] = set()
+
+
+def _is_multi_worker(strategy) -> bool:
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+        strategy.extended._in_multi_worker_mode()  # pylint: disable=protected-access
+    )
+
+
+def apply_multi_worker_fixes() -> None:
+    """Installs fixes 2 and 3 (idempotent)."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+    from keras.src import tree
+
+    if "symbolic_build" not in _applied:
+        original_build = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+
+        def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+            strategy = self._distribute_strategy
+            if iterator is None or strategy is None or not _is_multi_worker(strategy):
+                return original_build(self, iterator=iterator, data_batch=data_batch)
+            for _, _, it in iterator:
+                batch = next(it)
+                data_batch = tree.map_structure(
+                    lambda v: strategy.experimental_local_results(v)[0]
+                    if isinstance(v, tf.distribute.DistributedValues) else v,
+                    batch,
+                )
+                break
+            with strategy.scope():
+                self._symbolic_build(data_batch=data_batch)
+
+        _maybe_symbolic_build.__wrapped__ = original_build
+        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+        _applied.add("symbolic_build")
+
+    if "reduce_per_replica" not in _applied:
+        original_reduce = tf_trainer.reduce_per_replica
+
+        def reduce_per_replica(values, strategy, reduction):
+            if not _is_multi_worker(strategy) or reduction not in ("auto", "mean"):
+                return original_reduce(values, strategy, reduction)
+
+            def _reduce(v):
+                if v.shape.rank == 0:
+                    return strategy.reduce("MEAN", v, axis=None)
+                return original_reduce(v, strategy, reduction)
+
+            return tree.map_structure(_reduce, values)
+
+        reduce_per_replica.__wrapped__ = original_reduce
+        tf_trainer.reduce_per_replica = reduce_per_replica
+        _applied.add("reduce_per_replica")
+
+
+# --------------------------------------------------------------------------
+# Fix 4: SlurmClusterResolver on nodes without GPUs.
+#
+# `SlurmClusterResolver` asks `nvidia-smi` for the GPU count (a crash with
+# FileNotFoundError where it does not exist), and given `gpus_per_node=0` it
+# pairs every task with a GPU slot (`zip(range(tasks), range(0, gpus, per_task))`)
+# and fails with "range() arg 3 must not be zero" (or lists no tasks at all).
+# Upstream: https://github.com/tensorflow/tensorflow/issues/56894
+# ("SlurmClusterResolver cannot be configured to use no GPUs"). On CPU-only nodes we give it one placeholder
+# GPU slot per task and turn `auto_set_gpu` off, so it computes the cluster
+# and never touches CUDA_VISIBLE_DEVICES.
+# --------------------------------------------------------------------------
+
+def slurm_cluster_resolver(port_base: int):
+    """`SlurmClusterResolver` that also works on CPU-only nodes."""
+    import os
+    import shutil
+
+    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+
+    resolver_cls = tf.distribute.cluster_resolver.SlurmClusterResolver
+    if "CUDA_VISIBLE_DEVICES" in os.environ or shutil.which("nvidia-smi"):
+        return resolver_cls(port_base=port_base)
+    max_tasks = max(slurm.expand_tasks_per_node(os.environ["SLURM_STEP_TASKS_PER_NODE"]))
+    return resolver_cls(port_base=port_base, gpus_per_node=max_tasks, gpus_per_task=1,
+                        auto_set_gpu=False)

@@ -10,13 +10,22 @@ Example:
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import tensorflow as tf
 
+from tfmulti import cluster
 from tfmulti import devices as devices_lib
 from tfmulti import keras_fixes
 
-STRATEGY_KINDS = ("auto", "one_device", "mirrored")
+STRATEGY_KINDS = ("auto", "one_device", "mirrored", "multi_worker")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
+COMMUNICATIONS = ("auto", "ring", "nccl")
+CLUSTER_RESOLVERS = ("tf_config", "slurm")
+DEFAULT_STARTUP_TIMEOUT_S = 60.0
 
 
 def _cross_device_ops(name: str, device_names: list[str]):
@@ -46,10 +55,104 @@ def _default_mirrored_devices() -> list[str]:
     return [devices_lib.canonical_device_name(d) for d in chosen]
 
 
+class _StartupWatchdog:
+    """Stops this process if the cluster does not form within `timeout_s`.
+
+    MultiWorkerMirroredStrategy blocks inside TensorFlow's C++ runtime, holding
+    the GIL, until every peer has registered (for an hour by default), so the
+    watchdog is a small separate process (`tfmulti._watchdog`): it names the
+    peers that are not reachable and kills this process.
+    """
+
+    def __init__(self, timeout_s: float, peers: list[str], me: str | None):
+        self._args = [str(os.getpid()), str(timeout_s), json.dumps(peers), str(me)]
+
+    def __enter__(self):
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tfmulti._watchdog", *self._args],
+            stdin=subprocess.PIPE)
+        return self
+
+    def __exit__(self, *exc):
+        self._proc.stdin.close()  # tells the watchdog we are through
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def slurm_cluster_resolver(port_base: int = 8888):
+    """TensorFlow's `SlurmClusterResolver` (CPU-only nodes too: see
+    `keras_fixes.slurm_cluster_resolver`).
+
+    Raises:
+        ValueError: not inside a SLURM job step (a SLURM_* variable is missing).
+    """
+    for var in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
+                "SLURM_STEP_TASKS_PER_NODE"):
+        if var not in os.environ:
+            raise ValueError(
+                f"cluster_resolver='slurm' needs {var} in the environment; run the "
+                "script under `srun` inside a SLURM allocation.")
+    return keras_fixes.slurm_cluster_resolver(port_base)
+
+
+def _multi_worker(communication: str, collective_timeout_s: float | None,
+                  startup_timeout_s: float | None, cluster_resolver):
+    if communication not in COMMUNICATIONS:
+        raise ValueError(f"`communication` must be one of {list(COMMUNICATIONS)}, "
+                         f"got {communication!r}.")
+    if communication == "nccl" and not tf.config.list_physical_devices("GPU"):
+        raise ValueError("`communication='nccl'` needs GPUs; use 'ring' or 'auto' on CPUs.")
+    if collective_timeout_s is not None and collective_timeout_s <= 0:
+        raise ValueError(f"`collective_timeout_s` must be positive, got {collective_timeout_s}.")
+    if startup_timeout_s is None:
+        startup_timeout_s = float(os.environ.get("TFMULTI_STARTUP_TIMEOUT",
+                                                 DEFAULT_STARTUP_TIMEOUT_S))
+    if startup_timeout_s <= 0:
+        raise ValueError(f"`startup_timeout_s` must be positive, got {startup_timeout_s}.")
+    peers, me = [], None
+    if cluster_resolver in (None, "tf_config"):
+        config = cluster.from_environ()
+        if config is None:
+            raise ValueError(
+                "kind='multi_worker' needs TF_CONFIG describing the cluster; start the "
+                "workers with `tfmulti launch --num_workers N -- python ...`, set "
+                "TF_CONFIG on each host, or pass cluster_resolver='slurm'.")
+        peers, me = cluster.peers(config), cluster.task_address(config)
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    elif cluster_resolver == "slurm":
+        resolver = slurm_cluster_resolver()
+    elif isinstance(cluster_resolver, tf.distribute.cluster_resolver.ClusterResolver):
+        resolver = cluster_resolver
+    else:
+        raise ValueError(f"`cluster_resolver` must be one of {list(CLUSTER_RESOLVERS)} or a "
+                         f"tf.distribute.cluster_resolver.ClusterResolver, got "
+                         f"{cluster_resolver!r}.")
+    keras_fixes.apply_multi_worker_fixes()
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation={
+            "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+        }[communication],
+        timeout_seconds=collective_timeout_s,
+    )
+    with _StartupWatchdog(startup_timeout_s, peers, me):
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options)
+
+
 def get_strategy(
     kind: str = "auto",
     devices=None,
     cross_device_ops: str = "auto",
+    *,
+    communication: str = "auto",
+    collective_timeout_s: float | None = None,
+    startup_timeout_s: float | None = None,
+    cluster_resolver=None,
 ) -> tf.distribute.Strategy:
     """Creates a distribution strategy by name.
 
@@ -58,8 +161,13 @@ def get_strategy(
           first GPU, else CPU:0.
         * "mirrored": `MirroredStrategy` (synchronous data parallelism on one
           host) over `devices`, by default all GPUs, else all logical CPUs.
-        * "auto" (default): "mirrored" over the GPUs when there are 2 or more,
-          else over the logical CPUs when 2 or more were configured (see
+        * "multi_worker": `MultiWorkerMirroredStrategy` (synchronous data
+          parallelism over processes or hosts) from TF_CONFIG (validated
+          first, see `tfmulti.cluster`), or SLURM; Keras 3 `fit`/`evaluate`/
+          `predict` work under it through `tfmulti.keras_fixes`.
+        * "auto" (default): "multi_worker" when TF_CONFIG lists 2 or more
+          tasks, else "mirrored" over the GPUs when there are 2 or more, else
+          over the logical CPUs when 2 or more were configured (see
           `configure_virtual_devices`), else "one_device".
 
     Args:
@@ -68,19 +176,42 @@ def get_strategy(
         cross_device_ops: how "mirrored" reduces gradients: "auto" (default,
             TensorFlow's choice), "nccl" (GPUs), "hierarchical_copy" (GPUs),
             or "reduce_to_one" (any device).
+        communication: "multi_worker" all-reduce: "auto" (default), "ring"
+            (gRPC, any device) or "nccl" (GPUs).
+        collective_timeout_s: "multi_worker": fail a collective that waits
+            longer than this (default: no limit).
+        startup_timeout_s: "multi_worker": give up if the peers have not all
+            joined within this many seconds (default $TFMULTI_STARTUP_TIMEOUT
+            or 60; TensorFlow's own is an hour): the process is then stopped
+            (SIGKILL; TensorFlow's C++ runtime cannot be interrupted from
+            Python) after a message naming the peers it waited for.
+        cluster_resolver: "multi_worker": "tf_config" (default), "slurm", or a
+            `tf.distribute.cluster_resolver.ClusterResolver`.
 
     Returns:
         A `tf.distribute.Strategy`.
 
     Raises:
         ValueError: an unknown `kind` or `cross_device_ops`, a device that does
-            not exist, a cross-device op that the devices cannot use, or more
-            than one device for "one_device".
+            not exist, a cross-device op that the devices cannot use, more
+            than one device for "one_device", or for "multi_worker": a missing
+            or malformed TF_CONFIG (the message names the field and the fix),
+            a bad communication option or timeout.
     """
     if kind not in STRATEGY_KINDS:
         raise ValueError(
             f"unknown strategy kind {kind!r}; valid kinds: {list(STRATEGY_KINDS)}."
         )
+    if kind == "auto" and cluster_resolver is None:
+        config = cluster.from_environ()
+        if config is not None and cluster.num_tasks(config) >= 2:
+            kind = "multi_worker"
+    if kind == "multi_worker":
+        if devices is not None:
+            raise ValueError("`devices` does not apply to 'multi_worker'; each worker uses "
+                             "its local GPUs, else its CPU.")
+        return _multi_worker(communication, collective_timeout_s, startup_timeout_s,
+                             cluster_resolver)
     if cross_device_ops not in CROSS_DEVICE_OPS:
         raise ValueError(
             f"`cross_device_ops` must be one of {list(CROSS_DEVICE_OPS)}, "
@@ -104,11 +235,17 @@ def get_strategy(
     )
 
 
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """The public name ("MultiWorkerMirroredStrategy", not its internal class)."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "MultiWorkerMirroredStrategy"
+    return type(strategy).__name__
+
+
 def describe(strategy: tf.distribute.Strategy) -> str:
-    """One line naming the strategy, its replica count and devices."""
-    extended = strategy.extended
-    worker_devices = list(getattr(extended, "worker_devices", ()) or ())
+    """One line naming the strategy, its replica count and this process's devices."""
+    worker_devices = list(getattr(strategy.extended, "worker_devices", ()) or ())
     return (
-        f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} "
-        f"replica(s) on {worker_devices}"
+        f"{strategy_name(strategy)} with {strategy.num_replicas_in_sync} "
+        f"replica(s); local devices {worker_devices}"
     )

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-STRATEGIES = ("auto", "one_device", "mirrored")
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 
 
 @dataclasses.dataclass
@@ -110,6 +110,7 @@ class _EpochTimer:
 def _write_json_atomic(path: str, payload: dict) -> None:
     folder = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    os.fchmod(fd, 0o644)
     with os.fdopen(fd, "w") as f:
         json.dump(payload, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -131,7 +132,8 @@ def train(config: TrainConfig) -> dict:
     """Trains, evaluates on the test split, and writes results to `model_dir`.
 
     Writes `<model_dir>/metrics.json`, `<model_dir>/model.keras` and TensorBoard
-    logs under `<model_dir>/logs` (when `model_dir` is set).
+    logs under `<model_dir>/logs` (when `model_dir` is set). In a multi-worker
+    cluster only the chief writes and shows progress; the others write nothing.
 
     Returns:
         The metrics: test loss/accuracy (or MAE), examples per second, replica
@@ -143,7 +145,10 @@ def train(config: TrainConfig) -> dict:
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
     config.validate()
-    from tfmulti import data, devices, models, strategy as strategy_lib
+    from tfmulti import cluster, data, devices, models, strategy as strategy_lib
+
+    # Only the chief writes: metrics, model and TensorBoard logs.
+    chief = cluster.is_chief(cluster.from_environ())
 
     if config.num_virtual_devices:
         devices.configure_virtual_devices(config.num_virtual_devices)
@@ -184,12 +189,13 @@ def train(config: TrainConfig) -> dict:
 
     timer = _EpochTimer()
     callbacks = [timer]
-    if config.model_dir:
+    writes = bool(config.model_dir) and chief
+    if writes:
         os.makedirs(config.model_dir, exist_ok=True)
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.model_dir, "logs")))
     verbose = config.verbose
     if verbose == "auto":
-        verbose = 1 if sys.stdout.isatty() else 2
+        verbose = 0 if not chief else 1 if sys.stdout.isatty() else 2
     print(f"tfmulti: {strategy_lib.describe(strategy)}; global batch "
           f"{config.global_batch_size} = {train_input.num_replicas} x "
           f"{train_input.per_replica_batch_size}; {steps_per_epoch} steps/epoch", flush=True)
@@ -203,8 +209,9 @@ def train(config: TrainConfig) -> dict:
     steady = epoch_seconds[1:] or epoch_seconds
     examples_per_epoch = steps_per_epoch * config.global_batch_size
     metrics = {
-        "strategy": type(strategy).__name__,
+        "strategy": strategy_lib.strategy_name(strategy),
         "num_replicas": strategy.num_replicas_in_sync,
+        "num_workers": cluster.num_tasks(cluster.from_environ() or {"cluster": {"worker": [0]}}),
         "dataset": config.dataset,
         "model": config.model,
         "global_batch_size": config.global_batch_size,
@@ -226,7 +233,9 @@ def train(config: TrainConfig) -> dict:
         metrics["test_mae"] = results["mae"]
     metrics = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str)) else v)
                for k, v in metrics.items()}
-    if config.model_dir:
+    if writes:
         _write_json_atomic(os.path.join(config.model_dir, "metrics.json"), metrics)
         _save_model_atomic(model, os.path.join(config.model_dir, "model.keras"))
+        print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",
+              flush=True)
     return metrics
