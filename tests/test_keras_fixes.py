@@ -74,3 +74,38 @@ def test_fix_slurm_resolver_on_cpu_nodes(monkeypatch):
         "worker": ["cpu-1:7000", "cpu-2:7000", "cpu-3:7000"]}
     assert (resolver.task_type, resolver.task_id) == ("worker", 2)
     assert "CUDA_VISIBLE_DEVICES" not in __import__("os").environ
+
+
+def _keras_under_multi_worker(mode: str) -> tuple[int, str]:
+    import io
+    import sys
+
+    from tfmulti import launch
+    from tests._util import REPO
+
+    out = io.StringIO()
+    code = launch.launch(
+        [sys.executable, str(REPO / "tests" / "workers" / "keras_upstream.py"), mode],
+        num_workers=2, output=out, startup_timeout=120, grace_period=5)
+    return code, out.getvalue()
+
+
+def test_upstream_bug_keras_symbolic_build_under_multi_worker():
+    # keras-team/keras#20585: fit reduces the whole (x, y) batch at once.
+    code, output = _keras_under_multi_worker("none")
+    assert code != 0
+    assert "Attempt to convert a value (PerReplica" in output
+    assert "fit ok" not in output
+
+
+def test_upstream_bug_keras_scalar_reduction_under_multi_worker():
+    # tensorflow/tensorflow#72388: with the build fixed, scalar logs are reduced on axis 0.
+    code, output = _keras_under_multi_worker("build")
+    assert code != 0
+    assert "Invalid reduction dimension 0 for input with 0 dimensions" in output
+
+
+def test_fix_keras_fit_under_multi_worker():
+    code, output = _keras_under_multi_worker("all")
+    assert code == 0, output[-3000:]
+    assert output.count("fit ok") == 2

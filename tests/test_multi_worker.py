@@ -157,3 +157,29 @@ def test_slurm_resolver_from_fake_environment(monkeypatch):
     monkeypatch.delenv("SLURM_STEP_NODELIST")
     with pytest.raises(ValueError, match=r"needs SLURM_STEP_NODELIST .* `srun`"):
         strategy.slurm_cluster_resolver()
+
+
+def test_worker_dying_mid_training_stops_the_run(tmp_path):
+    import os
+
+    class Timed(io.StringIO):
+        died_at = None
+
+        def write(self, text):
+            if "worker 1 exits now" in text and self.died_at is None:
+                self.died_at = time.monotonic()
+            return super().write(text)
+
+    out = Timed()
+    code = launch.launch(
+        [sys.executable, str(REPO / "tests" / "workers" / "die_mid_training.py"), str(tmp_path)],
+        num_workers=2, output=out, grace_period=10)
+    ended_at = time.monotonic()
+    output = out.getvalue()
+    assert code == 3, output[-3000:]
+    assert out.died_at is not None, output[-3000:]
+    assert ended_at - out.died_at < 30, output[-3000:]
+    for rank in (0, 1):
+        pid = int((tmp_path / f"worker-{rank}.pid").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -10,7 +10,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("data", "devices", "diagnose", "models", "strategy")
+_SUBMODULES = ("cluster", "data", "devices", "diagnose", "keras_fixes", "launch", "models",
+               "strategy", "training")
 _FUNCTIONS = {
     "configure_virtual_devices": "tfmulti.devices",
     "get_strategy": "tfmulti.strategy",

@@ -1,0 +1,22 @@
+"""Model parallelism: manual placement, pipeline, partitioner, hybrid.
+
+`PipelineModel` and the schedule helpers load lazily (they import TensorFlow);
+`tfmulti.parallel.partition` is pure Python.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "PipelineModel": "tfmulti.parallel.pipeline",
+    "format_memory": "tfmulti.parallel.pipeline",
+    "plan_partition": "tfmulti.parallel.partition",
+}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tfmulti.parallel' has no attribute {name!r}")

@@ -1,0 +1,710 @@
+"""Contiguous pipeline-stage partitioner for a stack of Keras layers.
+
+Splits a stack of layers (a `keras.Sequential`, a linear functional model or a
+list of layers) into `num_stages` contiguous, non-empty stages so that the most
+expensive stage is as cheap as possible, the way GPipe/torchgpipe's
+`balance_by_time`/`balance_by_size` and DeepSpeed's
+`PipelineModule(partition_method=...)` do. The cost of a layer is its parameter
+count ("params"), its estimated forward FLOPs per example ("flops") or its
+measured forward time ("time"); stage sizes can also be given explicitly.
+
+The numeric core (`partition_costs`, `validate_sizes`, `balance_ratio`) is pure
+Python; Keras is imported only inside the functions that look at layers.
+
+Example:
+    >>> import keras
+    >>> from tfmulti.parallel import partition
+    >>> model = keras.Sequential([
+    ...     keras.Input((784,)),
+    ...     keras.layers.Dense(512, name="fc1"),
+    ...     keras.layers.Dense(256, name="fc2"),
+    ...     keras.layers.Dense(10, name="logits"),
+    ... ])
+    >>> partition.partition_costs([1, 2, 3, 4, 5, 6, 7, 8, 9], 3)
+    [5, 2, 2]
+    >>> plan = partition.plan_partition(model, 2, method="params")
+    >>> plan.sizes
+    (1, 2)
+    >>> [stage.num_params for stage in plan.stages]
+    [401920, 133898]
+    >>> plan
+    PartitionPlan(method='params', sizes=(1, 2), balance=1.50)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import re
+import statistics
+import time
+from collections.abc import Sequence
+
+COST_METHODS = ("params", "flops", "time")
+"""Valid string values of `method` in `layer_costs` and `plan_partition`."""
+
+EXPLICIT = "explicit"
+"""`PartitionPlan.method` when the stage sizes were given explicitly."""
+
+_TIME_WARMUP = 1
+_TIME_REPEATS = 5
+_REL_TOL = 1e-9  # ties in the secondary criterion, for float costs
+
+
+# ---------------------------------------------------------------------------
+# Pure numeric core.
+# ---------------------------------------------------------------------------
+
+
+def _check_num_stages(num_stages) -> int:
+    if isinstance(num_stages, bool) or not isinstance(num_stages, numbers.Integral):
+        raise ValueError(
+            f"num_stages must be an integer >= 1; received {num_stages!r} "
+            f"({type(num_stages).__name__}); pass e.g. num_stages=2.")
+    num_stages = int(num_stages)
+    if num_stages < 1:
+        raise ValueError(
+            f"num_stages ({num_stages}) must be >= 1; use 1 for a single stage (no pipeline).")
+    return num_stages
+
+
+def _check_costs(costs, what: str = "costs") -> list[float]:
+    if isinstance(costs, (str, bytes)) or not isinstance(costs, Sequence):
+        try:
+            costs = list(costs)
+        except TypeError:
+            raise ValueError(
+                f"{what} must be a sequence of numbers, one per layer; "
+                f"received {type(costs).__name__}.") from None
+    if len(costs) == 0:
+        raise ValueError(f"{what} is empty; pass one cost per layer (at least one layer).")
+    checked = []
+    for i, cost in enumerate(costs):
+        if isinstance(cost, bool) or not isinstance(cost, numbers.Real):
+            raise ValueError(
+                f"{what}[{i}] is not a number ({cost!r}); "
+                "layer costs must be finite numbers >= 0.")
+        cost = float(cost)
+        if not math.isfinite(cost):
+            raise ValueError(
+                f"{what}[{i}] is not finite ({cost}); layer costs must be finite numbers >= 0.")
+        if cost < 0:
+            raise ValueError(
+                f"{what}[{i}] is negative ({cost}); layer costs must be finite numbers >= 0.")
+        checked.append(cost)
+    return checked
+
+
+def partition_costs(costs: Sequence[float], num_stages: int) -> list[int]:
+    """Splits per-layer costs into contiguous stages minimizing the largest stage.
+
+    Exact: a dynamic program over prefix sums (O(num_stages * N^2) time,
+    O(num_stages * N) memory) finds the minimal possible maximum stage cost M*.
+    Among all splits whose largest stage costs M*, ties are broken
+    deterministically by, in order:
+
+    1. the smallest sum of squared stage costs (the most balanced split; float
+       sums within a relative 1e-9 count as equal);
+    2. the smallest sum of squared stage sizes (the most even layer counts,
+       which decides e.g. for zero-cost layers);
+    3. the earliest boundaries (lexicographically smallest `sizes`, i.e.
+       earlier stages get fewer layers).
+
+    Args:
+        costs: One finite, non-negative cost per layer, in stack order.
+        num_stages: The number of stages, 1 <= num_stages <= len(costs).
+
+    Returns:
+        The stage sizes (layers per stage, each >= 1), summing to len(costs).
+
+    Raises:
+        ValueError: If `costs` is empty or holds a negative, non-finite or
+            non-numeric value; if `num_stages` is not an integer, is < 1 or
+            exceeds the number of layers.
+    """
+    costs = _check_costs(costs)
+    num_stages = _check_num_stages(num_stages)
+    n = len(costs)
+    if num_stages > n:
+        raise ValueError(
+            f"num_stages ({num_stages}) exceeds the number of layers ({n}); "
+            f"use at most {n} stages.")
+    prefix = [0.0]
+    for cost in costs:
+        prefix.append(prefix[-1] + cost)
+
+    def seg(i: int, j: int) -> float:  # cost of layers i..j-1
+        return prefix[j] - prefix[i]
+
+    # Phase 1: best[i] = minimal largest stage for costs[i:] split into s stages.
+    # Stage cost grows with j and the rest's optimum shrinks, so stop early.
+    best = [seg(i, n) for i in range(n)]
+    for s in range(2, num_stages + 1):
+        new = [math.inf] * n
+        for i in range(n - s + 1):
+            value = math.inf
+            for j in range(i + 1, n - s + 2):
+                head = seg(i, j)
+                if head >= value:
+                    break
+                value = min(value, max(head, best[j]))
+            new[i] = value
+        best = new
+    limit = best[0]  # M*; every seg() value is computed the same way below.
+
+    # Phase 2: among splits with every stage <= M*, minimize
+    # (sum of squared costs, sum of squared sizes); the earliest j wins ties.
+    inf = (math.inf, math.inf)
+    score = [(seg(i, n) ** 2, (n - i) ** 2) if seg(i, n) <= limit else inf for i in range(n)]
+    choices: list[list[int]] = []
+    for s in range(2, num_stages + 1):
+        new_score = [inf] * n
+        choice = [-1] * n
+        for i in range(n - s + 1):
+            top = inf
+            for j in range(i + 1, n - s + 2):
+                head = seg(i, j)
+                if head > limit:
+                    break
+                rest = score[j]
+                if rest[0] == math.inf:
+                    continue
+                cand = (rest[0] + head * head, rest[1] + (j - i) ** 2)
+                if _better(cand, top):
+                    top, choice[i] = cand, j
+            new_score[i] = top
+        score = new_score
+        choices.append(choice)
+
+    sizes, i = [], 0
+    for choice in reversed(choices):
+        j = choice[i]
+        sizes.append(j - i)
+        i = j
+    sizes.append(n - i)
+    return sizes
+
+
+def _better(cand: tuple[float, float], top: tuple[float, float]) -> bool:
+    """Lexicographic `cand < top` with a relative tolerance on the float part."""
+    if top[0] == math.inf:
+        return True
+    tol = _REL_TOL * max(abs(cand[0]), abs(top[0]))
+    if cand[0] < top[0] - tol:
+        return True
+    if cand[0] > top[0] + tol:
+        return False
+    return cand[1] < top[1]
+
+
+def validate_sizes(sizes: Sequence[int], num_layers: int, num_stages: int) -> list[int]:
+    """Checks explicitly given stage sizes against the stack.
+
+    Args:
+        sizes: Layers per stage, in stack order.
+        num_layers: The number of layers in the stack.
+        num_stages: The number of stages the sizes must describe.
+
+    Returns:
+        The sizes as a list of ints.
+
+    Raises:
+        ValueError: If `num_stages` is not an integer >= 1, there is not one
+            size per stage, a size is not an integer or is < 1, or the sizes do
+            not add up to `num_layers`.
+    """
+    num_stages = _check_num_stages(num_stages)
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise ValueError(
+            f"stage sizes must be a sequence of integers, one per stage; received {sizes!r}.")
+    sizes = list(sizes)
+    if len(sizes) != num_stages:
+        raise ValueError(
+            f"got {len(sizes)} stage sizes {tuple(sizes)} for num_stages={num_stages}; "
+            "give exactly one size per stage.")
+    for i, size in enumerate(sizes):
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise ValueError(
+                f"sizes[{i}] must be an integer number of layers; "
+                f"received {size!r} ({type(size).__name__}).")
+        if size < 1:
+            raise ValueError(
+                f"sizes[{i}] is {size}; every stage needs at least one layer.")
+    sizes = [int(size) for size in sizes]
+    if sum(sizes) != num_layers:
+        raise ValueError(
+            f"stage sizes {tuple(sizes)} sum to {sum(sizes)} but the stack has {num_layers} "
+            f"layers; the sizes must add up to {num_layers}.")
+    return sizes
+
+
+def balance_ratio(stage_costs: Sequence[float]) -> float:
+    """max / mean of the stage costs: 1.0 is perfect balance.
+
+    Also 1.0 when every stage costs 0.
+
+    Raises:
+        ValueError: If `stage_costs` is empty or holds a negative or
+            non-finite value.
+    """
+    costs = _check_costs(stage_costs, what="stage_costs")
+    total = math.fsum(costs)
+    if total == 0:
+        return 1.0
+    return max(costs) / (total / len(costs))
+
+
+# ---------------------------------------------------------------------------
+# Layer stacks and their costs (Keras imported lazily).
+# ---------------------------------------------------------------------------
+
+
+def _per_example_shape(input_shape) -> tuple:
+    if isinstance(input_shape, numbers.Integral) and not isinstance(input_shape, bool):
+        input_shape = (int(input_shape),)
+    try:
+        shape = tuple(None if d is None else int(d) for d in input_shape)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"input_shape must be the per-example shape without the batch dimension, "
+            f"e.g. (784,) or (28, 28, 1); received {input_shape!r}.") from None
+    if any(d is not None and d < 1 for d in shape):
+        raise ValueError(
+            f"input_shape {shape} has a dimension < 1; pass the per-example shape "
+            "without the batch dimension, e.g. (784,).")
+    return shape
+
+
+def _not_a_stack(model) -> ValueError:
+    return ValueError(
+        f"model {model.name!r} ({type(model).__name__}) is not a stack of layers; pipeline "
+        "stages need a keras.Sequential or a list of layers (a functional model must be a "
+        "single chain: one input, one output, no branches).")
+
+
+def _functional_chain(model) -> list:
+    """The layers of a functional model that is a single chain, input to output."""
+    import keras
+
+    inputs = getattr(model, "inputs", None)
+    outputs = getattr(model, "outputs", None)
+    if not inputs or not outputs or len(inputs) != 1 or len(outputs) != 1:
+        raise _not_a_stack(model)
+    chain, tensor = [], outputs[0]
+    while True:
+        history = getattr(tensor, "_keras_history", None)
+        if history is None:
+            raise _not_a_stack(model)
+        op = history.operation
+        if isinstance(op, keras.layers.InputLayer):
+            break
+        node = op._inbound_nodes[history.node_index]
+        if len(node.input_tensors) != 1 or len(node.output_tensors) != 1:
+            raise _not_a_stack(model)
+        chain.append(op)
+        tensor = node.input_tensors[0]
+    if tensor is not inputs[0]:
+        raise _not_a_stack(model)
+    chain.reverse()
+    if [id(layer) for layer in chain] != [
+            id(layer) for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]:
+        raise _not_a_stack(model)  # a layer outside the chain, or one used twice
+    return chain
+
+
+def _as_stack(layers) -> tuple[list, tuple | None]:
+    """(list of layers, per-example input shape if the model knows it)."""
+    import keras
+
+    shape = None
+    if isinstance(layers, keras.Model):
+        stack = (list(layers.layers) if isinstance(layers, keras.Sequential)
+                 else _functional_chain(layers))
+        try:
+            shape = tuple(layers.input_shape)[1:]
+        except (AttributeError, ValueError, TypeError):
+            shape = None
+    elif isinstance(layers, keras.layers.Layer):
+        raise ValueError(
+            f"got a single layer {layers.name!r}; pass a keras.Sequential or a list of layers.")
+    elif isinstance(layers, (list, tuple)):
+        stack = list(layers)
+        for i, layer in enumerate(stack):
+            if not isinstance(layer, keras.layers.Layer):
+                raise ValueError(
+                    f"layers[{i}] is a {type(layer).__name__}, not a keras layer; "
+                    "pass a keras.Sequential or a list of keras layers.")
+    else:
+        raise ValueError(
+            f"expected a keras.Sequential or a list of layers; received {type(layers).__name__}.")
+    if not stack:
+        raise ValueError("the layer stack is empty; pass at least one layer.")
+    seen = set()
+    for layer in stack:
+        if id(layer) in seen:
+            raise ValueError(
+                f"layer {layer.name!r} appears more than once in the stack; a layer's weights "
+                "live on one stage, so a shared layer cannot be pipelined: use separate layers.")
+        seen.add(id(layer))
+    return stack, shape
+
+
+def _output_shape(layer, shape: tuple) -> tuple:
+    import keras
+
+    try:
+        out = layer.compute_output_shape(shape)
+    except NotImplementedError:
+        out = layer.compute_output_spec(keras.KerasTensor(shape)).shape
+    if isinstance(out, dict) or (isinstance(out, (list, tuple)) and out
+                                 and isinstance(out[0], (list, tuple, dict))):
+        raise ValueError(
+            f"layer {layer.name!r} has several outputs {out}; a pipeline stack needs "
+            "one tensor between consecutive layers.")
+    return tuple(out)
+
+
+def _ensure_built(stack: list, input_shape: tuple | None) -> None:
+    """Builds unbuilt layers in order from `input_shape`, or explains what is missing."""
+    unbuilt = [layer for layer in stack if not layer.built]
+    if not unbuilt:
+        return
+    if input_shape is None:
+        raise ValueError(
+            f"layer {unbuilt[0].name!r} is not built, so its weights and costs are unknown; "
+            "pass input_shape=(...) (the per-example shape, without the batch dimension) "
+            "or build the model first, e.g. with keras.Input.")
+    shape = (None, *input_shape)
+    for layer in stack:
+        if not layer.built:
+            layer.build(shape)
+        shape = _output_shape(layer, shape)
+
+
+def _shapes(stack: list, input_shape: tuple | None, method: str) -> list[tuple]:
+    """[(batch, *in_shape)] for each layer plus the final output shape."""
+    if input_shape is None:
+        raise ValueError(
+            f'method "{method}" needs the input shape; pass input_shape=(...) (the '
+            "per-example shape, without the batch dimension), e.g. input_shape=(784,).")
+    if any(d is None for d in input_shape):
+        raise ValueError(
+            f'method "{method}" needs a fully known input shape; received {input_shape}. '
+            "Pass concrete sizes, e.g. a typical sequence length.")
+    shapes = [(None, *input_shape)]
+    for layer in stack:
+        shapes.append(_output_shape(layer, shapes[-1]))
+    return shapes
+
+
+def _layer_flops(layer, in_shape: tuple, out_shape: tuple) -> float:
+    import keras
+
+    if any(d is None for d in out_shape[1:]):
+        raise ValueError(
+            f"the output shape of layer {layer.name!r} is {out_shape}; FLOPs need fully "
+            "known shapes, so pass a concrete input_shape.")
+    out_elements = math.prod(out_shape[1:])
+    if isinstance(layer, keras.layers.Dense):
+        # Every output element is a dot product over the last input axis.
+        flops = 2 * in_shape[-1] * out_elements
+        return float(flops + (out_elements if layer.use_bias else 0))
+    if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)):
+        # kernel = (*kernel_size, cin / groups, filters): a multiply-add per kernel
+        # entry at every output position.
+        positions = out_elements // layer.filters
+        flops = 2 * math.prod(layer.kernel.shape) * positions
+        return float(flops + (out_elements if layer.use_bias else 0))
+    return float(out_elements)  # elementwise estimate
+
+
+def _sync(outputs) -> None:
+    """Waits for an (async) device result by fetching one element of it."""
+    import keras
+
+    tensor = keras.tree.flatten(outputs)[0]
+    index = (0,) * len(tensor.shape)
+    keras.ops.convert_to_numpy(tensor[index] if index else tensor)
+
+
+def _layer_times(stack: list, input_shape: tuple, batch_size: int) -> list[float]:
+    import keras
+    import numpy as np
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
+            or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1; received {batch_size!r}.")
+    rng = np.random.default_rng(0)
+    shape = (int(batch_size), *input_shape)
+    if isinstance(stack[0], keras.layers.Embedding):
+        x = rng.integers(0, stack[0].input_dim, size=shape).astype("int32")
+    else:
+        x = rng.standard_normal(shape).astype("float32")
+    times = []
+    for layer in stack:
+        for _ in range(_TIME_WARMUP):
+            y = layer(x)
+            _sync(y)
+        samples = []
+        for _ in range(_TIME_REPEATS):
+            start = time.perf_counter()
+            y = layer(x)
+            _sync(y)
+            samples.append(time.perf_counter() - start)
+        times.append(float(statistics.median(samples)))
+        x = y
+    return times
+
+
+def layer_costs(layers, method: str, input_shape=None, batch_size: int = 32) -> list[float]:
+    """One cost per layer of a stack.
+
+    Methods:
+        "params": the layer's parameter count (`layer.count_params()`).
+        "flops": estimated forward FLOPs per example. Dense: 2*in*out per output
+            position, + out for the bias; Conv1D/2D/3D: 2*kh*kw*(cin/groups)*cout
+            per output position, + cout for the bias; any other layer: its number
+            of output elements (an elementwise cost). Shapes come from
+            `compute_output_shape` along the stack, starting at `input_shape`.
+        "time": the measured eager forward time in seconds of each layer on a
+            random batch of `batch_size` examples (each layer gets the previous
+            layer's output): one warm-up call, then the median of 5 calls timed
+            with `time.perf_counter`. Noisy: it depends on the machine, its load,
+            the device and the batch size; use it on the target hardware and
+            prefer "flops" for reproducible plans.
+
+    Args:
+        layers: A built keras.Sequential, a linear functional model or a list of
+            layers (built, or buildable from `input_shape`).
+        method: One of "params", "flops", "time".
+        input_shape: The per-example input shape, without the batch dimension.
+            Defaults to None: the model's own input shape when it has one;
+            required for "flops" and "time" otherwise.
+        batch_size: Batch size for "time"; defaults to 32.
+
+    Returns:
+        A list of non-negative floats, one per layer.
+
+    Raises:
+        ValueError: For an unknown method, a model that is not a stack of
+            layers, unbuilt layers without `input_shape`, or shapes that are
+            not fully known for "flops"/"time".
+    """
+    if method not in COST_METHODS:
+        raise ValueError(
+            f"unknown cost method {method!r}; valid methods: {', '.join(COST_METHODS)} "
+            "(or pass explicit stage sizes to plan_partition).")
+    stack, model_shape = _as_stack(layers)
+    shape = _per_example_shape(input_shape) if input_shape is not None else model_shape
+    _ensure_built(stack, shape)
+    return _costs(stack, method, shape, batch_size)
+
+
+def _costs(stack: list, method: str, shape: tuple | None, batch_size: int) -> list[float]:
+    if method == "params":
+        return [float(layer.count_params()) for layer in stack]
+    shapes = _shapes(stack, shape, method)
+    if method == "flops":
+        return [_layer_flops(layer, shapes[i], shapes[i + 1]) for i, layer in enumerate(stack)]
+    return _layer_times(stack, shape, batch_size)
+
+
+# ---------------------------------------------------------------------------
+# Plans.
+# ---------------------------------------------------------------------------
+
+
+def _dtype_bytes(dtype) -> int:
+    import numpy as np
+
+    name = getattr(dtype, "name", None) or str(dtype)
+    try:
+        return np.dtype(name).itemsize
+    except TypeError:
+        if name == "bool":
+            return 1
+        match = re.search(r"(\d+)", name)  # bfloat16, float8_e4m3fn, ...
+        if not match:
+            raise ValueError(f"cannot tell the size of dtype {name!r}.") from None
+        return max(1, int(match.group(1)) // 8)
+
+
+def _param_bytes(layers: list) -> int:
+    seen, total = set(), 0
+    for layer in layers:
+        for variable in layer.weights:
+            if id(variable) in seen:
+                continue
+            seen.add(id(variable))
+            total += math.prod(variable.shape) * _dtype_bytes(variable.dtype)
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    """One pipeline stage: a contiguous run of layers.
+
+    Attributes:
+        layer_names: Names of the stage's layers, in stack order.
+        num_params: Parameter count of the stage (trainable and not).
+        param_bytes: Memory of the stage's variables: elements * dtype size.
+        cost: The stage's cost under the plan's method.
+    """
+
+    layer_names: tuple[str, ...]
+    num_params: int
+    param_bytes: int
+    cost: float
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_names)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class PartitionPlan:
+    """A split of a layer stack into pipeline stages.
+
+    Attributes:
+        stages: One `StagePlan` per stage, in order.
+        method: The cost method ("params", "flops", "time"), or "explicit"
+            when the sizes were given (stage costs are then parameter counts).
+        sizes: Layers per stage.
+    """
+
+    stages: tuple[StagePlan, ...]
+    method: str
+    sizes: tuple[int, ...]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def costs(self) -> tuple[float, ...]:
+        """Each stage's cost."""
+        return tuple(stage.cost for stage in self.stages)
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        """Each stage's slice into the layer stack."""
+        out, start = [], 0
+        for size in self.sizes:
+            out.append(slice(start, start + size))
+            start += size
+        return tuple(out)
+
+    @property
+    def balance(self) -> float:
+        """max / mean of the stage costs; 1.0 is perfect balance."""
+        return balance_ratio(self.costs)
+
+    def table(self) -> str:
+        """An aligned text table of the stages, ending with the balance ratio."""
+        unit = {"params": "params", "flops": "FLOPs", "time": "s", EXPLICIT: "params"}.get(
+            self.method, self.method)
+        total = math.fsum(self.costs)
+        header = ("stage", "layers", "count", "params", "bytes", f"cost ({unit})", "share")
+        rows = []
+        for i, stage in enumerate(self.stages):
+            names = stage.layer_names
+            span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+            share = f"{100 * stage.cost / total:.1f}%" if total > 0 else "-"
+            rows.append((str(i), span, str(len(names)), f"{stage.num_params:,}",
+                         _human_bytes(stage.param_bytes), _format_cost(stage.cost), share))
+        widths = [max(len(row[k]) for row in [header, *rows]) for k in range(len(header))]
+        left = {0, 1}
+
+        def line(row):
+            cells = [cell.ljust(w) if k in left else cell.rjust(w)
+                     for k, (cell, w) in enumerate(zip(row, widths))]
+            return "  ".join(cells).rstrip()
+
+        lines = [line(header), *(line(row) for row in rows)]
+        lines.append(f"balance (max/mean stage cost, 1.00 is perfect): {self.balance:.2f}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"PartitionPlan(method={self.method!r}, sizes={self.sizes}, "
+                f"balance={self.balance:.2f})")
+
+
+def _human_bytes(num: int) -> str:
+    value = float(num)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _format_cost(cost: float) -> str:
+    if cost == int(cost) and abs(cost) < 1e15:
+        return f"{int(cost):,}"
+    return f"{cost:.4g}"
+
+
+def plan_partition(layers, num_stages: int, method="params", input_shape=None,
+                   batch_size: int = 32) -> PartitionPlan:
+    """Plans contiguous pipeline stages for a stack of layers.
+
+    Args:
+        layers: A keras.Sequential (its `model.layers`), a functional model that
+            is a single chain, or a list of layers.
+        num_stages: The number of stages, 1 <= num_stages <= number of layers.
+        method: "params" (the default), "flops" or "time" (see `layer_costs`),
+            balanced exactly by `partition_costs`; or a sequence of stage sizes,
+            checked by `validate_sizes` (stage costs are then parameter counts).
+        input_shape: The per-example input shape, without the batch dimension.
+            Defaults to None: the model's own input shape when it has one.
+            Needed to build unbuilt layers (each is built in order with
+            `layer.build(shape)`) and for "flops"/"time".
+        batch_size: Batch size for "time"; defaults to 32.
+
+    Returns:
+        A `PartitionPlan`.
+
+    Raises:
+        ValueError: If the model is not a stack of layers (branches, several
+            inputs or outputs, a subclassed model, a shared layer), layers are
+            unbuilt and `input_shape` is missing, `method` is unknown, explicit
+            sizes are invalid, or `num_stages` is invalid for the stack.
+    """
+    stack, model_shape = _as_stack(layers)
+    shape = _per_example_shape(input_shape) if input_shape is not None else model_shape
+    num_stages = _check_num_stages(num_stages)
+    if isinstance(method, str):
+        if method not in COST_METHODS:
+            raise ValueError(
+                f"unknown method {method!r}; valid methods: {', '.join(COST_METHODS)}, "
+                "or a list of stage sizes.")
+        if num_stages > len(stack):
+            raise ValueError(
+                f"num_stages ({num_stages}) exceeds the number of layers ({len(stack)}); "
+                f"use at most {len(stack)} stages.")
+        _ensure_built(stack, shape)
+        costs = _costs(stack, method, shape, batch_size)
+        sizes = partition_costs(costs, num_stages)
+        name = method
+    elif isinstance(method, Sequence):
+        sizes = validate_sizes(method, len(stack), num_stages)
+        _ensure_built(stack, shape)
+        costs = _costs(stack, "params", shape, batch_size)
+        name = EXPLICIT
+    else:
+        raise ValueError(
+            f"method must be one of {', '.join(COST_METHODS)} or a list of stage sizes; "
+            f"received {method!r}.")
+
+    stages, start = [], 0
+    for size in sizes:
+        group = stack[start:start + size]
+        stages.append(StagePlan(
+            layer_names=tuple(layer.name for layer in group),
+            num_params=sum(int(layer.count_params()) for layer in group),
+            param_bytes=_param_bytes(group),
+            cost=math.fsum(costs[start:start + size]),
+        ))
+        start += size
+    return PartitionPlan(stages=tuple(stages), method=name, sizes=tuple(sizes))
