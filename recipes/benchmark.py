@@ -10,6 +10,15 @@ Suites:
            Each repeat runs both configurations back to back (interleaved, so
            drift on a shared machine hits both alike); throughput is the
            recipe's steady-state examples/s (median epoch after the first).
+  pipeline Training step of a 2-stage pipeline on 2 virtual CPU devices (intra-op
+           threads 1, 8 Dense(1024) layers, batch 512): the naive split
+           (M=1: one stage works at a time), GPipe with M = 2, 4, 8, and the
+           fully serial step (M=1, inter-op threads 1). Figures:
+           pipeline_speedup = naive / best pipelined step time (goal >= 1.3x;
+           the ceiling on CPUs is about 1.5x, since TensorFlow already overlaps
+           a stage's weight and input gradients in the naive split), and
+           pipeline_efficiency = (serial / 2) / pipelined (goal >= 0.85), with
+           the measured bubble (1 - efficiency) next to (S-1)/(M+S-1).
   all      every suite above.
 
 Writes FILE.json (every measurement, median/min/max of each ratio, the
@@ -30,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from absl import flags  # noqa: E402
 
-SUITES = ("scaling",)
+SUITES = ("scaling", "pipeline")
 _SUITE = flags.DEFINE_enum("suite", "all", [*SUITES, "all"], "Which benchmarks to run.")
 _OUTPUT = flags.DEFINE_string("output", "runs/benchmark.json", "Where to write the JSON.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Repeats of each measurement.", lower_bound=1)
@@ -38,6 +47,8 @@ _PER_WORKER_BATCH = flags.DEFINE_integer("per_worker_batch", 64, "Scaling: batch
                                          lower_bound=1)
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 6144,
                                      "Scaling: synthetic examples per epoch.", lower_bound=1)
+_PIPELINE_WORKER = flags.DEFINE_string("pipeline_worker", None,
+                                       "Internal: run one pipeline configuration (JSON).")
 _EPOCHS = flags.DEFINE_integer("epochs", 3, "Scaling: epochs per run (first is warm-up).",
                                lower_bound=2)
 
@@ -90,10 +101,94 @@ def scaling_suite(repeats: int) -> dict:
         "examples_per_epoch": _NUM_EXAMPLES.value,
         "examples_per_second_1_worker": one,
         "examples_per_second_2_workers": two,
-        "speedup_2_vs_1_workers": summary(ratios),
+        "multi_worker_scaling": summary(ratios),
         "goal": 1.8,
         "ceiling": f"{cores} cores: 2 workers on 1 core each can at most double 1 worker "
                    "on 1 core (2.0x), less what gradient all-reduce costs",
+    }
+
+
+PIPELINE_MICROBATCHES = (2, 4, 8)
+
+
+def pipeline_worker(config: dict) -> dict:
+    """Median step time of one pipeline configuration, in this process."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(config["inter_op"])
+    import keras
+    import numpy as np
+
+    import tfmulti
+    from tfmulti.parallel import PipelineModel
+
+    tfmulti.configure_virtual_devices(2)
+    width, batch = 1024, 512
+    layers = [keras.layers.Dense(width, activation="relu") for _ in range(8)]
+    model = PipelineModel(layers, input_shape=(width,), devices=["CPU:0", "CPU:1"],
+                          num_microbatches=config["microbatches"], partition=[4, 4])
+    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, width), dtype=np.float32)
+    ds = tf.data.Dataset.from_tensors((x, x)).repeat()
+    steps, epochs = 8, 6
+    times = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append((time.perf_counter() - self.start) / steps)
+
+    model.fit(ds, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[Timer()])
+    return {"step_seconds": statistics.median(times[1:]), **config}
+
+
+def _run_pipeline_config(config: dict) -> float:
+    result = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), f"--pipeline_worker={json.dumps(config)}"],
+        capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"pipeline benchmark {config} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])["step_seconds"]
+
+
+def pipeline_suite(repeats: int) -> dict:
+    configs = {"serial": {"microbatches": 1, "inter_op": 1},
+               "naive": {"microbatches": 1, "inter_op": 0}}
+    configs.update({f"M={m}": {"microbatches": m, "inter_op": 0}
+                    for m in PIPELINE_MICROBATCHES})
+    times = {name: [] for name in configs}
+    speedups, efficiencies = [], []
+    bubbles = {m: [] for m in PIPELINE_MICROBATCHES}
+    for repeat in range(repeats):
+        start = time.monotonic()
+        for name, config in configs.items():
+            times[name].append(_run_pipeline_config(config))
+        best = min(times[f"M={m}"][-1] for m in PIPELINE_MICROBATCHES)
+        speedups.append(times["naive"][-1] / best)
+        efficiencies.append(times["serial"][-1] / 2 / best)
+        for m in PIPELINE_MICROBATCHES:
+            bubbles[m].append(1 - times["serial"][-1] / 2 / times[f"M={m}"][-1])
+        print(f"pipeline repeat {repeat + 1}/{repeats}: " + ", ".join(
+            f"{n} {t[-1] * 1000:.0f} ms" for n, t in times.items())
+            + f"; speedup {speedups[-1]:.2f}x, efficiency {efficiencies[-1]:.2f} "
+            f"({time.monotonic() - start:.0f} s)", flush=True)
+    return {
+        "description": "2-stage pipeline, 2 virtual CPUs, intra-op threads 1, "
+                       "8 x Dense(1024), batch 512, SGD training step",
+        "step_seconds": {n: summary(t) for n, t in times.items()},
+        "pipeline_speedup": summary(speedups),
+        "pipeline_efficiency": summary(efficiencies),
+        "bubble": {f"M={m}": {"measured": summary(bubbles[m]),
+                              "gpipe_theory": (2 - 1) / (m + 2 - 1)}
+                   for m in PIPELINE_MICROBATCHES},
+        "goals": {"pipeline_speedup": 1.3, "pipeline_efficiency": 0.85},
+        "ceiling": "2 logical CPUs share 2 cores: a 2-stage pipeline can at most halve the "
+                   "serial step (efficiency 1.0); the naive split already overlaps some "
+                   "work, so the speedup over it is bounded near 1.5x",
     }
 
 
@@ -110,15 +205,29 @@ def plot(results: dict, path: str) -> None:
             r = results["suites"][name]
             data = [r["examples_per_second_1_worker"], r["examples_per_second_2_workers"]]
             ax.boxplot(data, tick_labels=["1 worker", "2 workers"])
-            s = r["speedup_2_vs_1_workers"]
+            s = r["multi_worker_scaling"]
             ax.set_title(f"Scaling (CNN): {s['median']:.2f}x "
                          f"[{s['min']:.2f}-{s['max']:.2f}], goal {r['goal']}x")
             ax.set_ylabel("examples / s (steady state)")
+        elif name == "pipeline":
+            r = results["suites"][name]
+            names = list(r["step_seconds"])
+            ax.bar(names, [r["step_seconds"][n]["median"] * 1000 for n in names],
+                   yerr=[[(r["step_seconds"][n]["median"] - r["step_seconds"][n]["min"]) * 1000
+                          for n in names],
+                         [(r["step_seconds"][n]["max"] - r["step_seconds"][n]["median"]) * 1000
+                          for n in names]])
+            ax.set_ylabel("training step (ms)")
+            ax.set_title(f"Pipeline: {r['pipeline_speedup']['median']:.2f}x over naive, "
+                         f"efficiency {r['pipeline_efficiency']['median']:.2f}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
 
 def main(argv):
+    if _PIPELINE_WORKER.value:
+        print(json.dumps(pipeline_worker(json.loads(_PIPELINE_WORKER.value))))
+        return
     suites = SUITES if _SUITE.value == "all" else (_SUITE.value,)
     results = {
         "command": " ".join(["python", "recipes/benchmark.py", *sys.argv[1:]]),
@@ -127,7 +236,8 @@ def main(argv):
         "suites": {},
     }
     for name in suites:
-        results["suites"][name] = {"scaling": scaling_suite}[name](_REPEATS.value)
+        results["suites"][name] = {"scaling": scaling_suite,
+                                   "pipeline": pipeline_suite}[name](_REPEATS.value)
     os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
     with open(_OUTPUT.value, "w") as f:
         json.dump(results, f, indent=2)
@@ -135,9 +245,14 @@ def main(argv):
     plot(results, png)
     for name, r in results["suites"].items():
         if name == "scaling":
-            s = r["speedup_2_vs_1_workers"]
+            s = r["multi_worker_scaling"]
             print(f"scaling: 2 vs 1 pinned workers {s['median']:.2f}x "
                   f"(min {s['min']:.2f}, max {s['max']:.2f}, {s['n']} repeats); {r['ceiling']}")
+        if name == "pipeline":
+            sp, ef = r["pipeline_speedup"], r["pipeline_efficiency"]
+            print(f"pipeline: speedup over naive {sp['median']:.2f}x (min {sp['min']:.2f}, "
+                  f"max {sp['max']:.2f}); efficiency {ef['median']:.2f} (min {ef['min']:.2f}, "
+                  f"max {ef['max']:.2f}); {r['ceiling']}")
     print(f"wrote {_OUTPUT.value} and {png}")
 
 

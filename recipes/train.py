@@ -12,6 +12,14 @@ Multi-worker (MultiWorkerMirroredStrategy, 2 processes on this host):
     tfmulti launch --num_workers 2 -- python recipes/train.py \
         --strategy=multi_worker --global_batch_size=256 --model_dir=/tmp/tfmulti_mw
 
+Pipeline (model) parallelism, 2 stages on 2 virtual CPUs, 4 micro-batches; and
+the data x pipeline hybrid, 2 replicas x 2 stages on 4 devices:
+
+    python recipes/train.py --strategy=pipeline --num_virtual_devices=2 \
+        --num_stages=2 --num_microbatches=4 --model=cnn
+    python recipes/train.py --strategy=hybrid --num_virtual_devices=4 \
+        --num_replicas=2 --num_stages=2 --num_microbatches=4 --model=cnn
+
 Writes <model_dir>/metrics.json, <model_dir>/model.keras and TensorBoard logs
 in <model_dir>/logs. Bad flags print one line and exit with code 2, writing
 nothing.
@@ -37,8 +45,9 @@ import _common  # noqa: E402  (sets TF log level before TensorFlow loads)
 from absl import flags  # noqa: E402
 
 _STRATEGY = flags.DEFINE_enum(
-    "strategy", "auto", ["auto", "one_device", "mirrored", "multi_worker"],
-    "Distribution strategy; multi_worker runs under `tfmulti launch` or with TF_CONFIG.")
+    "strategy", "auto", ["auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid"],
+    "Distribution strategy; multi_worker runs under `tfmulti launch` or with TF_CONFIG; "
+    "pipeline and hybrid place layer stages on devices.")
 _NUM_VIRTUAL_DEVICES = flags.DEFINE_integer(
     "num_virtual_devices", 0, "Split the host CPU into this many logical devices (0: no split).",
     lower_bound=0)
@@ -69,6 +78,16 @@ _WARMUP_EPOCHS = flags.DEFINE_float("warmup_epochs", 0.0, "Linear learning-rate 
                                     lower_bound=0.0)
 _OPTIMIZER = flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd"], "Optimizer.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and data order.")
+_NUM_STAGES = flags.DEFINE_integer("num_stages", 2, "Pipeline stages (pipeline, hybrid).",
+                                   lower_bound=1)
+_NUM_MICROBATCHES = flags.DEFINE_integer(
+    "num_microbatches", 4, "Micro-batches per replica batch (pipeline, hybrid).", lower_bound=1)
+_NUM_REPLICAS = flags.DEFINE_integer("num_replicas", 2, "Data-parallel pipelines (hybrid).",
+                                     lower_bound=1)
+_PARTITION = flags.DEFINE_enum("partition", "params", ["params", "flops", "time"],
+                               "How to balance pipeline stages.")
+_REMAT = flags.DEFINE_boolean("remat", False, "Recompute stage activations in the backward "
+                              "pass (pipeline, hybrid; no dropout).")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Where to write metrics, model and logs.")
 
 
@@ -95,6 +114,11 @@ def main(argv):
         warmup_epochs=_WARMUP_EPOCHS.value,
         optimizer=_OPTIMIZER.value,
         seed=_SEED.value,
+        num_stages=_NUM_STAGES.value,
+        num_microbatches=_NUM_MICROBATCHES.value,
+        num_replicas=_NUM_REPLICAS.value,
+        partition=_PARTITION.value,
+        remat=_REMAT.value,
         model_dir=_MODEL_DIR.value,
     ))
     summary = ", ".join(

@@ -61,6 +61,26 @@ def test_train_recipe_regression_one_device(tmp_path):
     assert "test_accuracy" not in metrics
 
 
+@pytest.mark.parametrize("strategy,devices,replicas", [("pipeline", 2, 1), ("hybrid", 4, 2)])
+def test_train_recipe_pipeline_and_hybrid(tmp_path, strategy, devices, replicas):
+    result = run_python([TRAIN, f"--strategy={strategy}", f"--num_virtual_devices={devices}",
+                         "--num_stages=2", "--num_microbatches=4", "--model=cnn", *TINY,
+                         f"--model_dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["strategy"] == strategy and metrics["num_replicas"] == replicas
+    assert metrics["num_stages"] == 2 and metrics["num_microbatches"] == 4
+    assert sum(metrics["partition_sizes"]) == 7 and metrics["partition_balance"] >= 1.0
+    assert "balance (max/mean stage cost" in result.stdout  # the partition table
+    assert "optimizer_slots" in result.stdout  # the memory view
+    # Saved unpartitioned: a plain Keras model.
+    check = run_python(["-c", (
+        "import keras, numpy as np;"
+        f"m = keras.models.load_model({str(tmp_path / 'model.keras')!r});"
+        "print(type(m).__name__, m.predict(np.zeros((3, 28, 28, 1)), verbose=0).shape)")])
+    assert "Sequential (3, 10)" in check.stdout, check.stderr[-2000:]
+
+
 # Each bad configuration: its message, exit code 2, and model_dir untouched.
 BAD_FLAGS = [
     (["--global_batch_size=10", "--num_virtual_devices=4", "--strategy=mirrored"],
@@ -74,6 +94,10 @@ BAD_FLAGS = [
     (["--model=regression"], "does regression but dataset 'synthetic' is a classification"),
     (["--warmup_epochs=-1"], "flag --warmup_epochs=-1"),
     (["stray_argument"], "unexpected arguments ['stray_argument']"),
+    (["--strategy=pipeline", "--global_batch_size=30", "--num_microbatches=4"],
+     "`global_batch_size` (30) must split into 1 replica(s) x 4 micro-batches"),
+    (["--strategy=pipeline", "--num_virtual_devices=2", "--num_stages=3"],
+     "3 stages x 1 replica(s) need 3 devices, found 2"),
 ]
 
 

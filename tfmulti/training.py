@@ -23,7 +23,8 @@ import sys
 import tempfile
 import time
 
-STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid")
+MODEL_PARALLEL = ("pipeline", "hybrid")
 
 
 @dataclasses.dataclass
@@ -49,6 +50,11 @@ class TrainConfig:
     warmup_epochs: float = 0.0
     optimizer: str = "adam"
     seed: int | None = 0
+    num_stages: int = 2
+    num_microbatches: int = 4
+    num_replicas: int = 2
+    partition: str = "params"
+    remat: bool = False
     model_dir: str | None = None
     verbose: int | str = "auto"
 
@@ -83,6 +89,20 @@ class TrainConfig:
             raise ValueError(f"`learning_rate` must be positive, got {self.learning_rate}.")
         if self.warmup_epochs < 0:
             raise ValueError(f"`warmup_epochs` must be >= 0, got {self.warmup_epochs}.")
+        if self.strategy in MODEL_PARALLEL:
+            for name in ("num_stages", "num_microbatches", "num_replicas"):
+                value = getattr(self, name)
+                if not isinstance(value, int) or value < 1:
+                    raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+            replicas = self.num_replicas if self.strategy == "hybrid" else 1
+            if self.global_batch_size % (replicas * self.num_microbatches):
+                raise ValueError(
+                    f"`global_batch_size` ({self.global_batch_size}) must split into "
+                    f"{replicas} replica(s) x {self.num_microbatches} micro-batches; use a "
+                    f"multiple of {replicas * self.num_microbatches}.")
+            if self.partition not in ("params", "flops", "time"):
+                raise ValueError(f"`partition` must be 'params', 'flops' or 'time', got "
+                                 f"{self.partition!r}.")
         if self.model_dir and os.path.exists(self.model_dir) and not os.path.isdir(self.model_dir):
             raise ValueError(f"`model_dir` {self.model_dir!r} exists and is not a directory.")
 
@@ -152,10 +172,16 @@ def train(config: TrainConfig) -> dict:
 
     if config.num_virtual_devices:
         devices.configure_virtual_devices(config.num_virtual_devices)
-    strategy = strategy_lib.get_strategy(
-        config.strategy, devices=list(config.devices) if config.devices else None,
-        cross_device_ops=config.cross_device_ops,
-    )
+    model_parallel = config.strategy in MODEL_PARALLEL
+    if model_parallel:
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()  # placement is manual, per stage
+    else:
+        strategy = strategy_lib.get_strategy(
+            config.strategy, devices=list(config.devices) if config.devices else None,
+            cross_device_ops=config.cross_device_ops,
+        )
     data_dir = config.data_dir or data.default_data_dir()
     train_ds = data.load(config.dataset, "train", data_dir=data_dir,
                          download=config.download, num_examples=config.num_examples)
@@ -175,11 +201,21 @@ def train(config: TrainConfig) -> dict:
     test_input = data.distribute(test_ds, strategy, config.global_batch_size, training=False)
     steps_per_epoch = config.steps_per_epoch or train_input.steps_per_epoch
     model = models.build_model(
-        config.model, strategy=strategy, input_shape=info["input_shape"],
-        num_classes=info["num_classes"] or 1, dropout=config.dropout, seed=config.seed,
+        config.model, strategy=None if model_parallel else strategy,
+        input_shape=info["input_shape"], num_classes=info["num_classes"] or 1,
+        dropout=config.dropout, seed=config.seed,
     )
+    if model_parallel:
+        from tfmulti.parallel import PipelineModel, format_memory
+
+        model = PipelineModel(
+            model, devices=list(config.devices) if config.devices else None,
+            num_stages=config.num_stages, num_microbatches=config.num_microbatches,
+            num_replicas=config.num_replicas if config.strategy == "hybrid" else 1,
+            partition=config.partition, remat=config.remat, name=config.model)
     models.compile_model(
-        model, strategy=strategy, optimizer=config.optimizer,
+        model, strategy=None if model_parallel else strategy, task=task,
+        optimizer=config.optimizer,
         learning_rate=config.learning_rate, lr_scaling=config.lr_scaling,
         global_batch_size=config.global_batch_size, base_batch_size=config.base_batch_size,
         warmup_epochs=config.warmup_epochs, steps_per_epoch=steps_per_epoch,
@@ -196,9 +232,18 @@ def train(config: TrainConfig) -> dict:
     verbose = config.verbose
     if verbose == "auto":
         verbose = 0 if not chief else 1 if sys.stdout.isatty() else 2
-    print(f"tfmulti: {strategy_lib.describe(strategy)}; global batch "
-          f"{config.global_batch_size} = {train_input.num_replicas} x "
-          f"{train_input.per_replica_batch_size}; {steps_per_epoch} steps/epoch", flush=True)
+    if model_parallel:
+        replicas = model.num_replicas
+        print(f"tfmulti: {config.strategy}: {replicas} replica(s) x {model.num_stages} stages "
+              f"on {[d for r in model.stage_devices for d in r]}; global batch "
+              f"{config.global_batch_size} = {replicas} x {config.num_microbatches} "
+              f"micro-batches of {config.global_batch_size // replicas // config.num_microbatches}"
+              f"; {steps_per_epoch} steps/epoch\n{model.plan.table()}\n"
+              f"{format_memory(model.memory_report(config.global_batch_size))}", flush=True)
+    else:
+        print(f"tfmulti: {strategy_lib.describe(strategy)}; global batch "
+              f"{config.global_batch_size} = {train_input.num_replicas} x "
+              f"{train_input.per_replica_batch_size}; {steps_per_epoch} steps/epoch", flush=True)
     fit_kwargs = train_input.fit_kwargs()
     if config.steps_per_epoch:
         fit_kwargs["steps_per_epoch"] = config.steps_per_epoch
@@ -209,8 +254,9 @@ def train(config: TrainConfig) -> dict:
     steady = epoch_seconds[1:] or epoch_seconds
     examples_per_epoch = steps_per_epoch * config.global_batch_size
     metrics = {
-        "strategy": strategy_lib.strategy_name(strategy),
-        "num_replicas": strategy.num_replicas_in_sync,
+        "strategy": (config.strategy if model_parallel
+                     else strategy_lib.strategy_name(strategy)),
+        "num_replicas": model.num_replicas if model_parallel else strategy.num_replicas_in_sync,
         "num_workers": cluster.num_tasks(cluster.from_environ() or {"cluster": {"worker": [0]}}),
         "dataset": config.dataset,
         "model": config.model,
@@ -231,11 +277,18 @@ def train(config: TrainConfig) -> dict:
         metrics["test_accuracy"] = results["accuracy"]
     else:
         metrics["test_mae"] = results["mae"]
-    metrics = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str)) else v)
+    if model_parallel:
+        metrics.update(num_stages=model.num_stages, num_microbatches=model.num_microbatches,
+                       partition_sizes=list(model.plan.sizes),
+                       partition_balance=model.plan.balance)
+    metrics = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str, list))
+                   else v)
                for k, v in metrics.items()}
     if writes:
         _write_json_atomic(os.path.join(config.model_dir, "metrics.json"), metrics)
-        _save_model_atomic(model, os.path.join(config.model_dir, "model.keras"))
+        # A pipeline is saved unpartitioned: a plain Keras model anyone can load.
+        _save_model_atomic(model.to_sequential(name=config.model) if model_parallel else model,
+                           os.path.join(config.model_dir, "model.keras"))
         print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",
               flush=True)
     return metrics

@@ -12,6 +12,11 @@ _LAZY = {
     "PipelineModel": "tfmulti.parallel.pipeline",
     "format_memory": "tfmulti.parallel.pipeline",
     "plan_partition": "tfmulti.parallel.partition",
+    "gpipe": "tfmulti.parallel.schedule",
+    "one_f_one_b": "tfmulti.parallel.schedule",
+    "bubble_fraction": "tfmulti.parallel.schedule",
+    "measured_bubble": "tfmulti.parallel.schedule",
+    "max_in_flight": "tfmulti.parallel.schedule",
 }
 __all__ = list(_LAZY)
 

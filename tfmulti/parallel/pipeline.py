@@ -69,9 +69,7 @@ def _layers_of(model_or_layers) -> list:
 def _clone(layer):
     """A fresh, unbuilt layer with the same config (weights are copied after
     it is built on its device)."""
-    config = layer.get_config()
-    config.pop("name", None)
-    return layer.__class__.from_config(config)
+    return layer.__class__.from_config(layer.get_config())
 
 
 def _split(tensor, num: int):
@@ -128,6 +126,10 @@ class PipelineModel(keras.Model):
                 raise ValueError("`input_shape` is required for layers that are not built "
                                  "(e.g. input_shape=(28, 28, 1)).") from None
         self._input_shape_arg = tuple(input_shape)
+        if num_stages is not None and num_stages > len(layers):
+            raise ValueError(
+                f"`num_stages` ({num_stages}) exceeds the number of layers ({len(layers)}); "
+                f"use at most {len(layers)} stages.")
         device_names = self._choose_devices(devices, num_stages, num_replicas)
         num_stages = len(device_names) // num_replicas
         if num_stages > len(layers):
@@ -378,8 +380,9 @@ class PipelineModel(keras.Model):
         """
         micro = max(batch_size // (self.num_replicas * self.num_microbatches), 1)
         slots: dict[str, int] = {}
-        if self.optimizer is not None and self.optimizer.built:
-            for v in self.optimizer.variables:
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None and optimizer.built:
+            for v in optimizer.variables:
                 device = devices_lib.canonical_device_name(v.value.device)
                 slots[device] = slots.get(device, 0) + _nbytes(v)
         rows = []
