@@ -80,7 +80,7 @@ def test_mirrored_run_and_reduce(cross_device_ops):
 
 def test_describe():
     text = strategy_lib.describe(get_strategy("mirrored", devices=["CPU:0", "CPU:1"]))
-    assert text.startswith("MirroredStrategy with 2 replica(s) on ")
+    assert text.startswith("MirroredStrategy with 2 replica(s); local devices ")
     assert "CPU:0" in text and "CPU:1" in text
 
 
@@ -88,11 +88,11 @@ def test_describe():
 # Errors
 # --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["tpu", "Mirrored", "multi_worker", ""])
+@pytest.mark.parametrize("kind", ["tpu", "Mirrored", "multiworker", ""])
 def test_unknown_kind_lists_valid_kinds(kind):
     with pytest.raises(ValueError, match=r"unknown strategy kind") as info:
         get_strategy(kind)
-    assert "['auto', 'one_device', 'mirrored']" in str(info.value)
+    assert "['auto', 'one_device', 'mirrored', 'multi_worker']" in str(info.value)
 
 
 @pytest.mark.parametrize("kind", ["auto", "one_device", "mirrored"])

@@ -171,7 +171,7 @@ def get_strategy(
           `configure_virtual_devices`), else "one_device".
 
     Args:
-        kind: one of "auto", "one_device", "mirrored".
+        kind: one of "auto", "one_device", "mirrored", "multi_worker".
         devices: device names ("CPU:0", "/gpu:1", ...), or None for the default.
         cross_device_ops: how "mirrored" reduces gradients: "auto" (default,
             TensorFlow's choice), "nccl" (GPUs), "hierarchical_copy" (GPUs),

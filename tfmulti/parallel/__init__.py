@@ -1,7 +1,7 @@
 """Model parallelism: manual placement, pipeline, partitioner, hybrid.
 
-`PipelineModel` and the schedule helpers load lazily (they import TensorFlow);
-`tfmulti.parallel.partition` is pure Python.
+`PipelineModel` loads lazily (it imports TensorFlow); the schedule helpers and
+`tfmulti.parallel.partition` are pure Python.
 """
 
 from __future__ import annotations

@@ -247,6 +247,7 @@ def plot(table, ax=None, title: str | None = None):
     rows = _check_table(table)
     import matplotlib.patches as mpatches
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     num_stages = len(rows[0])
     if ax is None:
@@ -265,6 +266,7 @@ def plot(table, ax=None, title: str | None = None):
             ax.text(t + 0.5, s, str(m), ha="center", va="center", color="white",
                     fontsize=9, fontweight="bold")
     ax.set_xlim(0, len(rows))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(num_stages - 0.5, -0.5)  # stage 0 on top
     ax.set_yticks(range(num_stages))
     ax.set_yticklabels([f"stage {s}" for s in range(num_stages)])
