@@ -10,7 +10,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("cluster", "data", "devices", "diagnose", "keras_fixes", "launch", "models",
+_SUBMODULES = ("cluster", "data", "devices", "diagnose", "keras_fixes", "launch", "models", "notebook",
                "strategy", "training")
 _FUNCTIONS = {
     "configure_virtual_devices": "tfmulti.devices",

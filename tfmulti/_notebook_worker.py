@@ -1,4 +1,4 @@
-"""One worker of `tfmulti.launch.notebook_launcher` (internal):
+"""One worker of `tfmulti.notebook.notebook_launcher` (internal):
 
     python -m tfmulti._notebook_worker PAYLOAD RESULT_DIR
 
