@@ -109,3 +109,60 @@ def test_fix_keras_fit_under_multi_worker():
     code, output = _keras_under_multi_worker("all")
     assert code == 0, output[-3000:]
     assert output.count("fit ok") == 2
+
+
+_MULTI_STEP = textwrap.dedent("""
+    import sys
+    import tensorflow as tf
+    import tfmulti
+    from tfmulti import data, models
+    tfmulti.configure_virtual_devices(2)
+    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])  # plain, no tfmulti fixes
+    with strategy.scope():
+        model = models.build_model("mlp", dropout=0.0, seed=0)
+    models.compile_model(model, strategy=strategy, optimizer="sgd", steps_per_execution=4)
+    train = data.distribute(data.load("synthetic", num_examples=512), strategy, 64, seed=0)
+    model.fit(**train.fit_kwargs(), epochs=1, verbose=0)
+    print("fit ok")
+""")
+
+
+def test_upstream_bug_steps_per_execution_with_replicas():
+    # keras-team/keras#19246: steps_per_execution > 1 fails with 2+ replicas.
+    result = run_python(["-c", _MULTI_STEP], timeout=120)
+    assert result.returncode != 0
+    assert "You must feed a value for placeholder tensor" in result.stderr
+    assert "fit ok" not in result.stdout
+
+
+def _fit_and_evaluate(steps_per_execution: int):
+    import numpy as np
+
+    import tfmulti
+    from tfmulti import data, models
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    model = models.build_model("mlp", strategy=strategy, dropout=0.0, seed=0)
+    models.compile_model(model, strategy=strategy, optimizer="sgd", learning_rate=0.05,
+                         steps_per_execution=steps_per_execution)
+    train = data.distribute(data.load("synthetic", num_examples=640), strategy, 64, seed=0)
+    test = data.distribute(data.load("synthetic", "test", num_examples=420), strategy, 64,
+                           training=False)  # 7 batches, the last partial: blocks of 5 + 2
+    history = model.fit(**train.fit_kwargs(), epochs=2, verbose=0)
+    evaluation = model.evaluate(**test.evaluate_kwargs(), return_dict=True, verbose=0)
+    return history.history, evaluation, [np.array(w) for w in model.get_weights()]
+
+
+def test_fix_steps_per_execution_with_replicas_matches_one_step_per_call():
+    import numpy as np
+
+    h1, e1, w1 = _fit_and_evaluate(1)
+    # 10 steps per epoch in blocks of 5 (Keras runs whole blocks of
+    # steps_per_execution, so it should divide the steps per epoch).
+    h4, e4, w4 = _fit_and_evaluate(5)
+    np.testing.assert_allclose(h4["loss"], h1["loss"], atol=1e-5)
+    np.testing.assert_allclose(h4["accuracy"], h1["accuracy"], atol=1e-6)
+    assert e4["loss"] == pytest.approx(e1["loss"], abs=1e-5)
+    assert e4["accuracy"] == pytest.approx(e1["accuracy"], abs=1e-6)
+    for a, b in zip(w4, w1):
+        np.testing.assert_allclose(a, b, atol=1e-5)

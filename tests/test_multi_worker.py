@@ -55,9 +55,11 @@ def test_train_recipe_two_workers_chief_only_writes(tmp_path):
     model_dir = tmp_path / "run"
     code, output = _launch([str(REPO / "recipes" / "train.py"), "--strategy=multi_worker",
                             "--dataset=synthetic", "--num_examples=512", "--epochs=1",
-                            "--global_batch_size=64", f"--model_dir={model_dir}"])
+                            "--global_batch_size=64", "--steps_per_execution=4",
+                            f"--model_dir={model_dir}"])
     assert code == 0, output[-4000:]
     metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["steps_per_execution"] == 4  # multi-step calls under multi-worker too
     assert metrics["strategy"] == "MultiWorkerMirroredStrategy"
     assert metrics["num_workers"] == 2 and metrics["num_replicas"] == 2
     assert (model_dir / "model.keras").is_file()

@@ -28,13 +28,14 @@ def _tree(path) -> dict:
 def test_train_recipe_smoke(tmp_path):
     model_dir = tmp_path / "run"
     result = run_python([TRAIN, "--strategy=mirrored", "--num_virtual_devices=2", *TINY,
-                         f"--model_dir={model_dir}"])
+                         "--steps_per_execution=4", f"--model_dir={model_dir}"])
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["num_replicas"] == 2
     assert metrics["strategy"] == "MirroredStrategy"
     assert metrics["epochs_completed"] == 2
     assert metrics["steps_per_epoch"] == 512 // 64
+    assert metrics["steps_per_execution"] == 4
     assert metrics["examples_per_second"] > 0
     assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0
     assert (model_dir / "model.keras").is_file()
@@ -94,6 +95,8 @@ BAD_FLAGS = [
     (["--model=regression"], "does regression but dataset 'synthetic' is a classification"),
     (["--warmup_epochs=-1"], "flag --warmup_epochs=-1"),
     (["stray_argument"], "unexpected arguments ['stray_argument']"),
+    (["--steps_per_execution=3", "--global_batch_size=32"],  # 256 / 32 = 8 steps
+     "`steps_per_execution` (3) must divide the steps per epoch (8)"),
     (["--strategy=pipeline", "--global_batch_size=30", "--num_microbatches=4"],
      "`global_batch_size` (30) must split into 1 replica(s) x 4 micro-batches"),
     (["--strategy=pipeline", "--num_virtual_devices=2", "--num_stages=3"],

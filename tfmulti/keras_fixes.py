@@ -152,3 +152,87 @@ def slurm_cluster_resolver(port_base: int):
     max_tasks = max(slurm.expand_tasks_per_node(os.environ["SLURM_STEP_TASKS_PER_NODE"]))
     return resolver_cls(port_base=port_base, gpus_per_node=max_tasks, gpus_per_task=1,
                         auto_set_gpu=False)
+
+
+# --------------------------------------------------------------------------
+# Fix 5: `steps_per_execution > 1` with 2 or more replicas.
+#
+# Keras 3 runs several steps per call in a `tf.while_loop` whose body calls
+# `strategy.run` inside a `tf.cond` over optional inputs; under
+# MirroredStrategy with 2+ replicas that graph fails with "You must feed a
+# value for placeholder tensor '.../while/cond/Placeholder_1'".
+# Upstream: https://github.com/keras-team/keras/issues/19246. With 2+
+# replicas we build the multi-step function the way TensorFlow's own custom
+# training loops do: the first step outside the loop, then a `tf.while_loop`
+# over `get_next_as_optional()` whose body calls `strategy.run` directly (no
+# `tf.cond` around it); only the fetch of the next batch is conditional, so no
+# batch is consumed beyond `steps_per_execution`.
+# --------------------------------------------------------------------------
+
+def _multi_step_function(trainer, step_function):
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    strategy = trainer.distribute_strategy
+    steps = trainer.steps_per_execution
+
+    @tf.autograph.experimental.do_not_convert
+    def one_step_on_data(data):
+        outputs = strategy.run(step_function, args=(data,))
+        return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+
+    if not trainer.run_eagerly:
+        one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True,
+                                       jit_compile=trainer.jit_compile)
+
+    @tf.autograph.experimental.do_not_convert
+    def multi_step_on_iterator(iterator):
+        outputs = one_step_on_data(iterator.get_next())
+
+        def more(i, outputs, next_inputs):
+            return tf.logical_and(i < steps, next_inputs.has_value())
+
+        def body(i, outputs, next_inputs):
+            outputs = one_step_on_data(next_inputs.get_value())
+            next_inputs = tf.cond(i + 1 < steps, iterator.get_next_as_optional,
+                                  lambda: next_inputs)
+            return i + 1, outputs, next_inputs
+
+        if steps > 1:
+            _, outputs, _ = tf.while_loop(
+                more, body, [tf.constant(1), outputs, iterator.get_next_as_optional()])
+        return outputs
+
+    if not trainer.run_eagerly:
+        multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
+
+    def function(iterator):
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            try:
+                return multi_step_on_iterator(iterator)
+            except tf.errors.OutOfRangeError:
+                raise StopIteration from None
+        outputs = None
+        for _, data in zip(range(steps), iterator):
+            outputs = one_step_on_data(data)
+        return outputs
+
+    return function
+
+
+def apply_multi_step_fix() -> None:
+    """Installs fix 5 (idempotent); Keras' own code still runs for 1 replica
+    or `steps_per_execution == 1`."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    if "multi_step" in _applied:
+        return
+    original = tf_trainer.TensorFlowTrainer._make_function
+
+    def _make_function(self, step_function):
+        if self.steps_per_execution > 1 and self.distribute_strategy.num_replicas_in_sync > 1:
+            return _multi_step_function(self, step_function)
+        return original(self, step_function)
+
+    _make_function.__wrapped__ = original
+    tf_trainer.TensorFlowTrainer._make_function = _make_function
+    _applied.add("multi_step")

@@ -131,6 +131,7 @@ def _multi_worker(communication: str, collective_timeout_s: float | None,
                          f"tf.distribute.cluster_resolver.ClusterResolver, got "
                          f"{cluster_resolver!r}.")
     keras_fixes.apply_multi_worker_fixes()
+    keras_fixes.apply_multi_step_fix()
     options = tf.distribute.experimental.CommunicationOptions(
         implementation={
             "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -230,6 +231,7 @@ def get_strategy(
         device = names[0] if names else _default_mirrored_devices()[0]
         return tf.distribute.OneDeviceStrategy(device)
     names = names or _default_mirrored_devices()
+    keras_fixes.apply_multi_step_fix()
     return keras_fixes.mirrored_strategy(
         devices=names, cross_device_ops=_cross_device_ops(cross_device_ops, names)
     )

@@ -50,6 +50,7 @@ class TrainConfig:
     warmup_epochs: float = 0.0
     optimizer: str = "adam"
     seed: int | None = 0
+    steps_per_execution: int = 1
     num_stages: int = 2
     num_microbatches: int = 4
     num_replicas: int = 2
@@ -64,7 +65,7 @@ class TrainConfig:
 
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; valid: {list(STRATEGIES)}.")
-        for name in ("epochs", "global_batch_size", "base_batch_size"):
+        for name in ("epochs", "global_batch_size", "base_batch_size", "steps_per_execution"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
@@ -200,6 +201,12 @@ def train(config: TrainConfig) -> dict:
                                   training=True, seed=config.seed)
     test_input = data.distribute(test_ds, strategy, config.global_batch_size, training=False)
     steps_per_epoch = config.steps_per_epoch or train_input.steps_per_epoch
+    if steps_per_epoch and steps_per_epoch % config.steps_per_execution:
+        raise ValueError(
+            f"`steps_per_execution` ({config.steps_per_execution}) must divide the steps per "
+            f"epoch ({steps_per_epoch}): Keras runs whole blocks of steps, so an epoch would "
+            f"train {-(-steps_per_epoch // config.steps_per_execution) * config.steps_per_execution}"
+            f" steps; use a divisor of {steps_per_epoch} or set --steps_per_epoch.")
     model = models.build_model(
         config.model, strategy=None if model_parallel else strategy,
         input_shape=info["input_shape"], num_classes=info["num_classes"] or 1,
@@ -219,6 +226,7 @@ def train(config: TrainConfig) -> dict:
         learning_rate=config.learning_rate, lr_scaling=config.lr_scaling,
         global_batch_size=config.global_batch_size, base_batch_size=config.base_batch_size,
         warmup_epochs=config.warmup_epochs, steps_per_epoch=steps_per_epoch,
+        steps_per_execution=config.steps_per_execution,
     )
     # All checks passed: from here on we write.
     import keras
@@ -267,6 +275,7 @@ def train(config: TrainConfig) -> dict:
             config.lr_scaling),
         "epochs_completed": len(history.history.get("loss", [])),
         "steps_per_epoch": steps_per_epoch,
+        "steps_per_execution": config.steps_per_execution,
         "train_seconds": sum(epoch_seconds),
         "examples_per_second": examples_per_epoch / statistics.median(steady),
         "train_loss": history.history["loss"][-1],
