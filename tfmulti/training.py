@@ -25,6 +25,7 @@ import time
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid")
 MODEL_PARALLEL = ("pipeline", "hybrid")
+MIXED_PRECISION = ("none", "bfloat16", "float16")
 
 
 @dataclasses.dataclass
@@ -56,6 +57,8 @@ class TrainConfig:
     num_replicas: int = 2
     partition: str = "params"
     remat: bool = False
+    mixed_precision: str = "none"
+    jit_compile: bool = False
     model_dir: str | None = None
     verbose: int | str = "auto"
 
@@ -104,6 +107,15 @@ class TrainConfig:
             if self.partition not in ("params", "flops", "time"):
                 raise ValueError(f"`partition` must be 'params', 'flops' or 'time', got "
                                  f"{self.partition!r}.")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(
+                f"`mixed_precision` must be one of {list(MIXED_PRECISION)}, got "
+                f"{self.mixed_precision!r}.")
+        if self.jit_compile and self.strategy in MODEL_PARALLEL:
+            raise ValueError(
+                f"`jit_compile` cannot be used with strategy {self.strategy!r}: XLA would "
+                f"compile the step as one cluster and collapse the per-stage device placement; "
+                f"drop --jit_compile or use one_device/mirrored.")
         if self.model_dir and os.path.exists(self.model_dir) and not os.path.isdir(self.model_dir):
             raise ValueError(f"`model_dir` {self.model_dir!r} exists and is not a directory.")
 
@@ -173,6 +185,33 @@ def train(config: TrainConfig) -> dict:
 
     if config.num_virtual_devices:
         devices.configure_virtual_devices(config.num_virtual_devices)
+    _check_mixed_precision_devices(config.mixed_precision)
+    import keras
+
+    policy = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}.get(
+        config.mixed_precision, "float32")
+    # Set before building: layers take the global policy when created. Keras
+    # wraps the optimizer in a LossScaleOptimizer itself for mixed_float16.
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        return _train(config, chief, strategy_lib, data, models, cluster)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _check_mixed_precision_devices(mixed_precision: str) -> None:
+    """float16 needs a GPU: CPUs have no fast float16 kernels (bfloat16 instead)."""
+    if mixed_precision != "float16":
+        return
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        raise ValueError(
+            "`mixed_precision='float16'` needs a GPU and none was found; use "
+            "--mixed_precision=bfloat16 on CPUs.")
+
+
+def _train(config: TrainConfig, chief: bool, strategy_lib, data, models, cluster) -> dict:
     model_parallel = config.strategy in MODEL_PARALLEL
     if model_parallel:
         import tensorflow as tf
@@ -226,7 +265,7 @@ def train(config: TrainConfig) -> dict:
         learning_rate=config.learning_rate, lr_scaling=config.lr_scaling,
         global_batch_size=config.global_batch_size, base_batch_size=config.base_batch_size,
         warmup_epochs=config.warmup_epochs, steps_per_epoch=steps_per_epoch,
-        steps_per_execution=config.steps_per_execution,
+        steps_per_execution=config.steps_per_execution, jit_compile=config.jit_compile,
     )
     # All checks passed: from here on we write.
     import keras
@@ -276,6 +315,8 @@ def train(config: TrainConfig) -> dict:
         "epochs_completed": len(history.history.get("loss", [])),
         "steps_per_epoch": steps_per_epoch,
         "steps_per_execution": config.steps_per_execution,
+        "mixed_precision": config.mixed_precision,
+        "jit_compile": config.jit_compile,
         "train_seconds": sum(epoch_seconds),
         "examples_per_second": examples_per_epoch / statistics.median(steady),
         "train_loss": history.history["loss"][-1],
@@ -290,7 +331,8 @@ def train(config: TrainConfig) -> dict:
         metrics.update(num_stages=model.num_stages, num_microbatches=model.num_microbatches,
                        partition_sizes=list(model.plan.sizes),
                        partition_balance=model.plan.balance)
-    metrics = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str, list))
+    metrics = {k: (float(v) if hasattr(v, "__float__")
+                   and not isinstance(v, (int, str, list, bool))
                    else v)
                for k, v in metrics.items()}
     if writes:

@@ -66,6 +66,13 @@ def _layers_of(model_or_layers) -> list:
     return layers
 
 
+def _check_stage_count(num_stages, num_layers: int) -> None:
+    if num_stages is not None and num_stages > num_layers:
+        raise ValueError(
+            f"`num_stages` ({num_stages}) exceeds the number of layers ({num_layers}); "
+            f"use at most {num_layers} stages.")
+
+
 def _clone(layer):
     """A fresh, unbuilt layer with the same config (weights are copied after
     it is built on its device)."""
@@ -126,16 +133,10 @@ class PipelineModel(keras.Model):
                 raise ValueError("`input_shape` is required for layers that are not built "
                                  "(e.g. input_shape=(28, 28, 1)).") from None
         self._input_shape_arg = tuple(input_shape)
-        if num_stages is not None and num_stages > len(layers):
-            raise ValueError(
-                f"`num_stages` ({num_stages}) exceeds the number of layers ({len(layers)}); "
-                f"use at most {len(layers)} stages.")
+        _check_stage_count(num_stages, len(layers))  # before looking for devices
         device_names = self._choose_devices(devices, num_stages, num_replicas)
         num_stages = len(device_names) // num_replicas
-        if num_stages > len(layers):
-            raise ValueError(
-                f"`num_stages` ({num_stages}) exceeds the number of layers ({len(layers)}); "
-                f"use at most {len(layers)} stages.")
+        _check_stage_count(num_stages, len(layers))  # when derived from `devices`
         if remat:
             random_layers = [l.name for l in layers if isinstance(l, _RANDOM_LAYERS)]
             if random_layers:
