@@ -20,6 +20,10 @@ the data x pipeline hybrid, 2 replicas x 2 stages on 4 devices:
     python recipes/train.py --strategy=hybrid --num_virtual_devices=4 \
         --num_replicas=2 --num_stages=2 --num_microbatches=4 --model=cnn
 
+Mixed precision and XLA (bfloat16 on CPUs; float16 needs a GPU):
+
+    python recipes/train.py --strategy=one_device --mixed_precision=bfloat16 --jit_compile
+
 Writes <model_dir>/metrics.json, <model_dir>/model.keras and TensorBoard logs
 in <model_dir>/logs. Bad flags print one line and exit with code 2, writing
 nothing.
@@ -92,6 +96,12 @@ _PARTITION = flags.DEFINE_enum("partition", "params", ["params", "flops", "time"
                                "How to balance pipeline stages.")
 _REMAT = flags.DEFINE_boolean("remat", False, "Recompute stage activations in the backward "
                               "pass (pipeline, hybrid; no dropout).")
+_MIXED_PRECISION = flags.DEFINE_enum(
+    "mixed_precision", "none", ["none", "bfloat16", "float16"],
+    "Compute in 16 bits, keep variables and logits float32; float16 needs a GPU (loss "
+    "scaling is automatic), use bfloat16 on CPUs.")
+_JIT_COMPILE = flags.DEFINE_boolean(
+    "jit_compile", False, "Compile the train step with XLA (not with pipeline or hybrid).")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Where to write metrics, model and logs.")
 
 
@@ -124,6 +134,8 @@ def main(argv):
         num_replicas=_NUM_REPLICAS.value,
         partition=_PARTITION.value,
         remat=_REMAT.value,
+        mixed_precision=_MIXED_PRECISION.value,
+        jit_compile=_JIT_COMPILE.value,
         model_dir=_MODEL_DIR.value,
     ))
     summary = ", ".join(

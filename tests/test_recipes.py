@@ -82,6 +82,19 @@ def test_train_recipe_pipeline_and_hybrid(tmp_path, strategy, devices, replicas)
     assert "Sequential (3, 10)" in check.stdout, check.stderr[-2000:]
 
 
+@pytest.mark.parametrize("flag,key,value", [("--mixed_precision=bfloat16", "mixed_precision",
+                                              "bfloat16"),
+                                             ("--jit_compile", "jit_compile", True)])
+def test_train_recipe_mixed_precision_and_xla(tmp_path, flag, key, value):
+    result = run_python([TRAIN, "--strategy=one_device", "--dataset=synthetic",
+                         "--num_examples=256", "--epochs=1", "--global_batch_size=64", flag,
+                         f"--model_dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics[key] == value
+    assert metrics["epochs_completed"] == 1 and metrics["test_loss"] > 0
+
+
 # Each bad configuration: its message, exit code 2, and model_dir untouched.
 BAD_FLAGS = [
     (["--global_batch_size=10", "--num_virtual_devices=4", "--strategy=mirrored"],
@@ -101,6 +114,11 @@ BAD_FLAGS = [
      "`global_batch_size` (30) must split into 1 replica(s) x 4 micro-batches"),
     (["--strategy=pipeline", "--num_virtual_devices=2", "--num_stages=3"],
      "3 stages x 1 replica(s) need 3 devices, found 2"),
+    (["--mixed_precision=float16"],  # the test machine has no GPU
+     "`mixed_precision='float16'` needs a GPU and none was found; use "
+     "--mixed_precision=bfloat16 on CPUs"),
+    (["--strategy=pipeline", "--jit_compile"],
+     "`jit_compile` cannot be used with strategy 'pipeline': XLA would compile"),
 ]
 
 

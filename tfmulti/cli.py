@@ -2,6 +2,9 @@
 
     tfmulti env [--json]
     tfmulti prepare-data [--dataset fashion_mnist] [--data_dir DIR] [--source_dir DIR]
+    tfmulti estimate-memory [--model mlp] [--strategy one_device] [--num_devices N]
+                            [--num_stages S --num_microbatches M --num_replicas R]
+                            [--global_batch_size B] [--optimizer adam] [--dtype float32] [--json]
     tfmulti launch --num_workers N [--pin_cpus] [--port P] [--startup_timeout S]
                    [--no_isolate] [--grace_period S] -- COMMAND ...
 """
@@ -42,6 +45,47 @@ def _cmd_prepare_data(args: argparse.Namespace) -> int:
     data.prepare_fashion_mnist(data_dir, args.source_dir)
     print(f"fashion_mnist is ready in {os.path.join(data_dir, 'fashion_mnist')}")
     return 0
+
+
+def _cmd_estimate_memory(args: argparse.Namespace) -> int:
+    from tfmulti import memory
+
+    estimate = memory.estimate_memory(
+        args.model, strategy=args.strategy, num_devices=args.num_devices,
+        num_stages=args.num_stages, num_microbatches=args.num_microbatches,
+        num_replicas=args.num_replicas, global_batch_size=args.global_batch_size,
+        optimizer=args.optimizer, dtype=args.dtype, partition=args.partition)
+    print(json.dumps(estimate, indent=2) if args.json
+          else memory.format_memory_estimate(estimate))
+    return 0
+
+
+def _add_estimate_memory_parser(sub) -> None:
+    # No argparse `choices`: the library checks the values, so a bad one is one
+    # line naming the valid ones, as from Python.
+    p = sub.add_parser(
+        "estimate-memory", help="training memory per device for a model and strategy",
+        description="Parameters, gradients, optimizer slots and activations per device, "
+                    "counted from the model's shapes (no devices needed).")
+    p.add_argument("--model", default="mlp", help="mlp, cnn or regression (default mlp)")
+    p.add_argument("--strategy", default="one_device",
+                   help="one_device, mirrored, pipeline or hybrid (default one_device)")
+    p.add_argument("--num_devices", type=int, default=None,
+                   help="data-parallel devices (default 1; pipeline/hybrid: replicas x stages)")
+    p.add_argument("--num_stages", type=int, default=2, help="pipeline stages (default 2)")
+    p.add_argument("--num_microbatches", type=int, default=4,
+                   help="micro-batches per replica batch (default 4)")
+    p.add_argument("--num_replicas", type=int, default=2,
+                   help="data-parallel pipelines, hybrid only (default 2)")
+    p.add_argument("--global_batch_size", type=int, default=256,
+                   help="examples per step over all replicas (default 256)")
+    p.add_argument("--optimizer", default="adam", help="adam or sgd (default adam)")
+    p.add_argument("--dtype", default="float32",
+                   help="activation dtype: float32, bfloat16 or float16 (default float32)")
+    p.add_argument("--partition", default="params",
+                   help="pipeline stage balancing: params or flops (default params)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_estimate_memory)
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
@@ -101,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--data_dir", default=None, help="TFDS data dir (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)")
     prep.add_argument("--source_dir", default=None, help="folder with the IDX files")
     prep.set_defaults(func=_cmd_prepare_data)
+    _add_estimate_memory_parser(sub)
     _add_launch_parser(sub)
     return parser
 

@@ -28,7 +28,7 @@ def _mlp(input_shape, num_classes, dropout):
         keras.layers.Flatten(name="flatten"),
         keras.layers.Dense(512, activation="relu", name="fc1"),
         keras.layers.Dropout(dropout, name="dropout"),
-        keras.layers.Dense(num_classes, name="logits"),
+        keras.layers.Dense(num_classes, name="logits", dtype="float32"),
     ]
 
 
@@ -37,7 +37,7 @@ def _regression(input_shape, num_classes, dropout):
         keras.layers.Flatten(name="flatten"),
         keras.layers.Dense(1024, activation="relu", name="dense1"),
         keras.layers.Dense(1024, activation="relu", name="dense2"),
-        keras.layers.Dense(1, name="output"),
+        keras.layers.Dense(1, name="output", dtype="float32"),
     ]
 
 
@@ -49,7 +49,7 @@ def _cnn(input_shape, num_classes, dropout):
         keras.layers.MaxPooling2D(name="pool2"),
         keras.layers.Flatten(name="flatten"),
         keras.layers.Dropout(dropout, name="dropout"),
-        keras.layers.Dense(num_classes, name="logits"),
+        keras.layers.Dense(num_classes, name="logits", dtype="float32"),
     ]
 
 
@@ -86,6 +86,9 @@ def build_model(
     seed: int | None = None,
 ) -> keras.Sequential:
     """Builds a model under `strategy.scope()`.
+
+    The last layer is float32 under any mixed-precision policy, so the loss
+    sees float32 logits.
 
     Models:
         * "mlp": seed 000's network: Flatten, Dense(512, relu), Dropout, Dense(10).

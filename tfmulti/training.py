@@ -30,7 +30,13 @@ MIXED_PRECISION = ("none", "bfloat16", "float16")
 
 @dataclasses.dataclass
 class TrainConfig:
-    """A training run. Batch sizes are global (all replicas together)."""
+    """A training run. Batch sizes are global (all replicas together).
+
+    `mixed_precision` is "none" (float32, the default), "bfloat16" (CPUs and
+    recent GPUs) or "float16" (GPUs only; loss scaling is automatic): variables
+    stay float32 and the logits are float32. `jit_compile` compiles the train
+    step with XLA (not with the placed pipeline/hybrid strategies).
+    """
 
     strategy: str = "auto"
     num_virtual_devices: int = 0
@@ -178,7 +184,7 @@ def train(config: TrainConfig) -> dict:
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
     config.validate()
-    from tfmulti import cluster, data, devices, models, strategy as strategy_lib
+    from tfmulti import cluster, devices
 
     # Only the chief writes: metrics, model and TensorBoard logs.
     chief = cluster.is_chief(cluster.from_environ())
@@ -192,11 +198,12 @@ def train(config: TrainConfig) -> dict:
         config.mixed_precision, "float32")
     # Set before building: layers take the global policy when created. Keras
     # wraps the optimizer in a LossScaleOptimizer itself for mixed_float16.
+    previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(policy)
     try:
-        return _train(config, chief, strategy_lib, data, models, cluster)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
+        return _train(config, chief)
+    finally:  # library callers keep their own policy
+        keras.mixed_precision.set_global_policy(previous)
 
 
 def _check_mixed_precision_devices(mixed_precision: str) -> None:
@@ -211,7 +218,10 @@ def _check_mixed_precision_devices(mixed_precision: str) -> None:
             "--mixed_precision=bfloat16 on CPUs.")
 
 
-def _train(config: TrainConfig, chief: bool, strategy_lib, data, models, cluster) -> dict:
+def _train(config: TrainConfig, chief: bool) -> dict:
+    """`train` after the device set-up, under the mixed-precision policy."""
+    from tfmulti import cluster, data, models, strategy as strategy_lib
+
     model_parallel = config.strategy in MODEL_PARALLEL
     if model_parallel:
         import tensorflow as tf
@@ -265,7 +275,8 @@ def _train(config: TrainConfig, chief: bool, strategy_lib, data, models, cluster
         learning_rate=config.learning_rate, lr_scaling=config.lr_scaling,
         global_batch_size=config.global_batch_size, base_batch_size=config.base_batch_size,
         warmup_epochs=config.warmup_epochs, steps_per_epoch=steps_per_epoch,
-        steps_per_execution=config.steps_per_execution, jit_compile=config.jit_compile,
+        steps_per_execution=config.steps_per_execution,
+        jit_compile=config.jit_compile,
     )
     # All checks passed: from here on we write.
     import keras
@@ -331,8 +342,7 @@ def _train(config: TrainConfig, chief: bool, strategy_lib, data, models, cluster
         metrics.update(num_stages=model.num_stages, num_microbatches=model.num_microbatches,
                        partition_sizes=list(model.plan.sizes),
                        partition_balance=model.plan.balance)
-    metrics = {k: (float(v) if hasattr(v, "__float__")
-                   and not isinstance(v, (int, str, list, bool))
+    metrics = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str, list))
                    else v)
                for k, v in metrics.items()}
     if writes:
