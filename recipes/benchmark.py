@@ -19,6 +19,14 @@ Suites:
            a stage's weight and input gradients in the naive split), and
            pipeline_efficiency = (serial / 2) / pipelined (goal >= 0.85), with
            the measured bubble (1 - efficiency) next to (S-1)/(M+S-1).
+  baseline Seed 000's program as written (plain Keras: MirroredStrategy() with its
+           default devices, the MLP, `model.fit` on NumPy arrays, batch 32,
+           steps_per_execution 1) vs tfmulti at the same batch 32 (get_strategy
+           ("mirrored"), data.load + data.distribute, build_model("mlp"),
+           compile_model(steps_per_execution=K)), each side in its own process
+           with 2 virtual CPUs configured first. Figure: baseline_speedup =
+           tfmulti / seed examples/s of the second epoch (goal >= 1.8x); both
+           absolute figures are in the JSON.
   all      every suite above.
 
 Writes FILE.json (every measurement, median/min/max of each ratio, the
@@ -39,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 from absl import flags  # noqa: E402
 
-SUITES = ("scaling", "pipeline")
+SUITES = ("scaling", "pipeline", "baseline")
 _SUITE = flags.DEFINE_enum("suite", "all", [*SUITES, "all"], "Which benchmarks to run.")
 _OUTPUT = flags.DEFINE_string("output", "runs/benchmark.json", "Where to write the JSON.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Repeats of each measurement.", lower_bound=1)
@@ -49,6 +57,11 @@ _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 12288,
                                      "Scaling: synthetic examples per epoch.", lower_bound=1)
 _PIPELINE_WORKER = flags.DEFINE_string("pipeline_worker", None,
                                        "Internal: run one pipeline configuration (JSON).")
+_BASELINE_WORKER = flags.DEFINE_enum("baseline_worker", None, ["seed", "tfmulti"],
+                                     "Internal: run one side of the baseline suite.")
+_BASELINE_SPE = flags.DEFINE_integer("baseline_steps_per_execution", 125,
+                                     "Baseline: tfmulti's steps_per_execution (must divide "
+                                     "60000 // 32 = 1875).", lower_bound=1)
 _EPOCHS = flags.DEFINE_integer("epochs", 3, "Scaling: epochs per run (first is warm-up).",
                                lower_bound=2)
 
@@ -232,6 +245,117 @@ def pipeline_suite(repeats: int) -> dict:
     }
 
 
+BASELINE_BATCH = 32
+
+
+def baseline_worker(side: str, steps_per_execution: int) -> dict:
+    """Examples/s of the second training epoch (the first traces) of one side."""
+    import tfmulti
+
+    tfmulti.configure_virtual_devices(2)
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tfmulti.data
+    import tfmulti.models
+
+    times = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.start)
+
+    train = tfmulti.data.load("fashion_mnist")
+    if side == "seed":
+        # Seed 000 as written: train_images / 255.0 as NumPy arrays, plain
+        # MirroredStrategy() with its default devices, fit(batch_size=32).
+        images, labels = next(iter(train.batch(100_000).as_numpy_iterator()))
+        train_images = images.reshape(-1, 28, 28)
+        train_labels = labels
+        strategy = tf.distribute.MirroredStrategy()
+        with strategy.scope():
+            model = keras.Sequential([
+                keras.Input(shape=(28, 28)),
+                keras.layers.Flatten(),  # the seed's shape bug fixed, nothing else
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dropout(0.2),
+                keras.layers.Dense(10),
+            ])
+            model.compile(optimizer="adam",
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"])
+        model.fit(train_images, train_labels, batch_size=BASELINE_BATCH, epochs=2, verbose=0,
+                  callbacks=[Timer()])
+        examples = len(train_images)
+        steps = -(-examples // BASELINE_BATCH)
+    else:
+        strategy = tfmulti.get_strategy("mirrored")
+        dist = tfmulti.data.distribute(train, strategy, BASELINE_BATCH, seed=0)
+        if dist.steps_per_epoch % steps_per_execution:
+            raise ValueError(f"steps_per_execution {steps_per_execution} does not divide "
+                             f"{dist.steps_per_epoch} steps per epoch")
+        model = tfmulti.models.build_model("mlp", strategy=strategy)
+        tfmulti.models.compile_model(model, strategy=strategy,
+                                     steps_per_execution=steps_per_execution)
+        model.fit(**dist.fit_kwargs(), epochs=2, verbose=0, callbacks=[Timer()])
+        steps = dist.steps_per_epoch
+        examples = steps * BASELINE_BATCH
+    return {"side": side, "examples_per_second": examples / times[1],
+            "epoch_seconds": times[1], "first_epoch_seconds": times[0],
+            "examples_per_epoch": examples, "steps_per_epoch": steps,
+            "num_replicas": strategy.num_replicas_in_sync,
+            "devices": list(strategy.extended.worker_devices),
+            "steps_per_execution": 1 if side == "seed" else steps_per_execution}
+
+
+def _run_baseline_side(side: str) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), f"--baseline_worker={side}",
+               f"--baseline_steps_per_execution={_BASELINE_SPE.value}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"baseline benchmark ({side}) failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def baseline_suite(repeats: int) -> dict:
+    seed, ours, ratios = [], [], []
+    info = {}
+    for repeat in range(repeats):
+        start = time.monotonic()
+        a = _run_baseline_side("seed")
+        b = _run_baseline_side("tfmulti")
+        info = {"seed": {k: v for k, v in a.items() if k not in ("examples_per_second",)},
+                "tfmulti": {k: v for k, v in b.items() if k not in ("examples_per_second",)}}
+        seed.append(a["examples_per_second"])
+        ours.append(b["examples_per_second"])
+        ratios.append(ours[-1] / seed[-1])
+        print(f"baseline repeat {repeat + 1}/{repeats}: seed {seed[-1]:,.0f} ex/s "
+              f"({a['num_replicas']} replica(s)), tfmulti {ours[-1]:,.0f} ex/s "
+              f"({b['num_replicas']} replica(s), steps_per_execution "
+              f"{_BASELINE_SPE.value}), ratio {ratios[-1]:.2f}x "
+              f"({time.monotonic() - start:.0f} s)", flush=True)
+    return {
+        "description": "seed 000 as written (plain Keras, MirroredStrategy() default devices, "
+                       "fit on NumPy, batch 32, steps_per_execution 1) vs tfmulti (mirrored, "
+                       "data.distribute, build_model mlp, compile_model steps_per_execution "
+                       "K), batch 32, each in its own process with 2 virtual CPUs; "
+                       "examples/s of epoch 2",
+        "global_batch_size": BASELINE_BATCH,
+        "steps_per_execution": _BASELINE_SPE.value,
+        "examples_per_second_seed": seed,
+        "examples_per_second_tfmulti": ours,
+        "examples_per_second_seed_summary": summary(seed),
+        "examples_per_second_tfmulti_summary": summary(ours),
+        "baseline_speedup": summary(ratios),
+        "last_repeat": info,
+        "goal": 1.8,
+    }
+
+
 def plot(results: dict, path: str) -> None:
     import matplotlib
 
@@ -261,6 +385,14 @@ def plot(results: dict, path: str) -> None:
             ax.set_ylabel("training step (ms)")
             ax.set_title(f"Pipeline: {r['pipeline_speedup']['median']:.2f}x over naive, "
                          f"efficiency {r['pipeline_efficiency']['median']:.2f}")
+        elif name == "baseline":
+            r = results["suites"][name]
+            ax.boxplot([r["examples_per_second_seed"], r["examples_per_second_tfmulti"]],
+                       tick_labels=["seed 000", f"tfmulti (K={r['steps_per_execution']})"])
+            s = r["baseline_speedup"]
+            ax.set_title(f"Baseline (MLP, batch 32): {s['median']:.2f}x "
+                         f"[{s['min']:.2f}-{s['max']:.2f}]", fontsize=9)
+            ax.set_ylabel("examples / s (epoch 2)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -268,6 +400,9 @@ def plot(results: dict, path: str) -> None:
 def main(argv):
     if _PIPELINE_WORKER.value:
         print(json.dumps(pipeline_worker(json.loads(_PIPELINE_WORKER.value))))
+        return
+    if _BASELINE_WORKER.value:
+        print(json.dumps(baseline_worker(_BASELINE_WORKER.value, _BASELINE_SPE.value)))
         return
     suites = SUITES if _SUITE.value == "all" else (_SUITE.value,)
     results = {
@@ -278,7 +413,8 @@ def main(argv):
     }
     for name in suites:
         results["suites"][name] = {"scaling": scaling_suite,
-                                   "pipeline": pipeline_suite}[name](_REPEATS.value)
+                                   "pipeline": pipeline_suite,
+                                   "baseline": baseline_suite}[name](_REPEATS.value)
     os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
     with open(_OUTPUT.value, "w") as f:
         json.dump(results, f, indent=2)
@@ -296,6 +432,14 @@ def main(argv):
             print(f"pipeline: speedup over naive {sp['median']:.2f}x (min {sp['min']:.2f}, "
                   f"max {sp['max']:.2f}); efficiency {ef['median']:.2f} (min {ef['min']:.2f}, "
                   f"max {ef['max']:.2f}); {r['ceiling']}")
+        if name == "baseline":
+            sp = r["baseline_speedup"]
+            a = r["examples_per_second_seed_summary"]
+            b = r["examples_per_second_tfmulti_summary"]
+            print(f"baseline: tfmulti / seed 000 {sp['median']:.2f}x (min {sp['min']:.2f}, "
+                  f"max {sp['max']:.2f}); seed {a['median']:,.0f} ex/s, tfmulti "
+                  f"{b['median']:,.0f} ex/s (medians, steps_per_execution "
+                  f"{r['steps_per_execution']})")
     print(f"wrote {_OUTPUT.value} and {png}")
 
 
