@@ -254,7 +254,6 @@ def baseline_worker(side: str, steps_per_execution: int) -> dict:
 
     tfmulti.configure_virtual_devices(2)
     import keras
-    import numpy as np
     import tensorflow as tf
 
     import tfmulti.data
