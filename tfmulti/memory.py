@@ -76,7 +76,7 @@ def _check(strategy, num_devices, num_stages, num_microbatches, num_replicas,
     return replicas, num_stages, global_batch_size // split
 
 
-def _output_elements(layers, input_shape: tuple) -> list[int]:
+def output_elements(layers, input_shape: tuple) -> list[int]:
     """Per-example element count of each layer's output, in stack order."""
     shape, counts = (None, *input_shape), []
     for layer in layers:
@@ -153,7 +153,7 @@ def estimate_memory(
     input_shape = models.MODELS[model][2]
     built = models.build_model(model, input_shape=input_shape)
     layers = list(built.layers)
-    out_elements = _output_elements(layers, input_shape)
+    out_elements = output_elements(layers, input_shape)
     slots, dtype_bytes = OPTIMIZER_SLOTS[optimizer], DTYPE_BYTES[dtype]
     rows = []
     if strategy in ("one_device", "mirrored"):

@@ -36,6 +36,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import keras
 import tensorflow as tf
 from keras.src.trainers import data_adapters
@@ -386,16 +388,16 @@ class PipelineModel(keras.Model):
             for v in optimizer.variables:
                 device = devices_lib.canonical_device_name(v.value.device)
                 slots[device] = slots.get(device, 0) + _nbytes(v)
+        from tfmulti.memory import output_elements
+
         rows = []
         for r, stages in enumerate(self.replicas):
-            shape = (None, *self._input_shape_arg)
+            shape = tuple(self._input_shape_arg)
             for s, stage in enumerate(stages):
                 device = devices_lib.canonical_device_name(self.stage_devices[r][s])
-                kept = _elements(shape) * micro * 4
-                stage_outputs = 0
-                for layer in stage.layers:
-                    shape = layer.compute_output_shape(shape)
-                    stage_outputs += _elements(shape) * micro * 4
+                kept = math.prod(shape) * micro * 4
+                stage_outputs = sum(output_elements(stage.layers, shape)) * micro * 4
+                shape = tuple(stage.compute_output_shape((None, *shape))[1:])
                 rows.append({
                     "device": device, "replica": r, "stage": s,
                     "parameters": sum(_nbytes(v) for v in stage.weights),
@@ -420,13 +422,6 @@ class PipelineModel(keras.Model):
 
 def _nbytes(variable) -> int:
     return int(tf.size(variable.value)) * tf.as_dtype(variable.dtype).size
-
-
-def _elements(shape) -> int:
-    count = 1
-    for d in shape[1:]:
-        count *= int(d)
-    return count
 
 
 def format_memory(rows: list[dict]) -> str:
