@@ -24,6 +24,13 @@ Mixed precision and XLA (bfloat16 on CPUs; float16 needs a GPU):
 
     python recipes/train.py --strategy=one_device --mixed_precision=bfloat16 --jit_compile
 
+Fault tolerance: --backup_dir=DIR [--backup_every_steps=N] checkpoints the run;
+rerunning the same command resumes at the next step (`tfmulti launch
+--max_restarts K` does it for a cluster); SIGTERM saves and exits with code 75.
+
+    python recipes/train.py --strategy=mirrored --num_virtual_devices=2 \
+        --backup_dir=/tmp/tfmulti_backup --backup_every_steps=100
+
 Writes <model_dir>/metrics.json, <model_dir>/model.keras and TensorBoard logs
 in <model_dir>/logs. Bad flags print one line and exit with code 2, writing
 nothing.
@@ -102,6 +109,16 @@ _MIXED_PRECISION = flags.DEFINE_enum(
     "scaling is automatic), use bfloat16 on CPUs.")
 _JIT_COMPILE = flags.DEFINE_boolean(
     "jit_compile", False, "Compile the train step with XLA (not with pipeline or hybrid).")
+_BACKUP_DIR = flags.DEFINE_string(
+    "backup_dir", None, "Make the run resumable: checkpoints here (every epoch end and every "
+    "--backup_every_steps); rerun the same command after a crash or preemption to resume at "
+    "the next step. Deleted when the run ends normally (--keep_backup keeps it). Must be "
+    "readable by every worker.")
+_BACKUP_EVERY_STEPS = flags.DEFINE_integer(
+    "backup_every_steps", None, "Also back up every this many global steps (with --backup_dir).",
+    lower_bound=1)
+_KEEP_BACKUP = flags.DEFINE_boolean("keep_backup", False,
+                                    "Keep --backup_dir after the run ends normally.")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Where to write metrics, model and logs.")
 
 
@@ -136,6 +153,9 @@ def main(argv):
         remat=_REMAT.value,
         mixed_precision=_MIXED_PRECISION.value,
         jit_compile=_JIT_COMPILE.value,
+        backup_dir=_BACKUP_DIR.value,
+        backup_every_steps=_BACKUP_EVERY_STEPS.value,
+        keep_backup=_KEEP_BACKUP.value,
         model_dir=_MODEL_DIR.value,
     ))
     summary = ", ".join(

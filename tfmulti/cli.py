@@ -6,7 +6,7 @@
                             [--num_stages S --num_microbatches M --num_replicas R]
                             [--global_batch_size B] [--optimizer adam] [--dtype float32] [--json]
     tfmulti launch --num_workers N [--pin_cpus] [--port P] [--startup_timeout S]
-                   [--no_isolate] [--grace_period S] -- COMMAND ...
+                   [--no_isolate] [--grace_period S] [--max_restarts K] -- COMMAND ...
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     return launch.launch(
         command, num_workers=args.num_workers, pin_cpus=args.pin_cpus, port=args.port,
         startup_timeout=args.startup_timeout, isolate=not args.no_isolate,
-        grace_period=args.grace_period,
+        grace_period=args.grace_period, max_restarts=args.max_restarts,
     )
 
 
@@ -125,6 +125,9 @@ def _add_launch_parser(sub) -> None:
     p.add_argument("--grace_period", type=float, default=DEFAULT_GRACE_PERIOD,
                    help="seconds between SIGTERM and SIGKILL when stopping workers "
                         f"(default {DEFAULT_GRACE_PERIOD:g})")
+    p.add_argument("--max_restarts", type=int, default=0,
+                   help="restart all workers after a failure or preemption, up to this many "
+                        "times; a job with --backup_dir resumes from its backup (default 0)")
     p.add_argument("worker_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the worker's command line")
     p.set_defaults(func=_cmd_launch)

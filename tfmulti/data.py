@@ -390,6 +390,7 @@ def input_pipeline(
     cache: bool,
     map_fn: Callable | None,
     repeat: bool,
+    skip_steps: int = 0,
 ) -> tf.data.Dataset:
     """One input pipeline's per-replica batches (see `distribute`).
 
@@ -416,14 +417,17 @@ def input_pipeline(
         element = batch if len(batch) > 1 else batch[0]
         return tf.nest.map_structure(lambda t: t[start:start + share], element)
 
-    def batches(ds: tf.data.Dataset) -> tf.data.Dataset:
-        # Whole global batches (for training only full ones: every replica gets
-        # a full batch, and the cache upstream is read to its end, so it is
-        # kept), this pipeline's share of each, split per replica.
-        ds = ds.batch(global_batch_size, drop_remainder=training)
+    def split(ds: tf.data.Dataset) -> tf.data.Dataset:
+        # This pipeline's share of each global batch, split per replica.
         if pipelines > 1:
             ds = ds.map(keep_share)
         return ds.rebatch(per_replica, drop_remainder=training)
+
+    def batches(ds: tf.data.Dataset) -> tf.data.Dataset:
+        # Whole global batches (for training only full ones: every replica gets
+        # a full batch, and the cache upstream is read to its end, so it is
+        # kept).
+        return split(ds.batch(global_batch_size, drop_remainder=training))
 
     if training:
         source = dataset
@@ -431,10 +435,15 @@ def input_pipeline(
         def one_iteration(_):
             # Built anew for every iterator, so the shuffle's seed sequence
             # restarts: the same seed gives the same epochs however many
-            # iterators were made before (Keras peeks at one to build).
-            out = batches(source.shuffle(shuffle_buffer, seed=seed,
-                                         reshuffle_each_iteration=True))
-            return out.repeat() if repeat else out
+            # iterators were made before (Keras peeks at one to build). A
+            # resumed run skips the global batches already trained.
+            out = source.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+            out = out.batch(global_batch_size, drop_remainder=True)
+            if repeat:
+                out = out.repeat()
+            if skip_steps:
+                out = out.skip(skip_steps)
+            return split(out)
 
         dataset = tf.data.Dataset.range(1).flat_map(one_iteration)
     else:
@@ -461,6 +470,7 @@ def distribute(
     map_fn: Callable | None = None,
     repeat: bool | None = None,
     prefetch_per_replica: int = 2,
+    skip_steps: int = 0,
 ) -> DistributedInput:
     """Batches, shards and streams a dataset to the replicas of `strategy`.
 
@@ -485,6 +495,9 @@ def distribute(
             `steps_per_epoch`, which `fit_kwargs()` supplies. Default: True
             for training data of known size, else False.
         prefetch_per_replica: batches buffered on each device.
+        skip_steps: training only: start after this many global batches of the
+            repeated stream (a resumed run; see `tfmulti.backup`). The order is
+            the one an uninterrupted run sees when `seed` is set.
 
     Returns:
         A `DistributedInput`.
@@ -499,6 +512,12 @@ def distribute(
         raise ValueError(
             f"`prefetch_per_replica` must be at least 1, got {prefetch_per_replica}."
         )
+    if isinstance(skip_steps, bool) or not isinstance(skip_steps, (int, np.integer)) \
+            or skip_steps < 0:
+        raise ValueError(f"`skip_steps` must be an integer >= 0, got {skip_steps!r}.")
+    if skip_steps and not training:
+        raise ValueError("`skip_steps` applies to training data only; pass training=True "
+                         "or skip_steps=0.")
     make = dataset if callable(dataset) else (lambda: dataset)
     size = int(make().cardinality())
     if size < 0:
@@ -520,7 +539,8 @@ def distribute(
     def input_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return input_pipeline(
             make(), ctx, global_batch_size, training=training, seed=seed,
-            shuffle_buffer=shuffle_buffer, cache=cache, map_fn=map_fn, repeat=repeat)
+            shuffle_buffer=shuffle_buffer, cache=cache, map_fn=map_fn, repeat=repeat,
+            skip_steps=skip_steps)
 
     dist = strategy.distribute_datasets_from_function(
         input_fn,

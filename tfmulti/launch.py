@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
 DEFAULT_STARTUP_TIMEOUT = 60.0
 DEFAULT_GRACE_PERIOD = 10.0
+PREEMPTED_EXIT_CODE = 75  # tfmulti.backup.PREEMPTED_EXIT_CODE: saved a backup on SIGTERM
 ISOLATION_MODES = ("root", "userns")
 
 _PREFIX = "tfmulti launch"
@@ -76,6 +77,7 @@ class LaunchPlan:
     startup_timeout: float
     grace_period: float
     cpu_sets: tuple[tuple[int, ...], ...] | None
+    max_restarts: int = 0
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -88,19 +90,20 @@ class LaunchPlan:
             command=tuple(d["command"]), num_workers=d["num_workers"], port=d["port"],
             startup_timeout=d["startup_timeout"], grace_period=d["grace_period"],
             cpu_sets=None if cpu_sets is None else tuple(tuple(c) for c in cpu_sets),
+            max_restarts=d.get("max_restarts", 0),
         )
 
 
 def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
               port: int | None = None, startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
               grace_period: float = DEFAULT_GRACE_PERIOD,
-              available_cpus: Iterable[int] = ()) -> LaunchPlan:
+              available_cpus: Iterable[int] = (), max_restarts: int = 0) -> LaunchPlan:
     """Validates the arguments of `launch` and returns the plan.
 
     Raises:
         ValueError: if `command` is empty or a string, `num_workers` < 1, `port` leaves no room
-            for the workers in 1..65535, a timeout is negative, or `pin_cpus` is set with more
-            workers than `available_cpus`.
+            for the workers in 1..65535, a timeout is negative, `max_restarts` is negative,
+            or `pin_cpus` is set with more workers than `available_cpus`.
     """
     if isinstance(command, str):
         raise ValueError(f"`command` must be a list of arguments, got the string {command!r}; "
@@ -118,9 +121,12 @@ def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = Fal
     if not grace_period >= 0:
         raise ValueError(f"`grace_period` ({grace_period}) must be >= 0 seconds; "
                          f"use e.g. {DEFAULT_GRACE_PERIOD:g}.")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"`max_restarts` ({max_restarts!r}) must be an integer >= 0; use e.g. "
+                         "3 (0: never restart).")
     cpu_sets = split_cpus(available_cpus, num_workers) if pin_cpus else None
     return LaunchPlan(command, num_workers, port, float(startup_timeout),
-                      float(grace_period), cpu_sets)
+                      float(grace_period), cpu_sets, max_restarts)
 
 
 def _check_num_workers(num_workers: int) -> None:
@@ -225,6 +231,8 @@ def _describe_exit(returncode: int) -> str:
         except ValueError:
             name = f"signal {-returncode}"
         return f"exit code {exit_status(returncode)} (killed by {name})"
+    if returncode == PREEMPTED_EXIT_CODE:
+        return f"exit code {returncode} (preempted: saved a backup on SIGTERM)"
     return f"exit code {returncode}"
 
 
@@ -395,15 +403,25 @@ def _stop_workers(procs: list, grace_period: float, signals: _StopSignals, out: 
             out.say(f"process {p.pid} did not exit within {_REAP_TIMEOUT_S:g} s of SIGKILL")
 
 
-def _wait_workers(procs: list, signals: _StopSignals, out: _Output) -> int:
+def _wait_workers(procs: list, signals: _StopSignals, out: _Output,
+                  grace_period: float) -> int:
     """Waits until all workers exit 0 (returns 0), one fails (returns its status) or the
-    launcher gets a signal (returns 128 + signal)."""
+    launcher gets a signal (returns 128 + signal). A preempted worker's peers get up to
+    `grace_period` seconds to finish saving their backup before they are stopped."""
     while True:
         if signals.received is not None:
             out.say(f"got {signal.Signals(signals.received).name}; stopping the workers")
             return 128 + signals.received
         codes = [p.poll() for p in procs]
         for i, code in enumerate(codes):
+            if code == PREEMPTED_EXIT_CODE:
+                out.say(f"worker {i} was preempted ({_describe_exit(code)}); waiting up to "
+                        f"{grace_period:g} s for the other workers to save and exit")
+                deadline = time.monotonic() + grace_period
+                while any(p.poll() is None for p in procs) and time.monotonic() < deadline \
+                        and signals.received is None:
+                    time.sleep(_POLL_S)
+                return code
             if code is not None and code != 0:
                 out.say(f"worker {i} failed with {_describe_exit(code)}; "
                         "stopping the other workers")
@@ -434,11 +452,32 @@ def _run_workers(plan: LaunchPlan, out: _Output, signals: _StopSignals) -> int:
         for i, p in enumerate(procs):
             pumps += [_pump(p.stdout, f"[worker {i}] ", out),
                       _pump(p.stderr, f"[worker {i}] ", out)]
-        return _wait_workers(procs, signals, out)
+        return _wait_workers(procs, signals, out, plan.grace_period)
     finally:
         _stop_workers(procs, plan.grace_period, signals, out)
         for t in pumps:
             t.join(timeout=_READER_JOIN_S)
+
+
+def _run_with_restarts(plan: LaunchPlan, out: _Output, signals: _StopSignals) -> int:
+    """Runs the workers; after a failure, restarts all of them up to `plan.max_restarts`
+    times (each restart and its cause are reported). A signal to the launcher never
+    restarts."""
+    for attempt in range(plan.max_restarts + 1):
+        if attempt:
+            out.say(f"restart {attempt} of {plan.max_restarts}: starting all "
+                    f"{plan.num_workers} workers again (a resumable job continues from its "
+                    "backup)")
+        status = _run_workers(plan, out, signals)
+        if status == 0 or signals.received is not None:
+            return status
+        if attempt < plan.max_restarts:
+            why = ("was preempted (its backup is saved)" if status == PREEMPTED_EXIT_CODE
+                   else f"failed with exit status {status} (see above)")
+            out.say(f"the cluster {why}; {plan.max_restarts - attempt} restart(s) left")
+    if plan.max_restarts:
+        out.say(f"giving up after {plan.max_restarts} restart(s); exit status {status}")
+    return status
 
 
 def _probe_isolation() -> tuple[str | None, str]:
@@ -521,7 +560,7 @@ def _supervise(plan_json: str) -> int:
             raise ValueError(f"cannot bring up the loopback interface ({e}); rerun with "
                              "--no_isolate.") from e
         with _StopSignals() as signals:
-            return _run_workers(plan, out, signals)
+            return _run_with_restarts(plan, out, signals)
     except ValueError as e:
         out.line(f"{_ERROR_PREFIX}{e}")
         return 2
@@ -530,7 +569,7 @@ def _supervise(plan_json: str) -> int:
 def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
            port: int | None = None, startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
            isolate: bool = True, grace_period: float = DEFAULT_GRACE_PERIOD,
-           output: TextIO | None = None) -> int:
+           output: TextIO | None = None, max_restarts: int = 0) -> int:
     """Runs `command` as `num_workers` MultiWorkerMirroredStrategy workers on this host.
 
     Each worker gets `TF_CONFIG` (worker 0 is the chief), `TFMULTI_STARTUP_TIMEOUT` and
@@ -553,13 +592,18 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
             unauthenticated gRPC ports are unreachable from other hosts; isolated workers
             have no outside network access. Where that is impossible, a warning says the
             ports are open on all interfaces.
-        grace_period: seconds between SIGTERM and SIGKILL when stopping workers; 10 by default.
+        grace_period: seconds between SIGTERM and SIGKILL when stopping workers, and that
+            a preempted worker's peers get to save; 10 by default.
+        max_restarts: after a worker fails (or is preempted, exit code 75), stop the others
+            and start all workers again, up to this many times; 0 by default. A job run
+            with a backup (`recipes/train.py --backup_dir`, `tfmulti.backup.fit`) resumes
+            from it.
         output: text stream for the workers' output and the launcher's messages; by default
             `sys.stdout` at call time.
 
     Returns:
         The chief's exit status (0) when all workers exit 0; the status of the first worker
-        that fails otherwise; 128 + N when the launcher got signal N (130 for Ctrl-C).
+        that fails otherwise (of the last attempt, with restarts); 128 + N when the launcher got signal N (130 for Ctrl-C).
 
     Raises:
         ValueError: for bad arguments (see `make_plan`), a command that is not found, or a
@@ -567,7 +611,8 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
     """
     out = _Output(output if output is not None else sys.stdout)
     cpus = os.sched_getaffinity(0) if pin_cpus else ()
-    plan = make_plan(command, num_workers, pin_cpus, port, startup_timeout, grace_period, cpus)
+    plan = make_plan(command, num_workers, pin_cpus, port, startup_timeout, grace_period, cpus,
+                     max_restarts)
     if shutil.which(plan.command[0]) is None:
         raise ValueError(f"command {plan.command[0]!r} is not found or not executable; pass "
                          "a program on PATH or a path to one, e.g. `python train.py`.")

@@ -36,6 +36,12 @@ class TrainConfig:
     recent GPUs) or "float16" (GPUs only; loss scaling is automatic): variables
     stay float32 and the logits are float32. `jit_compile` compiles the train
     step with XLA (not with the placed pipeline/hybrid strategies).
+
+    `backup_dir` makes the run resumable (see `tfmulti.backup`): a checkpoint at
+    every epoch end and every `backup_every_steps` steps; rerunning the same
+    config after a crash, SIGKILL or preemption resumes at the next step with
+    the same data order (needs a `seed`). The backup is deleted when the run
+    ends normally unless `keep_backup`.
     """
 
     strategy: str = "auto"
@@ -65,6 +71,9 @@ class TrainConfig:
     remat: bool = False
     mixed_precision: str = "none"
     jit_compile: bool = False
+    backup_dir: str | None = None
+    backup_every_steps: int | None = None
+    keep_backup: bool = False
     model_dir: str | None = None
     verbose: int | str = "auto"
 
@@ -122,6 +131,23 @@ class TrainConfig:
                 f"`jit_compile` cannot be used with strategy {self.strategy!r}: XLA would "
                 f"compile the step as one cluster and collapse the per-stage device placement; "
                 f"drop --jit_compile or use one_device/mirrored.")
+        if self.backup_every_steps is not None and (
+                not isinstance(self.backup_every_steps, int) or self.backup_every_steps < 1):
+            raise ValueError(f"`backup_every_steps` must be a positive integer, got "
+                             f"{self.backup_every_steps!r}.")
+        if self.backup_every_steps and not self.backup_dir:
+            raise ValueError("`backup_every_steps` needs `backup_dir`; pass "
+                             "--backup_dir=DIR too.")
+        if self.backup_dir is not None:
+            if not self.backup_dir:
+                raise ValueError("`backup_dir` is empty; pass a directory path.")
+            if os.path.exists(self.backup_dir) and not os.path.isdir(self.backup_dir):
+                raise ValueError(f"`backup_dir` {self.backup_dir!r} exists and is not a "
+                                 "directory; pass a directory path.")
+            if self.seed is None:
+                raise ValueError("`backup_dir` needs a fixed `seed`: a resumed run skips the "
+                                 "batches already trained, which must come in the same order; "
+                                 "set --seed.")
         if self.model_dir and os.path.exists(self.model_dir) and not os.path.isdir(self.model_dir):
             raise ValueError(f"`model_dir` {self.model_dir!r} exists and is not a directory.")
 
@@ -167,12 +193,16 @@ def _save_model_atomic(model, path: str) -> None:
             os.remove(tmp)
 
 
-def train(config: TrainConfig) -> dict:
+def train(config: TrainConfig, callbacks=()) -> dict:
     """Trains, evaluates on the test split, and writes results to `model_dir`.
 
     Writes `<model_dir>/metrics.json`, `<model_dir>/model.keras` and TensorBoard
     logs under `<model_dir>/logs` (when `model_dir` is set). In a multi-worker
     cluster only the chief writes and shows progress; the others write nothing.
+
+    Args:
+        config: the run.
+        callbacks: extra Keras callbacks for `fit`.
 
     Returns:
         The metrics: test loss/accuracy (or MAE), examples per second, replica
@@ -201,7 +231,7 @@ def train(config: TrainConfig) -> dict:
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(policy)
     try:
-        return _train(config, chief)
+        return _train(config, chief, list(callbacks))
     finally:  # library callers keep their own policy
         keras.mixed_precision.set_global_policy(previous)
 
@@ -218,7 +248,7 @@ def _check_mixed_precision_devices(mixed_precision: str) -> None:
             "--mixed_precision=bfloat16 on CPUs.")
 
 
-def _train(config: TrainConfig, chief: bool) -> dict:
+def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
     """`train` after the device set-up, under the mixed-precision policy."""
     from tfmulti import cluster, data, models, strategy as strategy_lib
 
@@ -282,7 +312,7 @@ def _train(config: TrainConfig, chief: bool) -> dict:
     import keras
 
     timer = _EpochTimer()
-    callbacks = [timer]
+    callbacks = [timer, *extra_callbacks]
     writes = bool(config.model_dir) and chief
     if writes:
         os.makedirs(config.model_dir, exist_ok=True)
@@ -302,11 +332,30 @@ def _train(config: TrainConfig, chief: bool) -> dict:
         print(f"tfmulti: {strategy_lib.describe(strategy)}; global batch "
               f"{config.global_batch_size} = {train_input.num_replicas} x "
               f"{train_input.per_replica_batch_size}; {steps_per_epoch} steps/epoch", flush=True)
-    fit_kwargs = train_input.fit_kwargs()
-    if config.steps_per_epoch:
-        fit_kwargs["steps_per_epoch"] = config.steps_per_epoch
-    history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=callbacks,
-                        verbose=verbose)
+    resumed_step = 0
+    if config.backup_dir:
+        from tfmulti import backup
+
+        if not train_input.repeats:
+            raise ValueError(f"`backup_dir` needs training data of known size; dataset "
+                             f"{config.dataset!r} has none.")
+
+        def dataset_from(step: int):
+            return data.distribute(train_ds, strategy, config.global_batch_size,
+                                   training=True, seed=config.seed, skip_steps=step).dataset
+
+        result = backup.fit(model, dataset_from, epochs=config.epochs,
+                            steps_per_epoch=steps_per_epoch, backup_dir=config.backup_dir,
+                            save_every_steps=config.backup_every_steps,
+                            delete_on_success=not config.keep_backup, callbacks=callbacks,
+                            verbose=verbose, shuffle=False)
+        history, resumed_step = result.history, result.resumed_step
+    else:
+        fit_kwargs = train_input.fit_kwargs()
+        if config.steps_per_epoch:
+            fit_kwargs["steps_per_epoch"] = config.steps_per_epoch
+        history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=callbacks,
+                            verbose=verbose).history
     results = model.evaluate(**test_input.evaluate_kwargs(), return_dict=True, verbose=0)
     epoch_seconds = timer.seconds
     steady = epoch_seconds[1:] or epoch_seconds
@@ -323,18 +372,21 @@ def _train(config: TrainConfig, chief: bool) -> dict:
         "learning_rate": models.scaled_learning_rate(
             config.learning_rate, config.global_batch_size, config.base_batch_size,
             config.lr_scaling),
-        "epochs_completed": len(history.history.get("loss", [])),
+        "epochs_completed": resumed_step // steps_per_epoch + len(history.get("loss", [])),
+        "resumed_from_step": resumed_step,
         "steps_per_epoch": steps_per_epoch,
         "steps_per_execution": config.steps_per_execution,
         "mixed_precision": config.mixed_precision,
         "jit_compile": config.jit_compile,
         "train_seconds": sum(epoch_seconds),
-        "examples_per_second": examples_per_epoch / statistics.median(steady),
-        "train_loss": history.history["loss"][-1],
+        "examples_per_second": (examples_per_epoch / statistics.median(steady)
+                                if steady else float("nan")),
+        "train_loss": history["loss"][-1] if history.get("loss") else float("nan"),
         "test_loss": results["loss"],
     }
     if task == "classification":
-        metrics["train_accuracy"] = history.history["accuracy"][-1]
+        metrics["train_accuracy"] = (history["accuracy"][-1] if history.get("accuracy")
+                                     else float("nan"))
         metrics["test_accuracy"] = results["accuracy"]
     else:
         metrics["test_mae"] = results["mae"]

@@ -1,0 +1,561 @@
+"""Backup and restore for long runs: resume at the next step after a crash,
+a SIGKILL or a preemption, under any tfmulti strategy.
+
+Keras 3's `keras.callbacks.BackupAndRestore` overwrites its weights and its
+metadata file in place (a crash between the two pairs new weights with an old
+epoch), lets every worker write the same files, and resumes only at an epoch
+boundary. tfmulti's backup is built on `tf.train.Checkpoint` instead:
+
+* **What is saved**: every model variable (weights, the dropout seed state),
+  every optimizer variable (slots, iteration count, so the learning-rate
+  schedule continues), the compiled metrics' running totals, and the global
+  step, in one checkpoint: a step can never be paired with other weights.
+* **Who writes**: the chief writes `backup_dir`; other workers save too (a
+  save may need collectives) but into temporary directories they remove at
+  once. `backup_dir` must be on a filesystem every worker can read (a local
+  directory on one host; NFS, GCS, ... across hosts): all workers restore
+  from it. The chief chooses the checkpoint and tells the others through
+  TensorFlow's coordination service, and a worker that cannot read it fails
+  with a message instead of silently training from other weights.
+* **Atomic**: TensorFlow writes a checkpoint under a temporary name and
+  renames it when complete; the `checkpoint` state file is replaced
+  atomically. On restore, every tensor of the newest checkpoint is read and
+  its checksum verified first; a truncated or garbled one is skipped with a
+  warning naming the file, and the previous one is used. The newest `keep`
+  (2) checkpoints are kept.
+* **Data position**: the input pipeline is deterministic for a given seed,
+  so resuming at global step `s` skips the first `s` global batches of the
+  (repeated, reshuffled-per-epoch) stream: no batch is trained twice or
+  skipped. `fit` here trains the rest of the interrupted epoch first, then the
+  remaining epochs.
+* **Preemption**: SIGTERM to any worker makes every worker save at the same
+  step boundary (agreed through the coordination service, one block of steps
+  after the signal) and exit with `PREEMPTED_EXIT_CODE` (75). `tfmulti launch
+  --max_restarts K` restarts the cluster, which resumes from the backup.
+* **Clean end**: when training ends normally the backup is deleted (keep it
+  with `delete_on_success=False`).
+
+Example (one device; the same code runs under MirroredStrategy, a
+multi-worker cluster or a PipelineModel):
+
+    >>> import numpy as np, tensorflow as tf, keras
+    >>> from tfmulti import backup
+    >>> x = np.random.default_rng(0).random((256, 8), dtype=np.float32)
+    >>> y = (x.sum(axis=1) > 4).astype(np.int32)
+    >>> def dataset_from(step):  # the stream of batches, positioned at `step`
+    ...     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+    ...     return ds.skip(step)
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    >>> model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    >>> result = backup.fit(model, dataset_from, epochs=2, steps_per_epoch=8,
+    ...                     backup_dir="/tmp/tfmulti_doctest_backup", verbose=0)
+    >>> result.resumed_step, len(result.history["loss"]), int(model.optimizer.iterations)
+    (0, 2, 16)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from typing import Callable
+
+import tensorflow as tf
+
+from tfmulti.launch import PREEMPTED_EXIT_CODE  # 75, EX_TEMPFAIL; `tfmulti launch` restarts
+_CHECKPOINT_PREFIX = "ckpt"
+_RESUME_KEY = "tfmulti/backup/resume"
+_PREEMPT_KEY = "tfmulti/backup/preempt"
+_ACK_KEY = "tfmulti/backup/ack/{}"
+_DONE = "done"
+_AGREE_TIMEOUT_S = 60.0
+
+
+class Preempted(SystemExit):
+    """Raised after every worker saved on SIGTERM; exits with `PREEMPTED_EXIT_CODE`."""
+
+    def __init__(self, message: str):
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where training resumes: `step` global steps are already trained."""
+
+    step: int
+    path: str | None  # the checkpoint restored from; None for a fresh start
+
+    def epoch(self, steps_per_epoch: int) -> int:
+        return self.step // steps_per_epoch
+
+    def step_in_epoch(self, steps_per_epoch: int) -> int:
+        return self.step % steps_per_epoch
+
+
+def _say(message: str) -> None:
+    print(f"tfmulti: {message}", flush=True)
+
+
+def _checkpoint_number(path: str) -> int:
+    match = re.search(rf"{_CHECKPOINT_PREFIX}-(\d+)$", path)
+    return int(match.group(1)) if match else -1
+
+
+def checkpoints(backup_dir: str) -> list[str]:
+    """The complete-looking checkpoints in `backup_dir`, newest (highest step) first.
+
+    Listed from the files, not the `checkpoint` state file, so a damaged
+    state file does not hide good checkpoints; unfinished saves (TensorFlow's
+    `*_temp` directories) are not listed.
+    """
+    paths = [p[: -len(".index")]
+             for p in glob.glob(os.path.join(backup_dir, f"{_CHECKPOINT_PREFIX}-*.index"))]
+    paths = [p for p in paths if _checkpoint_number(p) >= 0]
+    return sorted(paths, key=_checkpoint_number, reverse=True)
+
+
+def verify(path: str) -> int:
+    """Reads every tensor of the checkpoint at `path` (TensorFlow verifies each
+    one's checksum) and returns its global step.
+
+    Raises:
+        ValueError: the checkpoint is unreadable, truncated, corrupt, or has no step.
+    """
+    try:
+        reader = tf.train.load_checkpoint(path)
+        names = reader.get_variable_to_shape_map()
+        for name in names:
+            reader.get_tensor(name)
+    except Exception as e:  # pylint: disable=broad-except  (OpError, IndexError "Read less
+        # bytes than requested" from a truncated file, ...: unusable either way)
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{message[:300]}") from e
+    step_keys = [n for n in names if n.startswith("step/")]
+    if not step_keys:
+        raise ValueError("it has no global step (not a tfmulti backup)")
+    return int(reader.get_tensor(step_keys[0]))
+
+
+def latest_valid(backup_dir: str) -> ResumePoint:
+    """The newest checkpoint in `backup_dir` that reads back completely.
+
+    A corrupt or truncated newer one is skipped with a warning naming its
+    files. Returns `ResumePoint(0, None)` when there is none.
+    """
+    for path in checkpoints(backup_dir):
+        try:
+            return ResumePoint(verify(path), path)
+        except ValueError as e:
+            files = ", ".join(sorted(os.path.basename(f) for f in glob.glob(path + ".*")))
+            message = (f"backup checkpoint {path} ({files}) cannot be restored ({e}); "
+                       "falling back to the previous one")
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            _say(f"warning: {message}")
+    return ResumePoint(0, None)
+
+
+def _coordination_available() -> bool:
+    from tensorflow.python.eager import context
+
+    return context.context().coordination_service is not None
+
+
+def _kv():
+    from tensorflow.python.eager import context
+
+    return context.context()
+
+
+class _Preemption:
+    """SIGTERM on any worker -> all workers save at one agreed step boundary.
+
+    The worker that gets the signal publishes `target = its boundary + one
+    block` under a coordination-service key and waits until every worker has
+    acknowledged it. No worker can pass that boundary before: each step's
+    gradient all-reduce needs every worker, and the signalled one only starts
+    its next block after the acknowledgements. Each worker watches the key
+    from a thread (no per-step cost). Without a cluster the flag is local.
+    """
+
+    def __init__(self, task_index: int, num_workers: int, block: int):
+        self.task_index, self.num_workers, self.block = task_index, num_workers, block
+        self.cluster = num_workers > 1 and _coordination_available()
+        self.own_signal = False
+        self.announced = False
+        self.target: int | None = None
+        self._event = threading.Event()
+        self._previous_handler = None
+        self._thread: threading.Thread | None = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if self.cluster:
+            self._thread = threading.Thread(target=self._watch, daemon=True,
+                                            name="tfmulti-preemption-watcher")
+            self._thread.start()
+
+    def uninstall(self) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+        if self._thread is not None:
+            try:  # wake the watchers; a worker that already announced wins
+                _kv().set_config_key_value(_PREEMPT_KEY, _DONE)
+            except Exception:  # pylint: disable=broad-except  (already set, peer gone)
+                pass
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.own_signal = True
+        print(f"tfmulti: worker {self.task_index} got SIGTERM; saving a backup at the next "
+              "agreed step, then exiting", file=sys.stderr, flush=True)
+
+    def _watch(self) -> None:
+        try:
+            value = _kv().get_config_key_value(_PREEMPT_KEY)
+        except Exception:  # pylint: disable=broad-except  (service gone: training fails anyway)
+            return
+        if value == _DONE:
+            return
+        self.target = int(value)
+        try:
+            _kv().set_config_key_value(_ACK_KEY.format(self.task_index), value)
+        except Exception:  # pylint: disable=broad-except
+            pass
+        self._event.set()
+
+    def should_save(self, boundary: int) -> bool:
+        """Called at each block boundary (global step `boundary`): True when every
+        worker saves here and exits."""
+        if not self.cluster:
+            return self.own_signal
+        if self.own_signal and not self.announced:
+            self.announced = True
+            try:
+                _kv().set_config_key_value(_PREEMPT_KEY, str(boundary + self.block))
+            except Exception:  # pylint: disable=broad-except  (another worker announced first)
+                pass
+            deadline = time.monotonic() + _AGREE_TIMEOUT_S
+            for index in range(self.num_workers):
+                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                try:
+                    _kv().get_config_key_value(_ACK_KEY.format(index), left_ms)
+                except Exception as e:  # pylint: disable=broad-except
+                    raise Preempted(
+                        f"worker {self.task_index} got SIGTERM but worker {index} did not "
+                        f"acknowledge the save step within {_AGREE_TIMEOUT_S:g} s ({e}); "
+                        "exiting without a new backup") from e
+        return self._event.is_set() and self.target is not None and boundary >= self.target
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """What `fit` did: the merged Keras history of the epochs trained in this
+    process, and the global step it resumed from (0: a fresh start)."""
+
+    history: dict
+    resumed_step: int
+    resumed_from: str | None
+
+
+class Backup:
+    """The checkpoint of one training run: what to save, where, and restore.
+
+    Args:
+        backup_dir: the chief's directory (created on the first save).
+        model: a built, compiled Keras model (any strategy, or a PipelineModel).
+        keep: how many checkpoints the chief keeps (>= 1; 2 by default, so a
+            damaged newest one has a fallback).
+        chief: whether this worker writes `backup_dir` (default: from TF_CONFIG).
+        task_index: this worker's index (default: from TF_CONFIG).
+    """
+
+    def __init__(self, backup_dir: str, model, *, keep: int = 2, chief: bool | None = None,
+                 task_index: int | None = None):
+        from tfmulti import cluster
+
+        if not backup_dir:
+            raise ValueError("`backup_dir` must be a directory path, got an empty value.")
+        if os.path.exists(backup_dir) and not os.path.isdir(backup_dir):
+            raise ValueError(f"`backup_dir` {backup_dir!r} exists and is not a directory; "
+                             "pass a directory path.")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"`keep` must be an integer >= 1, got {keep!r}; use 2 so a "
+                             "damaged newest checkpoint has a fallback.")
+        config = cluster.from_environ()
+        self.backup_dir = backup_dir
+        self.keep = keep
+        self.chief = cluster.is_chief(config) if chief is None else chief
+        self.task_index = (int(config["task"]["index"]) if config and "task" in config
+                           else 0) if task_index is None else task_index
+        self.num_workers = cluster.num_tasks(config) if config else 1
+        self.model = model
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfmulti_global_step")
+        self._metric_values: list | None = None
+
+    # The checkpoint is built when saving or restoring, after Keras created the
+    # optimizer's and the metrics' variables (at the start of `fit`).
+    def _checkpoint(self, *, metrics: bool = True, optimizer: bool = True) -> tf.train.Checkpoint:
+        items = {"model": list(self.model.variables), "step": self.step}
+        opt = getattr(self.model, "optimizer", None)
+        if optimizer and opt is not None and opt.built:
+            items["optimizer"] = list(opt.variables)
+        if metrics:
+            items["metrics"] = list(self.model.metrics_variables)
+        return tf.train.Checkpoint(**items)
+
+    def save(self, step: int) -> str | None:
+        """Saves at global step `step`; every worker must call it at the same step.
+        Returns the chief's checkpoint path (None on other workers)."""
+        self.step.assign(step)
+        checkpoint = self._checkpoint()
+        if self.chief:
+            manager = tf.train.CheckpointManager(checkpoint, self.backup_dir,
+                                                 max_to_keep=self.keep,
+                                                 checkpoint_name=_CHECKPOINT_PREFIX)
+            return manager.save(checkpoint_number=step)
+        # One fixed scratch dir per backup and worker: a leftover of a worker
+        # killed while saving is removed by the next save.
+        scratch = self._scratch_dir()
+        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            tf.train.CheckpointManager(checkpoint, scratch, max_to_keep=1).save(
+                checkpoint_number=step)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return None
+
+    def _scratch_dir(self) -> str:
+        import hashlib
+
+        digest = hashlib.sha256(os.path.abspath(self.backup_dir).encode()).hexdigest()[:12]
+        return os.path.join(tempfile.gettempdir(),
+                            f"tfmulti-backup-{digest}-worker{self.task_index}")
+
+    def resume_point(self) -> ResumePoint:
+        """The checkpoint to resume from, the same on every worker.
+
+        The chief verifies the newest checkpoints (falling back past damaged
+        ones) and publishes its choice; the other workers take it.
+
+        Raises:
+            ValueError: a worker cannot read the chief's choice (backup_dir not shared).
+        """
+        multi = self.num_workers > 1 and _coordination_available()
+        if self.chief or not multi:
+            point = latest_valid(self.backup_dir)
+            if multi:
+                _kv().set_config_key_value(_RESUME_KEY, f"{point.step}|{point.path or ''}")
+            return point
+        value = _kv().get_config_key_value(_RESUME_KEY, int(_AGREE_TIMEOUT_S * 1000))
+        step_text, _, path = value.partition("|")
+        if not path:
+            return ResumePoint(0, None)
+        try:
+            verify(path)
+        except ValueError as e:
+            raise ValueError(
+                f"the chief resumes from {path} but worker {self.task_index} cannot read it "
+                f"({e}); `backup_dir` must be on a filesystem every worker shares.") from e
+        return ResumePoint(int(step_text), path)
+
+    def restore(self, point: ResumePoint) -> None:
+        """Restores model, optimizer, metrics and step from `point.path`."""
+        if point.path is None:
+            return
+        status = self._checkpoint().read(point.path)
+        status.assert_existing_objects_matched().expect_partial()  # save_counter: unused
+        self._metric_values = [v.numpy() for v in self.model.metrics_variables]
+
+    def restore_weights(self, point: ResumePoint) -> None:
+        """Restores only the model's variables (nothing left to train)."""
+        if point.path is not None:
+            self._checkpoint(metrics=False, optimizer=False).read(point.path).expect_partial()
+
+    def restore_metrics(self, point: ResumePoint) -> None:
+        """Puts the interrupted epoch's running metric totals back (Keras resets
+        them at every epoch start)."""
+        if point.path is not None and self._metric_values is not None:
+            tf.train.Checkpoint(metrics=list(self.model.metrics_variables)).read(
+                point.path).expect_partial()
+
+    def delete(self) -> None:
+        """Removes the chief's checkpoints and state file (and the dir if then empty)."""
+        if not self.chief or not os.path.isdir(self.backup_dir):
+            return
+        for path in glob.glob(os.path.join(self.backup_dir, f"{_CHECKPOINT_PREFIX}-*")) + \
+                [os.path.join(self.backup_dir, "checkpoint")]:
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(path):
+                os.remove(path)
+        try:
+            os.rmdir(self.backup_dir)
+        except OSError:
+            pass  # other files are the user's
+
+
+def _callback_class():
+    import keras
+
+    class BackupCallback(keras.callbacks.Callback):
+        """Saves every `every_steps` steps and at epoch ends; handles SIGTERM.
+
+        `first_epoch`/`offset`: the epoch this `fit` starts at and the steps of
+        it already trained (for the global step count).
+        """
+
+        def __init__(self, backup: Backup, point: ResumePoint, steps_per_epoch: int,
+                     every_steps: int | None, every_epoch: bool, preemption: _Preemption,
+                     offset: int, restore: bool, start_step: int):
+            super().__init__()
+            self.backup, self.point = backup, point
+            self.steps_per_epoch, self.every_steps = steps_per_epoch, every_steps
+            self.every_epoch, self.preemption = every_epoch, preemption
+            self.offset, self.restore = offset, restore
+            self.epoch = 0
+            self.last_saved = start_step  # the step this fit starts from
+
+        def on_train_begin(self, logs=None):
+            if self.restore and self.point.path:
+                self.backup.restore(self.point)
+                _say(f"restored {self.point.path} (global step {self.point.step})")
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+            if self.restore and self.offset:
+                self.backup.restore_metrics(self.point)  # mid-epoch: totals so far
+
+        def _global_step(self, end_step: int) -> int:
+            offset = self.offset if self.epoch == self.point.epoch(self.steps_per_epoch) else 0
+            return self.epoch * self.steps_per_epoch + offset + end_step + 1
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = self._global_step(batch)
+            if self.preemption.should_save(step):
+                self._save(step, "preempted")
+                message = (f"preempted: saved a backup at global step {step} in "
+                           f"{self.backup.backup_dir}; exiting with code "
+                           f"{PREEMPTED_EXIT_CODE}; rerun to resume")
+                print(f"tfmulti: {message}", file=sys.stderr, flush=True)
+                raise Preempted(message)
+            if self.every_steps and step // self.every_steps > self.last_saved // self.every_steps:
+                self._save(step, f"every {self.every_steps} steps")
+
+        def on_epoch_end(self, epoch, logs=None):
+            step = (epoch + 1) * self.steps_per_epoch
+            if self.every_epoch and step > self.last_saved:
+                self._save(step, "epoch end")
+
+        def _save(self, step: int, why: str) -> None:
+            path = self.backup.save(step)
+            self.last_saved = step
+            if path:
+                _say(f"backup at global step {step} ({why}): {path}")
+
+    return BackupCallback
+
+
+def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_epoch: int,
+        backup_dir: str, save_every_steps: int | None = None, save_every_epoch: bool = True,
+        keep: int = 2, delete_on_success: bool = True, preemption: bool = True,
+        callbacks=(), verbose="auto", steps_per_execution: int | None = None,
+        **fit_kwargs) -> FitResult:
+    """`model.fit` that resumes from `backup_dir` at the next step.
+
+    Args:
+        model: a compiled Keras model (under any strategy) or a PipelineModel.
+        dataset_from: `dataset_from(step)` returns the training data positioned
+            after `step` global batches (a dataset that repeats over epochs,
+            e.g. `tfmulti.data.distribute(..., skip_steps=step).dataset`).
+        epochs, steps_per_epoch: the whole run (steps are global batches).
+        backup_dir: where the chief keeps its checkpoints.
+        save_every_steps: also save every this many steps (rounded up to the
+            model's steps per execution); default: only at epoch ends.
+        save_every_epoch: save at each epoch end.
+        keep: checkpoints kept (2: a damaged newest one has a fallback).
+        delete_on_success: remove the backup when training ends normally.
+        preemption: on SIGTERM, save at an agreed step and raise `Preempted`
+            (a SystemExit with code 75).
+        callbacks, verbose, fit_kwargs: passed to `model.fit`.
+        steps_per_execution: default: the model's.
+
+    Returns:
+        A `FitResult`: the merged `history.history` of the (one or two) `fit`
+        calls (a resumed epoch's entry covers the whole epoch: its metric
+        totals are restored too), and where training resumed.
+
+    Raises:
+        ValueError: bad arguments, or a resume step that does not fit the run.
+        Preempted: after saving on SIGTERM.
+    """
+    for name, value in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+    if save_every_steps is not None and (isinstance(save_every_steps, bool) or
+                                         not isinstance(save_every_steps, int)
+                                         or save_every_steps < 1):
+        raise ValueError(f"`save_every_steps` must be a positive integer or None, got "
+                         f"{save_every_steps!r}.")
+    block = steps_per_execution or getattr(model, "steps_per_execution", 1) or 1
+    if steps_per_epoch % block:
+        raise ValueError(f"steps per execution ({block}) must divide `steps_per_epoch` "
+                         f"({steps_per_epoch}) for step-exact resumes.")
+    backup = Backup(backup_dir, model, keep=keep)
+    point = backup.resume_point()
+    total = epochs * steps_per_epoch
+    if point.step > total:
+        raise ValueError(f"the backup in {backup_dir} is at global step {point.step}, beyond "
+                         f"this run's {epochs} epochs x {steps_per_epoch} steps = {total}; "
+                         "use a new --backup_dir or more epochs.")
+    if point.step % block:
+        raise ValueError(f"the backup in {backup_dir} is at global step {point.step}, not a "
+                         f"multiple of the steps per execution ({block}); resume with the "
+                         "steps per execution it was saved with.")
+    if point.path:
+        _say(f"resuming from {point.path}: global step {point.step} = epoch "
+             f"{point.epoch(steps_per_epoch) + 1}, step {point.step_in_epoch(steps_per_epoch)}"
+             f" of {steps_per_epoch}; the input skips {point.step} batches")
+    watcher = _Preemption(backup.task_index, backup.num_workers, block)
+    callback_cls = _callback_class()
+    history: dict[str, list] = {}
+    first_epoch, offset = point.epoch(steps_per_epoch), point.step_in_epoch(steps_per_epoch)
+    phases = []  # (initial_epoch, epochs, steps, skip, offset)
+    if offset:
+        phases.append((first_epoch, first_epoch + 1, steps_per_epoch - offset, point.step,
+                       offset))
+        first_epoch += 1
+    if first_epoch < epochs:
+        phases.append((first_epoch, epochs, steps_per_epoch, first_epoch * steps_per_epoch, 0))
+    watcher.install()
+    try:
+        if not phases:  # the backup is the finished run: only the weights matter
+            backup.restore_weights(point)
+        for i, (initial, end, steps, skip, phase_offset) in enumerate(phases):
+            callback = callback_cls(backup, point, steps_per_epoch, save_every_steps,
+                                    save_every_epoch, watcher, phase_offset, restore=i == 0,
+                                    start_step=skip)
+            result = model.fit(dataset_from(skip), initial_epoch=initial, epochs=end,
+                               steps_per_epoch=steps, callbacks=[*callbacks, callback],
+                               verbose=verbose, **fit_kwargs)
+            for key, values in result.history.items():
+                history.setdefault(key, []).extend(values)
+    finally:
+        watcher.uninstall()
+    if delete_on_success:
+        backup.delete()
+    return FitResult(history, point.step, point.path)
