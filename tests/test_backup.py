@@ -358,3 +358,10 @@ def test_launcher_reports_each_restart_and_gives_up():
 def test_launcher_max_restarts_must_be_non_negative():
     with pytest.raises(ValueError, match=r"`max_restarts` \(-1\) must be an integer >= 0"):
         launch.make_plan(["python"], max_restarts=-1)
+
+
+def test_module_examples():
+    import doctest
+
+    result = doctest.testmod(backup, verbose=False)
+    assert result.attempted > 0 and result.failed == 0

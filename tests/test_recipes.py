@@ -119,6 +119,8 @@ BAD_FLAGS = [
      "--mixed_precision=bfloat16 on CPUs"),
     (["--strategy=pipeline", "--jit_compile"],
      "`jit_compile` cannot be used with strategy 'pipeline': XLA would compile"),
+    (["--backup_every_steps=5"], "`backup_every_steps` needs `backup_dir`; pass --backup_dir"),
+    (["--backup_dir=/dev/null"], "`backup_dir` '/dev/null' exists and is not a directory"),
 ]
 
 

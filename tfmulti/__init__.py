@@ -10,8 +10,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("cluster", "data", "devices", "diagnose", "keras_fixes", "launch", "memory",
-               "models", "notebook", "strategy", "training")
+_SUBMODULES = ("backup", "cluster", "data", "devices", "diagnose", "keras_fixes", "launch",
+               "memory", "models", "notebook", "strategy", "training")
 _FUNCTIONS = {
     "configure_virtual_devices": "tfmulti.devices",
     "get_strategy": "tfmulti.strategy",

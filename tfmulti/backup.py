@@ -394,19 +394,26 @@ class Backup:
                 point.path).expect_partial()
 
     def delete(self) -> None:
-        """Removes the chief's checkpoints and state file (and the dir if then empty)."""
-        if not self.chief or not os.path.isdir(self.backup_dir):
-            return
-        for path in glob.glob(os.path.join(self.backup_dir, f"{_CHECKPOINT_PREFIX}-*")) + \
-                [os.path.join(self.backup_dir, "checkpoint")]:
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            elif os.path.exists(path):
-                os.remove(path)
-        try:
-            os.rmdir(self.backup_dir)
-        except OSError:
-            pass  # other files are the user's
+        """The chief removes the backup (see `delete`); other workers do nothing."""
+        if self.chief:
+            delete(self.backup_dir)
+
+
+def delete(backup_dir: str) -> None:
+    """Removes the checkpoints and state file in `backup_dir`, and the directory
+    if that leaves it empty (other files are the user's)."""
+    if not os.path.isdir(backup_dir):
+        return
+    for path in glob.glob(os.path.join(backup_dir, f"{_CHECKPOINT_PREFIX}-*")) + \
+            [os.path.join(backup_dir, "checkpoint")]:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.exists(path):
+            os.remove(path)
+    try:
+        os.rmdir(backup_dir)
+    except OSError:
+        pass
 
 
 def _callback_class():
@@ -421,12 +428,12 @@ def _callback_class():
 
         def __init__(self, backup: Backup, point: ResumePoint, steps_per_epoch: int,
                      every_steps: int | None, every_epoch: bool, preemption: _Preemption,
-                     offset: int, restore: bool, start_step: int):
+                     offset: int, restore: bool, start_step: int, quiet: bool):
             super().__init__()
             self.backup, self.point = backup, point
             self.steps_per_epoch, self.every_steps = steps_per_epoch, every_steps
             self.every_epoch, self.preemption = every_epoch, preemption
-            self.offset, self.restore = offset, restore
+            self.offset, self.restore, self.quiet = offset, restore, quiet
             self.epoch = 0
             self.last_saved = start_step  # the step this fit starts from
 
@@ -464,7 +471,7 @@ def _callback_class():
         def _save(self, step: int, why: str) -> None:
             path = self.backup.save(step)
             self.last_saved = step
-            if path:
+            if path and not self.quiet:
                 _say(f"backup at global step {step} ({why}): {path}")
 
     return BackupCallback
@@ -491,7 +498,8 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         delete_on_success: remove the backup when training ends normally.
         preemption: on SIGTERM, save at an agreed step and raise `Preempted`
             (a SystemExit with code 75).
-        callbacks, verbose, fit_kwargs: passed to `model.fit`.
+        callbacks, verbose, fit_kwargs: passed to `model.fit`; `verbose=0` also
+            silences the line printed at each backup.
         steps_per_execution: default: the model's.
 
     Returns:
@@ -541,6 +549,7 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         first_epoch += 1
     if first_epoch < epochs:
         phases.append((first_epoch, epochs, steps_per_epoch, first_epoch * steps_per_epoch, 0))
+    fit_kwargs.setdefault("shuffle", False)  # the data comes positioned: never reorder
     watcher.install()
     try:
         if not phases:  # the backup is the finished run: only the weights matter
@@ -548,7 +557,7 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         for i, (initial, end, steps, skip, phase_offset) in enumerate(phases):
             callback = callback_cls(backup, point, steps_per_epoch, save_every_steps,
                                     save_every_epoch, watcher, phase_offset, restore=i == 0,
-                                    start_step=skip)
+                                    start_step=skip, quiet=verbose == 0)
             result = model.fit(dataset_from(skip), initial_epoch=initial, epochs=end,
                                steps_per_epoch=steps, callbacks=[*callbacks, callback],
                                verbose=verbose, **fit_kwargs)

@@ -347,8 +347,9 @@ def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
         result = backup.fit(model, dataset_from, epochs=config.epochs,
                             steps_per_epoch=steps_per_epoch, backup_dir=config.backup_dir,
                             save_every_steps=config.backup_every_steps,
-                            delete_on_success=not config.keep_backup, callbacks=callbacks,
-                            verbose=verbose, shuffle=False)
+                            delete_on_success=False,  # after evaluation and writing, below
+                            callbacks=callbacks,
+                            verbose=verbose)
         history, resumed_step = result.history, result.resumed_step
     else:
         fit_kwargs = train_input.fit_kwargs()
@@ -404,4 +405,10 @@ def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
                            os.path.join(config.model_dir, "model.keras"))
         print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",
               flush=True)
+    if config.backup_dir and chief and not config.keep_backup:
+        # Only now: a crash during evaluation or the writes above resumes from
+        # the finished backup instead of training again.
+        from tfmulti import backup
+
+        backup.delete(config.backup_dir)
     return metrics
