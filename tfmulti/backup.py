@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import itertools
 import os
 import re
 import shutil
@@ -72,9 +73,12 @@ import tensorflow as tf
 
 from tfmulti.launch import PREEMPTED_EXIT_CODE  # 75, EX_TEMPFAIL; `tfmulti launch` restarts
 _CHECKPOINT_PREFIX = "ckpt"
-_RESUME_KEY = "tfmulti/backup/resume"
-_PREEMPT_KEY = "tfmulti/backup/preempt"
-_ACK_KEY = "tfmulti/backup/ack/{}"
+# Coordination-service keys, one set per `fit` call (`run` counts the calls,
+# which every worker makes in the same order), since a key can be set only once.
+_RESUME_KEY = "tfmulti/backup/{run}/resume"
+_PREEMPT_KEY = "tfmulti/backup/{run}/preempt"
+_ACK_KEY = "tfmulti/backup/{run}/ack/{index}"
+_runs = itertools.count()
 _DONE = "done"
 _AGREE_TIMEOUT_S = 60.0
 
@@ -189,8 +193,10 @@ class _Preemption:
     from a thread (no per-step cost). Without a cluster the flag is local.
     """
 
-    def __init__(self, task_index: int, num_workers: int, block: int):
+    def __init__(self, task_index: int, num_workers: int, block: int, run: int = 0):
         self.task_index, self.num_workers, self.block = task_index, num_workers, block
+        self.key = _PREEMPT_KEY.format(run=run)
+        self.ack_key = lambda index: _ACK_KEY.format(run=run, index=index)
         self.cluster = num_workers > 1 and _coordination_available()
         self.own_signal = False
         self.announced = False
@@ -213,7 +219,7 @@ class _Preemption:
             self._previous_handler = None
         if self._thread is not None:
             try:  # wake the watchers; a worker that already announced wins
-                _kv().set_config_key_value(_PREEMPT_KEY, _DONE)
+                _kv().set_config_key_value(self.key, _DONE)
             except Exception:  # pylint: disable=broad-except  (already set, peer gone)
                 pass
             self._thread.join(timeout=5.0)
@@ -226,14 +232,14 @@ class _Preemption:
 
     def _watch(self) -> None:
         try:
-            value = _kv().get_config_key_value(_PREEMPT_KEY)
+            value = _kv().get_config_key_value(self.key)
         except Exception:  # pylint: disable=broad-except  (service gone: training fails anyway)
             return
         if value == _DONE:
             return
         self.target = int(value)
         try:
-            _kv().set_config_key_value(_ACK_KEY.format(self.task_index), value)
+            _kv().set_config_key_value(self.ack_key(self.task_index), value)
         except Exception:  # pylint: disable=broad-except
             pass
         self._event.set()
@@ -246,19 +252,24 @@ class _Preemption:
         if self.own_signal and not self.announced:
             self.announced = True
             try:
-                _kv().set_config_key_value(_PREEMPT_KEY, str(boundary + self.block))
-            except Exception:  # pylint: disable=broad-except  (another worker announced first)
-                pass
+                _kv().set_config_key_value(self.key, str(boundary + self.block))
+            except Exception:  # pylint: disable=broad-except
+                # Another worker announced first (its step holds, the watcher
+                # thread has it), or training is over ("done"): nothing to add.
+                return self._due(boundary)
             deadline = time.monotonic() + _AGREE_TIMEOUT_S
             for index in range(self.num_workers):
                 left_ms = max(1, int((deadline - time.monotonic()) * 1000))
                 try:
-                    _kv().get_config_key_value(_ACK_KEY.format(index), left_ms)
+                    _kv().get_config_key_value(self.ack_key(index), left_ms)
                 except Exception as e:  # pylint: disable=broad-except
                     raise Preempted(
                         f"worker {self.task_index} got SIGTERM but worker {index} did not "
                         f"acknowledge the save step within {_AGREE_TIMEOUT_S:g} s ({e}); "
                         "exiting without a new backup") from e
+        return self._due(boundary)
+
+    def _due(self, boundary: int) -> bool:
         return self._event.is_set() and self.target is not None and boundary >= self.target
 
 
@@ -285,7 +296,7 @@ class Backup:
     """
 
     def __init__(self, backup_dir: str, model, *, keep: int = 2, chief: bool | None = None,
-                 task_index: int | None = None):
+                 task_index: int | None = None, run: int = 0):
         from tfmulti import cluster
 
         if not backup_dir:
@@ -304,6 +315,7 @@ class Backup:
                            else 0) if task_index is None else task_index
         self.num_workers = cluster.num_tasks(config) if config else 1
         self.model = model
+        self.resume_key = _RESUME_KEY.format(run=run)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfmulti_global_step")
         self._metric_values: list | None = None
 
@@ -359,9 +371,9 @@ class Backup:
         if self.chief or not multi:
             point = latest_valid(self.backup_dir)
             if multi:
-                _kv().set_config_key_value(_RESUME_KEY, f"{point.step}|{point.path or ''}")
+                _kv().set_config_key_value(self.resume_key, f"{point.step}|{point.path or ''}")
             return point
-        value = _kv().get_config_key_value(_RESUME_KEY, int(_AGREE_TIMEOUT_S * 1000))
+        value = _kv().get_config_key_value(self.resume_key, int(_AGREE_TIMEOUT_S * 1000))
         step_text, _, path = value.partition("|")
         if not path:
             return ResumePoint(0, None)
@@ -523,7 +535,8 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
     if steps_per_epoch % block:
         raise ValueError(f"steps per execution ({block}) must divide `steps_per_epoch` "
                          f"({steps_per_epoch}) for step-exact resumes.")
-    backup = Backup(backup_dir, model, keep=keep)
+    run = next(_runs)
+    backup = Backup(backup_dir, model, keep=keep, run=run)
     point = backup.resume_point()
     total = epochs * steps_per_epoch
     if point.step > total:
@@ -538,7 +551,7 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         _say(f"resuming from {point.path}: global step {point.step} = epoch "
              f"{point.epoch(steps_per_epoch) + 1}, step {point.step_in_epoch(steps_per_epoch)}"
              f" of {steps_per_epoch}; the input skips {point.step} batches")
-    watcher = _Preemption(backup.task_index, backup.num_workers, block)
+    watcher = _Preemption(backup.task_index, backup.num_workers, block, run)
     callback_cls = _callback_class()
     history: dict[str, list] = {}
     first_epoch, offset = point.epoch(steps_per_epoch), point.step_in_epoch(steps_per_epoch)
