@@ -14,6 +14,7 @@ import glob
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -108,6 +109,36 @@ def test_multi_worker_sigterm_saves_at_agreed_step(tmp_path, uninterrupted):
     kept = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "backup" / "*.index")))
     assert kept == ["ckpt-44.index", "ckpt-48.index"]
     assert _scratch_dirs(tmp_path) == []
+
+
+def test_sigterm_to_the_launcher_saves_on_all_workers_and_does_not_restart(tmp_path):
+    """What a scheduler does (Kubernetes, SLURM): SIGTERM to the launcher. Every
+    worker saves at the same step, the launcher exits 128 + 15 without restarting."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfmulti.cli", "launch", "--num_workers", "2", "--max_restarts",
+         "2", "--grace_period", "30", "--", sys.executable, WORKER, str(tmp_path),
+         "multi_worker", "--config", json.dumps({"epochs": 100})],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "backup at global step 8 " in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        lines += proc.communicate(timeout=120)[0].splitlines()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    output = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    assert proc.returncode == 128 + signal.SIGTERM, output[-4000:]
+    saved = {int(m) for m in re.findall(
+        r"\[worker \d\] tfmulti: preempted: saved a backup at global step (\d+)", output)}
+    assert output.count("preempted: saved a backup") == 2 and len(saved) == 1, output[-4000:]
+    assert "restart 1" not in output
+    assert backup.latest_valid(str(tmp_path / "backup")).step == saved.pop()
 
 
 @pytest.mark.parametrize("sig, steps_per_execution", [("KILL", 1), ("TERM", 1), ("KILL", 4)])
