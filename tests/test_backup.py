@@ -203,9 +203,11 @@ def test_dead_peer_fails_the_survivor_within_60s(tmp_path, victim):
             p.wait(timeout=10)
 
 
-def test_pipeline_resumes_in_process(tmp_path):
-    """A PipelineModel (2 stages on 2 virtual CPUs) crashed mid-epoch by an
-    exception, then rerun in the same process: the same weights as without."""
+@pytest.mark.parametrize("strategy", ["pipeline", "one_device"])
+def test_resumes_in_process(tmp_path, strategy):
+    """A PipelineModel (2 stages on 2 virtual CPUs), or one device, crashed
+    mid-epoch by an exception, then rerun in the same process: the same
+    weights as without the crash."""
     import keras
 
     from tfmulti.training import TrainConfig, train
@@ -222,7 +224,8 @@ def test_pipeline_resumes_in_process(tmp_path):
 
     def run(backup_dir, callbacks):
         keep = Keep()
-        train(TrainConfig(strategy="pipeline", devices=("CPU:0", "CPU:1"), num_stages=2,
+        devices = ("CPU:0", "CPU:1") if strategy == "pipeline" else None
+        train(TrainConfig(strategy=strategy, devices=devices, num_stages=2,
                           num_microbatches=2, dataset="synthetic", num_examples=512,
                           global_batch_size=64, epochs=2, optimizer="sgd",
                           learning_rate=0.05, dropout=0.0, seed=0, backup_dir=backup_dir,

@@ -238,11 +238,11 @@ class _Preemption:
         if value == _DONE:
             return
         self.target = int(value)
+        self._event.set()  # before the ack: the announcer resumes only after every ack
         try:
             _kv().set_config_key_value(self.ack_key(self.task_index), value)
         except Exception:  # pylint: disable=broad-except
             pass
-        self._event.set()
 
     def should_save(self, boundary: int) -> bool:
         """Called at each block boundary (global step `boundary`): True when every
