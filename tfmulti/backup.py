@@ -547,7 +547,10 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         raise ValueError(f"the backup in {backup_dir} is at global step {point.step}, not a "
                          f"multiple of the steps per execution ({block}); resume with the "
                          "steps per execution it was saved with.")
-    if point.path:
+    if point.path and point.step == total:
+        _say(f"resuming from {point.path}: global step {point.step}, the end of the run; "
+             "restoring its weights, nothing left to train")
+    elif point.path:
         _say(f"resuming from {point.path}: global step {point.step} = epoch "
              f"{point.epoch(steps_per_epoch) + 1}, step {point.step_in_epoch(steps_per_epoch)}"
              f" of {steps_per_epoch}; the input skips {point.step} batches")

@@ -381,13 +381,13 @@ def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
         "jit_compile": config.jit_compile,
         "train_seconds": sum(epoch_seconds),
         "examples_per_second": (examples_per_epoch / statistics.median(steady)
-                                if steady else float("nan")),
-        "train_loss": history["loss"][-1] if history.get("loss") else float("nan"),
+                                if steady else None),  # None: nothing left to train
+        "train_loss": history["loss"][-1] if history.get("loss") else None,
         "test_loss": results["loss"],
     }
     if task == "classification":
         metrics["train_accuracy"] = (history["accuracy"][-1] if history.get("accuracy")
-                                     else float("nan"))
+                                     else None)
         metrics["test_accuracy"] = results["accuracy"]
     else:
         metrics["test_mae"] = results["mae"]
