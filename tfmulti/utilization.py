@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import gc
 import statistics
 import time
 from typing import Callable
@@ -110,10 +111,14 @@ def time_input(dist_input: DistributedInput, steps_per_call: int = 20,
     """Seconds per step of the input pipeline alone (see `input_call`).
 
     The first call (the pipeline's start) is not timed; a cache still being
-    filled is timed, as in a first epoch.
+    filled is timed, as in a first epoch. The iterator is released before
+    returning, so its pipeline stops working in the background.
     """
-    return seconds_per_call(input_call(dist_input, steps_per_call),
-                            min_seconds) / steps_per_call
+    pull = input_call(dist_input, steps_per_call)
+    seconds = seconds_per_call(pull, min_seconds) / steps_per_call
+    del pull
+    gc.collect()
+    return seconds
 
 
 def device_batch(strategy: tf.distribute.Strategy, dist_input: DistributedInput,
@@ -399,7 +404,7 @@ class StepTimes:
 SPLIT_COLORS = {"compute": "tab:blue", "fixed_per_step": "tab:purple",
                 "input_wait": "tab:orange", "call_overhead": "tab:gray"}
 SPLIT_LABELS = {"compute": "compute (grows with batch)", "fixed_per_step": "fixed per step",
-                "input_wait": "waiting for input", "call_overhead": "per-call overhead"}
+                "input_wait": "input, not overlapped", "call_overhead": "per-call overhead"}
 
 
 def plot_step_times(rows: dict, ax=None, title: str | None = None):
