@@ -10,8 +10,13 @@ Suites:
            Each repeat runs both configurations back to back (interleaved, so
            drift on a shared machine hits both alike); throughput is the
            recipe's steady-state examples/s (median epoch after the first).
+           Also MirroredStrategy over 1, 2 and 4 virtual CPUs in one process
+           (same global batch; keys virtual_devices_2_vs_1, _4_vs_1; ceiling
+           1.0, the virtual devices share the cores).
   pipeline Training step of a 2-stage pipeline on 2 virtual CPU devices (intra-op
-           threads 1, 8 Dense(1024) layers, batch 512): the naive split
+           threads 1, 8 Dense(1024) layers, batch 512; median of 4 epochs of 8
+           steps after a warm-up epoch; per repeat, one process for the serial
+           step and one for the other configurations): the naive split
            (M=1: one stage works at a time), GPipe with M = 2, 4, 8, and the
            fully serial step (M=1, inter-op threads 1). Figures:
            pipeline_speedup = naive / best pipelined step time (goal >= 1.3x;
@@ -21,12 +26,23 @@ Suites:
            the measured bubble (1 - efficiency) next to (S-1)/(M+S-1).
   baseline Seed 000's program as written (plain Keras: MirroredStrategy() with its
            default devices, the MLP, `model.fit` on NumPy arrays, batch 32,
-           steps_per_execution 1) vs tfmulti at the same batch 32 (get_strategy
-           ("mirrored"), data.load + data.distribute, build_model("mlp"),
-           compile_model(steps_per_execution=K)), each side in its own process
-           with 2 virtual CPUs configured first. Figure: baseline_speedup =
-           tfmulti / seed examples/s of the second epoch (goal >= 1.8x); both
-           absolute figures are in the JSON.
+           steps_per_execution 1, evaluated after each epoch) vs tfmulti, each
+           side in its own process with 2 virtual CPUs configured first.
+           baseline_speedup: tfmulti at the same batch 32 (data.distribute,
+           compile_model(steps_per_execution=K)) / seed, training examples/s of
+           epoch 2 (goal >= 1.8x). time_to_accuracy_speedup: wall time until the
+           test accuracy first reaches 0.87, seed / tfmulti's defaults (global
+           batch 256, sqrt learning-rate scaling, 117 steps per execution,
+           cached and prefetched input), each evaluated after every epoch and
+           the evaluation counted (goal >= 4x).
+  overhead tfmulti's `fit` vs a hand-written tf.distribute loop doing the same work
+           (same MLP, weights, Adam, batch 256, data, 26 steps per call),
+           MirroredStrategy over 2 virtual CPUs, interleaved blocks in one
+           process. overhead_ratio = fit / loop time (goal <= 1.05).
+  streaming An input pipeline with a CPU-heavy per-batch map on 1 core, a step on
+           the other core (intra-op threads 1), the map's cost calibrated to
+           the step's. streaming_ratio = fit with prefetch-to-device / max(input
+           alone, compute alone) (goal <= 1.10; ceiling 1.0).
   all      every suite above.
 
 Writes FILE.json (every measurement, median/min/max of each ratio, the
@@ -44,10 +60,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bench_utilization as utilization_suites  # noqa: E402
 import _common  # noqa: E402
 from absl import flags  # noqa: E402
 
-SUITES = ("scaling", "pipeline", "baseline")
+SUITES = ("scaling", "pipeline", "baseline", "overhead", "streaming")
 _SUITE = flags.DEFINE_enum("suite", "all", [*SUITES, "all"], "Which benchmarks to run.")
 _OUTPUT = flags.DEFINE_string("output", "runs/benchmark.json", "Where to write the JSON.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Repeats of each measurement.", lower_bound=1)
@@ -57,11 +74,13 @@ _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 12288,
                                      "Scaling: synthetic examples per epoch.", lower_bound=1)
 _PIPELINE_WORKER = flags.DEFINE_string("pipeline_worker", None,
                                        "Internal: run one pipeline configuration (JSON).")
-_BASELINE_WORKER = flags.DEFINE_enum("baseline_worker", None, ["seed", "tfmulti"],
-                                     "Internal: run one side of the baseline suite.")
+_WORKER = flags.DEFINE_string("worker", None,
+                              "Internal: run one measurement of the baseline, overhead, "
+                              "streaming or scaling suites (JSON).")
 _BASELINE_SPE = flags.DEFINE_integer("baseline_steps_per_execution", 125,
-                                     "Baseline: tfmulti's steps_per_execution (must divide "
-                                     "60000 // 32 = 1875).", lower_bound=1)
+                                     "Baseline: tfmulti's steps_per_execution at batch 32 "
+                                     "(must divide 625, a third of 60000 // 32 = 1875 steps).",
+                                     lower_bound=1)
 _EPOCHS = flags.DEFINE_integer("epochs", 3, "Scaling: epochs per run (first is warm-up).",
                                lower_bound=2)
 
@@ -95,36 +114,6 @@ def _train_under_launcher(num_workers: int, model_dir: str) -> float:
         return json.load(f)["examples_per_second"]
 
 
-_SPIN = """
-import os, sys, time
-os.sched_setaffinity(0, {int(sys.argv[1])})
-import numpy as np
-a = np.random.default_rng(0).random((384, 384), dtype=np.float32)
-end, n = time.perf_counter() + float(sys.argv[2]), 0
-while time.perf_counter() < end:
-    a @ a
-    n += 1
-print(n)
-"""
-
-
-def hardware_ceiling(seconds: float = 3.0) -> float:
-    """How much 2 independent single-core processes outrun 1 on this machine
-    (1 thread each, no communication): the most any 2-worker run can gain."""
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
-    cores = sorted(os.sched_getaffinity(0))[:2]
-
-    def spin(core):
-        return subprocess.Popen([sys.executable, "-c", _SPIN, str(core), str(seconds)],
-                                stdout=subprocess.PIPE, text=True, env=env)
-
-    alone = int(spin(cores[0]).communicate(timeout=60)[0])
-    pair = [spin(c) for c in cores]
-    together = sum(int(p.communicate(timeout=60)[0]) for p in pair)
-    return together / alone
-
-
 def scaling_suite(repeats: int) -> dict:
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
@@ -136,7 +125,7 @@ def scaling_suite(repeats: int) -> dict:
             start = time.monotonic()
             a = _train_under_launcher(1, os.path.join(tmp, f"one-{repeat}"))
             b = _train_under_launcher(2, os.path.join(tmp, f"two-{repeat}"))
-            ceiling = hardware_ceiling()
+            ceiling = utilization_suites.hardware_ceiling()
             one.append(a)
             two.append(b)
             ratios.append(b / a)
@@ -158,6 +147,7 @@ def scaling_suite(repeats: int) -> dict:
         "goal": 1.8,
         "ceiling": "2 single-threaded matmul processes on 2 cores vs 1, measured in the "
                    "same run (hardware_ceiling): no 2-worker run can beat it",
+        "virtual_devices": utilization_suites.devices_scaling(repeats),
     }
 
 
@@ -165,7 +155,8 @@ PIPELINE_MICROBATCHES = (2, 4, 8)
 
 
 def pipeline_worker(config: dict) -> dict:
-    """Median step time of one pipeline configuration, in this process."""
+    """Median step time of pipeline configurations sharing an inter-op setting,
+    one after the other in this process."""
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -178,28 +169,32 @@ def pipeline_worker(config: dict) -> dict:
 
     tfmulti.configure_virtual_devices(2)
     width, batch = 1024, 512
-    layers = [keras.layers.Dense(width, activation="relu") for _ in range(8)]
-    model = PipelineModel(layers, input_shape=(width,), devices=["CPU:0", "CPU:1"],
-                          num_microbatches=config["microbatches"], partition=[4, 4])
-    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, width), dtype=np.float32)
     ds = tf.data.Dataset.from_tensors((x, x)).repeat()
-    steps, epochs = 8, 6
-    times = []
+    steps, epochs = 8, 5
+    results = {}
+    for name, microbatches in config["microbatches"].items():
+        layers = [keras.layers.Dense(width, activation="relu") for _ in range(8)]
+        model = PipelineModel(layers, input_shape=(width,), devices=["CPU:0", "CPU:1"],
+                              num_microbatches=microbatches, partition=[4, 4])
+        model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
+        times = []
 
-    class Timer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
+        class Timer(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                self.start = time.perf_counter()
 
-        def on_epoch_end(self, epoch, logs=None):
-            times.append((time.perf_counter() - self.start) / steps)
+            def on_epoch_end(self, epoch, logs=None):
+                times.append((time.perf_counter() - self.start) / steps)
 
-    model.fit(ds, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[Timer()])
-    return {"step_seconds": statistics.median(times[1:]), **config}
+        model.fit(ds, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[Timer()])
+        results[name] = statistics.median(times[1:])
+    return {"step_seconds": results}
 
 
-def _run_pipeline_config(config: dict) -> float:
+def _run_pipeline_configs(microbatches: dict, inter_op: int) -> dict:
+    config = {"microbatches": microbatches, "inter_op": inter_op}
     result = subprocess.run(
         [sys.executable, os.path.abspath(__file__), f"--pipeline_worker={json.dumps(config)}"],
         capture_output=True, text=True, timeout=600)
@@ -209,17 +204,18 @@ def _run_pipeline_config(config: dict) -> float:
 
 
 def pipeline_suite(repeats: int) -> dict:
-    configs = {"serial": {"microbatches": 1, "inter_op": 1},
-               "naive": {"microbatches": 1, "inter_op": 0}}
-    configs.update({f"M={m}": {"microbatches": m, "inter_op": 0}
-                    for m in PIPELINE_MICROBATCHES})
-    times = {name: [] for name in configs}
+    # The serial step needs inter-op threads 1, so its own process; the
+    # others share one process per repeat (each configuration built anew).
+    overlapped = {"naive": 1, **{f"M={m}": m for m in PIPELINE_MICROBATCHES}}
+    times = {name: [] for name in ("serial", *overlapped)}
     speedups, efficiencies = [], []
     bubbles = {m: [] for m in PIPELINE_MICROBATCHES}
     for repeat in range(repeats):
         start = time.monotonic()
-        for name, config in configs.items():
-            times[name].append(_run_pipeline_config(config))
+        measured = {**_run_pipeline_configs({"serial": 1}, inter_op=1),
+                    **_run_pipeline_configs(overlapped, inter_op=0)}
+        for name, seconds in measured.items():
+            times[name].append(seconds)
         best = min(times[f"M={m}"][-1] for m in PIPELINE_MICROBATCHES)
         speedups.append(times["naive"][-1] / best)
         efficiencies.append(times["serial"][-1] / 2 / best)
@@ -242,116 +238,6 @@ def pipeline_suite(repeats: int) -> dict:
         "ceiling": "2 logical CPUs share 2 cores: a 2-stage pipeline can at most halve the "
                    "serial step (efficiency 1.0); the naive split already overlaps some "
                    "work, so the speedup over it is bounded near 1.5x",
-    }
-
-
-BASELINE_BATCH = 32
-
-
-def baseline_worker(side: str, steps_per_execution: int) -> dict:
-    """Examples/s of the second training epoch (the first traces) of one side."""
-    import tfmulti
-
-    tfmulti.configure_virtual_devices(2)
-    import keras
-    import tensorflow as tf
-
-    import tfmulti.data
-    import tfmulti.models
-
-    times = []
-
-    class Timer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            times.append(time.perf_counter() - self.start)
-
-    train = tfmulti.data.load("fashion_mnist")
-    if side == "seed":
-        # Seed 000 as written: train_images / 255.0 as NumPy arrays, plain
-        # MirroredStrategy() with its default devices, fit(batch_size=32).
-        images, labels = next(iter(train.batch(100_000).as_numpy_iterator()))
-        train_images = images.reshape(-1, 28, 28)
-        train_labels = labels
-        strategy = tf.distribute.MirroredStrategy()
-        with strategy.scope():
-            model = keras.Sequential([
-                keras.Input(shape=(28, 28)),
-                keras.layers.Flatten(),  # the seed's shape bug fixed, nothing else
-                keras.layers.Dense(512, activation="relu"),
-                keras.layers.Dropout(0.2),
-                keras.layers.Dense(10),
-            ])
-            model.compile(optimizer="adam",
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          metrics=["accuracy"])
-        model.fit(train_images, train_labels, batch_size=BASELINE_BATCH, epochs=2, verbose=0,
-                  callbacks=[Timer()])
-        examples = len(train_images)
-        steps = -(-examples // BASELINE_BATCH)
-    else:
-        strategy = tfmulti.get_strategy("mirrored")
-        dist = tfmulti.data.distribute(train, strategy, BASELINE_BATCH, seed=0)
-        if dist.steps_per_epoch % steps_per_execution:
-            raise ValueError(f"steps_per_execution {steps_per_execution} does not divide "
-                             f"{dist.steps_per_epoch} steps per epoch")
-        model = tfmulti.models.build_model("mlp", strategy=strategy)
-        tfmulti.models.compile_model(model, strategy=strategy,
-                                     steps_per_execution=steps_per_execution)
-        model.fit(**dist.fit_kwargs(), epochs=2, verbose=0, callbacks=[Timer()])
-        steps = dist.steps_per_epoch
-        examples = steps * BASELINE_BATCH
-    return {"side": side, "examples_per_second": examples / times[1],
-            "epoch_seconds": times[1], "first_epoch_seconds": times[0],
-            "examples_per_epoch": examples, "steps_per_epoch": steps,
-            "num_replicas": strategy.num_replicas_in_sync,
-            "devices": list(strategy.extended.worker_devices),
-            "steps_per_execution": 1 if side == "seed" else steps_per_execution}
-
-
-def _run_baseline_side(side: str) -> dict:
-    command = [sys.executable, os.path.abspath(__file__), f"--baseline_worker={side}",
-               f"--baseline_steps_per_execution={_BASELINE_SPE.value}"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    if result.returncode != 0:
-        raise RuntimeError(f"baseline benchmark ({side}) failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def baseline_suite(repeats: int) -> dict:
-    seed, ours, ratios = [], [], []
-    info = {}
-    for repeat in range(repeats):
-        start = time.monotonic()
-        a = _run_baseline_side("seed")
-        b = _run_baseline_side("tfmulti")
-        info = {"seed": {k: v for k, v in a.items() if k not in ("examples_per_second",)},
-                "tfmulti": {k: v for k, v in b.items() if k not in ("examples_per_second",)}}
-        seed.append(a["examples_per_second"])
-        ours.append(b["examples_per_second"])
-        ratios.append(ours[-1] / seed[-1])
-        print(f"baseline repeat {repeat + 1}/{repeats}: seed {seed[-1]:,.0f} ex/s "
-              f"({a['num_replicas']} replica(s)), tfmulti {ours[-1]:,.0f} ex/s "
-              f"({b['num_replicas']} replica(s), steps_per_execution "
-              f"{_BASELINE_SPE.value}), ratio {ratios[-1]:.2f}x "
-              f"({time.monotonic() - start:.0f} s)", flush=True)
-    return {
-        "description": "seed 000 as written (plain Keras, MirroredStrategy() default devices, "
-                       "fit on NumPy, batch 32, steps_per_execution 1) vs tfmulti (mirrored, "
-                       "data.distribute, build_model mlp, compile_model steps_per_execution "
-                       "K), batch 32, each in its own process with 2 virtual CPUs; "
-                       "examples/s of epoch 2",
-        "global_batch_size": BASELINE_BATCH,
-        "steps_per_execution": _BASELINE_SPE.value,
-        "examples_per_second_seed": seed,
-        "examples_per_second_tfmulti": ours,
-        "examples_per_second_seed_summary": summary(seed),
-        "examples_per_second_tfmulti_summary": summary(ours),
-        "baseline_speedup": summary(ratios),
-        "last_repeat": info,
-        "goal": 1.8,
     }
 
 
@@ -384,14 +270,8 @@ def plot(results: dict, path: str) -> None:
             ax.set_ylabel("training step (ms)")
             ax.set_title(f"Pipeline: {r['pipeline_speedup']['median']:.2f}x over naive, "
                          f"efficiency {r['pipeline_efficiency']['median']:.2f}")
-        elif name == "baseline":
-            r = results["suites"][name]
-            ax.boxplot([r["examples_per_second_seed"], r["examples_per_second_tfmulti"]],
-                       tick_labels=["seed 000", f"tfmulti (K={r['steps_per_execution']})"])
-            s = r["baseline_speedup"]
-            ax.set_title(f"Baseline (MLP, batch 32): {s['median']:.2f}x "
-                         f"[{s['min']:.2f}-{s['max']:.2f}]", fontsize=9)
-            ax.set_ylabel("examples / s (epoch 2)")
+        else:
+            utilization_suites.plot_suite(name, results["suites"][name], ax)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -400,8 +280,8 @@ def main(argv):
     if _PIPELINE_WORKER.value:
         print(json.dumps(pipeline_worker(json.loads(_PIPELINE_WORKER.value))))
         return
-    if _BASELINE_WORKER.value:
-        print(json.dumps(baseline_worker(_BASELINE_WORKER.value, _BASELINE_SPE.value)))
+    if _WORKER.value:
+        print(json.dumps(utilization_suites.worker(json.loads(_WORKER.value))))
         return
     suites = SUITES if _SUITE.value == "all" else (_SUITE.value,)
     results = {
@@ -410,10 +290,17 @@ def main(argv):
         "repeats": _REPEATS.value,
         "suites": {},
     }
+    start = time.monotonic()
     for name in suites:
-        results["suites"][name] = {"scaling": scaling_suite,
-                                   "pipeline": pipeline_suite,
-                                   "baseline": baseline_suite}[name](_REPEATS.value)
+        repeats = _REPEATS.value
+        results["suites"][name] = {
+            "scaling": scaling_suite,
+            "pipeline": pipeline_suite,
+            "baseline": lambda n: utilization_suites.baseline_suite(n, _BASELINE_SPE.value),
+            "overhead": utilization_suites.overhead_suite,
+            "streaming": utilization_suites.streaming_suite,
+        }[name](repeats)
+    results["seconds"] = time.monotonic() - start
     os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
     with open(_OUTPUT.value, "w") as f:
         json.dump(results, f, indent=2)
@@ -426,20 +313,38 @@ def main(argv):
             print(f"scaling: 2 vs 1 pinned workers {s['median']:.2f}x "
                   f"(min {s['min']:.2f}, max {s['max']:.2f}, {s['n']} repeats); hardware "
                   f"ceiling {c['median']:.2f}x (min {c['min']:.2f}, max {c['max']:.2f})")
+            for key in ("virtual_devices_2_vs_1", "virtual_devices_4_vs_1"):
+                v = r["virtual_devices"][key]
+                print(f"scaling: MirroredStrategy {key.split('_')[2]} virtual devices vs 1 "
+                      f"{_fmt(v)}; ceiling 1.0 (they share the cores)")
         if name == "pipeline":
             sp, ef = r["pipeline_speedup"], r["pipeline_efficiency"]
             print(f"pipeline: speedup over naive {sp['median']:.2f}x (min {sp['min']:.2f}, "
                   f"max {sp['max']:.2f}); efficiency {ef['median']:.2f} (min {ef['min']:.2f}, "
                   f"max {ef['max']:.2f}); {r['ceiling']}")
         if name == "baseline":
-            sp = r["baseline_speedup"]
             a = r["examples_per_second_seed_summary"]
             b = r["examples_per_second_tfmulti_summary"]
-            print(f"baseline: tfmulti / seed 000 {sp['median']:.2f}x (min {sp['min']:.2f}, "
-                  f"max {sp['max']:.2f}); seed {a['median']:,.0f} ex/s, tfmulti "
-                  f"{b['median']:,.0f} ex/s (medians, steps_per_execution "
-                  f"{r['steps_per_execution']})")
-    print(f"wrote {_OUTPUT.value} and {png}")
+            print(f"baseline: baseline_speedup {_fmt(r['baseline_speedup'])}; seed "
+                  f"{a['median']:,.0f} ex/s, tfmulti {b['median']:,.0f} ex/s (medians, "
+                  f"steps_per_execution {r['steps_per_execution']})")
+            t = r["time_to_accuracy_speedup"]
+            print(f"baseline: time_to_accuracy_speedup {_fmt(t) if t else 'not measured'} "
+                  f"({r['repeats_reaching_target']} of {_REPEATS.value} repeats reached "
+                  f"{r['target_accuracy']} on both sides)")
+        if name == "overhead":
+            print(f"overhead: overhead_ratio {_fmt(r['overhead_ratio'], 'x', 3)} (goal <= "
+                  f"{r['goal']})")
+        if name == "streaming":
+            print(f"streaming: streaming_ratio {_fmt(r['streaming_ratio'], 'x', 3)} (goal <= "
+                  f"{r['goal']}); together / (input + compute) "
+                  f"{_fmt(r['together_over_sum'], 'x', 3)}")
+    print(f"wrote {_OUTPUT.value} and {png} ({results['seconds']:.0f} s)")
+
+
+def _fmt(s: dict, unit: str = "x", digits: int = 2) -> str:
+    return (f"{s['median']:.{digits}f}{unit} (min {s['min']:.{digits}f}, max "
+            f"{s['max']:.{digits}f}, {s['n']} repeats)")
 
 
 if __name__ == "__main__":

@@ -119,3 +119,14 @@ def test_model_saves_and_loads_with_warmup(tmp_path):
     loaded = keras.models.load_model(path)
     np.testing.assert_allclose(loaded.predict(np.ones((2, 28, 28, 1)), verbose=0),
                                model.predict(np.ones((2, 28, 28, 1)), verbose=0), atol=1e-6)
+
+
+def test_xla_refused_with_two_replicas():
+    """Keras 3 compiles the step around strategy.run; XLA then fails on the
+    other replica's variables (keras-team/keras#17187). One replica is fine."""
+    mirrored = strategy_lib.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    with pytest.raises(ValueError, match=r"`jit_compile=True` does not work with 2 replicas"):
+        models.compile_model(models.build_model("mlp", strategy=mirrored), strategy=mirrored,
+                             jit_compile=True)
+    one = strategy_lib.get_strategy("one_device")
+    models.compile_model(models.build_model("mlp", strategy=one), strategy=one, jit_compile=True)

@@ -7,6 +7,8 @@
                             [--global_batch_size B] [--optimizer adam] [--dtype float32] [--json]
     tfmulti launch --num_workers N [--pin_cpus] [--port P] [--startup_timeout S]
                    [--no_isolate] [--grace_period S] [--max_restarts K] -- COMMAND ...
+    tfmulti diagnose [recipes/train.py flags] [--no_prefetch] [--no_cache] [--seconds S]
+                     [--no_measure] [--profile_dir DIR] [--plot FILE.png] [--json]
 """
 
 from __future__ import annotations
@@ -133,6 +135,89 @@ def _add_launch_parser(sub) -> None:
     p.set_defaults(func=_cmd_launch)
 
 
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from tfmulti.training import TrainConfig
+
+    config = TrainConfig(
+        strategy=args.strategy, num_virtual_devices=args.num_virtual_devices,
+        devices=tuple(d for d in args.devices.split(",") if d) if args.devices else None,
+        cross_device_ops=args.cross_device_ops, dataset=args.dataset, data_dir=args.data_dir,
+        download=args.download, num_examples=args.num_examples, model=args.model,
+        dropout=args.dropout, global_batch_size=args.global_batch_size,
+        learning_rate=args.learning_rate, lr_scaling=args.lr_scaling,
+        base_batch_size=args.base_batch_size, warmup_epochs=args.warmup_epochs,
+        optimizer=args.optimizer, seed=args.seed, steps_per_execution=args.steps_per_execution,
+        mixed_precision=args.mixed_precision, jit_compile=args.jit_compile)
+    config.validate()  # before TensorFlow loads: bad flags fail in a second
+    if args.plot and not args.plot.lower().endswith(".png"):
+        raise ValueError(f"`--plot` takes a .png file name, got {args.plot!r}.")
+    from tfmulti import diagnose
+
+    report = diagnose.diagnose(
+        config, prefetch=not args.no_prefetch, cache=False if args.no_cache else None,
+        seconds=args.seconds, measure_advice=not args.no_measure,
+        profile_dir=args.profile_dir, progress=lambda line: print(line, file=sys.stderr,
+                                                                  flush=True))
+    if args.plot:
+        report.plot(args.plot)
+        print(f"tfmulti diagnose: wrote {args.plot}", file=sys.stderr)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    return 0
+
+
+def _add_diagnose_parser(sub) -> None:
+    from tfmulti.training import TrainConfig
+
+    d = TrainConfig()
+    p = sub.add_parser(
+        "diagnose", help="where a training configuration's time goes, and what would help",
+        description="Times the input pipeline alone, the train step alone on data already on "
+                    "the devices, and both together through fit; names the bottleneck (input, "
+                    "compute or per-step overhead), estimates device utilization, and ranks "
+                    "the changes that help by their measured gain. Takes the flags of "
+                    "recipes/train.py. Seed 000's configuration: --strategy=mirrored "
+                    "--num_virtual_devices=2 --global_batch_size=32 --steps_per_execution=1.")
+    p.add_argument("--strategy", default=d.strategy, help="auto, one_device or mirrored")
+    p.add_argument("--num_virtual_devices", type=int, default=0,
+                   help="split the CPU into this many logical devices first (0: no split)")
+    p.add_argument("--devices", default=None, help="devices to use, e.g. CPU:0,CPU:1")
+    p.add_argument("--cross_device_ops", default=d.cross_device_ops,
+                   help="auto, nccl, hierarchical_copy or reduce_to_one")
+    p.add_argument("--dataset", default=d.dataset,
+                   help=f"TFDS name or synthetic (default {d.dataset})")
+    p.add_argument("--data_dir", default=None, help="TFDS data dir")
+    p.add_argument("--download", action="store_true", help="allow a TFDS download")
+    p.add_argument("--num_examples", type=int, default=None, help="synthetic data size")
+    p.add_argument("--model", default=d.model, help="mlp, cnn or regression (default mlp)")
+    p.add_argument("--dropout", type=float, default=d.dropout)
+    p.add_argument("--global_batch_size", type=int, default=d.global_batch_size,
+                   help=f"examples per step over all replicas (default {d.global_batch_size})")
+    p.add_argument("--learning_rate", type=float, default=d.learning_rate)
+    p.add_argument("--lr_scaling", default=d.lr_scaling, help="none, linear or sqrt")
+    p.add_argument("--base_batch_size", type=int, default=d.base_batch_size)
+    p.add_argument("--warmup_epochs", type=float, default=d.warmup_epochs)
+    p.add_argument("--optimizer", default=d.optimizer, help="adam or sgd")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--steps_per_execution", type=int, default=d.steps_per_execution,
+                   help=f"training steps per tf.function call (default {d.steps_per_execution})")
+    p.add_argument("--mixed_precision", default=d.mixed_precision,
+                   help="none, bfloat16 or float16")
+    p.add_argument("--jit_compile", action="store_true", help="compile the step with XLA")
+    p.add_argument("--no_prefetch", action="store_true",
+                   help="diagnose the input pipeline without prefetching")
+    p.add_argument("--no_cache", action="store_true",
+                   help="diagnose the input pipeline without the in-memory cache")
+    p.add_argument("--seconds", type=float, default=1.0,
+                   help="about how long each timing runs (default 1)")
+    p.add_argument("--no_measure", action="store_true",
+                   help="list the changes that could help without running them")
+    p.add_argument("--profile_dir", default=None,
+                   help="also write a TensorBoard profiler trace of a few fit steps here")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="plot the time split")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_diagnose)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfmulti", description="Multi-device training for TensorFlow + Keras 3."
@@ -150,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.set_defaults(func=_cmd_prepare_data)
     _add_estimate_memory_parser(sub)
     _add_launch_parser(sub)
+    _add_diagnose_parser(sub)
     return parser
 
 

@@ -391,6 +391,9 @@ def input_pipeline(
     map_fn: Callable | None,
     repeat: bool,
     skip_steps: int = 0,
+    batch_map_fn: Callable | None = None,
+    prefetch: bool = True,
+    input_threads: int | None = None,
 ) -> tf.data.Dataset:
     """One input pipeline's per-replica batches (see `distribute`).
 
@@ -421,7 +424,10 @@ def input_pipeline(
         # This pipeline's share of each global batch, split per replica.
         if pipelines > 1:
             ds = ds.map(keep_share)
-        return ds.rebatch(per_replica, drop_remainder=training)
+        ds = ds.rebatch(per_replica, drop_remainder=training)
+        if batch_map_fn is not None:  # after the cache: runs anew every epoch
+            ds = ds.map(batch_map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds
 
     def batches(ds: tf.data.Dataset) -> tf.data.Dataset:
         # Whole global batches (for training only full ones: every replica gets
@@ -455,7 +461,13 @@ def input_pipeline(
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF  # sharded above, explicitly
     )
-    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+    if input_threads:
+        # A pool of its own, one thread per op: on a CPU host the pipeline then
+        # uses at most `input_threads` cores and leaves the rest to the step.
+        options.threading.private_threadpool_size = input_threads
+        options.threading.max_intra_op_parallelism = 1
+    dataset = dataset.with_options(options)
+    return dataset.prefetch(tf.data.AUTOTUNE) if prefetch else dataset
 
 
 def distribute(
@@ -471,12 +483,16 @@ def distribute(
     repeat: bool | None = None,
     prefetch_per_replica: int = 2,
     skip_steps: int = 0,
+    batch_map_fn: Callable | None = None,
+    prefetch: bool = True,
+    input_threads: int | None = None,
 ) -> DistributedInput:
     """Batches, shards and streams a dataset to the replicas of `strategy`.
 
     Pipeline per input worker (`input_pipeline`): map (parallel, AUTOTUNE)
     -> cache -> shuffle (training) -> global batch -> this worker's share
-    (multi-worker only) -> per-replica batches -> repeat -> prefetch, then `distribute_datasets_from_function` with prefetch-to-device
+    (multi-worker only) -> per-replica batches -> batch map -> repeat ->
+    prefetch, then `distribute_datasets_from_function` with prefetch-to-device
     (`InputOptions(experimental_fetch_to_device=True)` and a per-replica
     buffer), so the next batch is already on each device when a step starts.
 
@@ -498,6 +514,18 @@ def distribute(
         skip_steps: training only: start after this many global batches of the
             repeated stream (a resumed run; see `tfmulti.backup`). The order is
             the one an uninterrupted run sees when `seed` is set.
+        batch_map_fn: optional function applied to each per-replica batch
+            after the cache (in parallel, AUTOTUNE), so it runs again every
+            epoch: random augmentation, or any per-batch host work that must
+            not be cached.
+        prefetch: stream batches ahead of the step (default). False turns
+            streaming off, to measure what it buys (`tfmulti diagnose
+            --no_prefetch`): no tf.data prefetch, and batches stay on the host
+            until the step copies them (buffer of 1).
+        input_threads: limit the pipeline to a private pool of this many
+            threads, one per op (default: TensorFlow's shared pool, all cores).
+            On a CPU host this keeps the input from competing with the step
+            for every core.
 
     Returns:
         A `DistributedInput`.
@@ -518,6 +546,10 @@ def distribute(
     if skip_steps and not training:
         raise ValueError("`skip_steps` applies to training data only; pass training=True "
                          "or skip_steps=0.")
+    if input_threads is not None and (not isinstance(input_threads, int) or input_threads < 1):
+        raise ValueError(
+            f"`input_threads` must be a positive integer or None, got {input_threads!r}."
+        )
     make = dataset if callable(dataset) else (lambda: dataset)
     size = int(make().cardinality())
     if size < 0:
@@ -540,13 +572,14 @@ def distribute(
         return input_pipeline(
             make(), ctx, global_batch_size, training=training, seed=seed,
             shuffle_buffer=shuffle_buffer, cache=cache, map_fn=map_fn, repeat=repeat,
+            batch_map_fn=batch_map_fn, prefetch=prefetch, input_threads=input_threads,
             skip_steps=skip_steps)
 
     dist = strategy.distribute_datasets_from_function(
         input_fn,
         options=tf.distribute.InputOptions(
-            experimental_fetch_to_device=True,
-            experimental_per_replica_buffer_size=prefetch_per_replica,
+            experimental_fetch_to_device=prefetch,
+            experimental_per_replica_buffer_size=prefetch_per_replica if prefetch else 1,
         ),
     )
     return DistributedInput(

@@ -197,7 +197,8 @@ def compile_model(
 
     Raises:
         ValueError: an unknown optimizer, scaling or task, a non-positive
-            learning rate, or a missing batch size or steps for scaling/warmup.
+            learning rate, a missing batch size or steps for scaling/warmup, or
+            `jit_compile=True` with 2 or more replicas (Keras 3 cannot).
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"`optimizer` must be one of {list(OPTIMIZERS)}, got {optimizer!r}.")
@@ -209,6 +210,15 @@ def compile_model(
         raise ValueError(f"`warmup_epochs` must be >= 0, got {warmup_epochs}.")
     if warmup_epochs > 0 and not steps_per_epoch:
         raise ValueError("`warmup_epochs` > 0 needs `steps_per_epoch` to size the warmup.")
+    replicas = (strategy or tf.distribute.get_strategy()).num_replicas_in_sync
+    if compile_kwargs.get("jit_compile") is True and replicas > 1:
+        # Keras compiles the step around strategy.run, so XLA meets the other
+        # replicas' variables on other devices: "Trying to access resource ...
+        # located in device ... CPU:1 from device ... CPU:0".
+        raise ValueError(
+            f"`jit_compile=True` does not work with {replicas} replicas in Keras 3 "
+            f"(keras-team/keras#17187, #19005: XLA cannot reach the other replicas' "
+            f"variables); use one device (--strategy=one_device) or drop --jit_compile.")
     task = task or MODELS.get(model.name, (None, "classification"))[1]
     if task not in ("classification", "regression"):
         raise ValueError(f"`task` must be 'classification' or 'regression', got {task!r}.")
