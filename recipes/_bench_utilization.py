@@ -9,7 +9,6 @@ prints one JSON line. Each suite's ratio is taken within a repeat.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import statistics
@@ -426,7 +425,7 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
     if rounds is None:  # calibrated: the map costs what the step costs
         rounds = max(1, round(compute_s / (probe_s / probe_rounds)))
     dist = pipeline(rounds)
-    steps = utilization._steps_for(seconds, compute_s * 1.2, k)
+    steps = utilization.steps_for(seconds, compute_s * 1.2, k)
     out = {"rounds": rounds, "input_seconds_per_step": [], "compute_seconds_per_step": [],
            "fit_seconds_per_step": [], "ratios": [], "sum_ratios": []}
     for _ in range(repeats):
@@ -438,7 +437,6 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
         for _ in range(cycles):
             cs.append(utilization.time_compute(model, strategy, dist, k, seconds)[0])
             fs.append(utilization.time_fit(model, dist, steps, epochs=2)[0])
-            gc.collect()  # fit's iterator goes, and with it its pipeline's work
             ins.append(utilization.time_input(dist, k, seconds))
         f, i, c = (statistics.median(v) for v in (fs, ins, cs))
         out["input_seconds_per_step"].append(i)
@@ -508,7 +506,7 @@ def devices_worker(repeats: int, global_batch_size: int, steps_per_execution: in
         model = models.build_model("mlp", strategy=strategy, seed=0)
         models.compile_model(model, strategy=strategy, steps_per_execution=steps_per_execution)
         estimate = utilization.time_fit(model, dist, 2 * steps_per_execution, epochs=2)[0]
-        setups[n] = (dist, model, utilization._steps_for(seconds, estimate, steps_per_execution))
+        setups[n] = (dist, model, utilization.steps_for(seconds, estimate, steps_per_execution))
     rates = {n: [] for n in device_counts}
     for _ in range(repeats):
         for n, (dist, model, steps) in setups.items():
