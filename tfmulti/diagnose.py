@@ -505,7 +505,7 @@ class _Diagnoser:
             return seconds
 
         k = suggest_steps_per_execution(dist.steps_per_epoch)
-        spe_helps = k > spe and t.call_overhead_s > 0.05 * t.fit_s
+        spe_helps = k > spe and (d.bottleneck == "overhead" or t.call_overhead_s > 0.05 * t.fit_s)
         if spe_helps:
             seconds = add("more steps per tf.function call", f"--steps_per_execution={k}",
                           "Keras then pays its per-call Python, callback and dispatch cost "
