@@ -306,13 +306,12 @@ def overhead_worker(repeats: int, global_batch_size: int, steps_per_execution: i
                     calls_per_block: int, pairs_per_repeat: int) -> dict:
     """Interleaved blocks of `fit` and `CustomLoop`, same work, one process.
 
-    Both train the MLP (same initial weights, Adam 1e-3) on Fashion-MNIST
-    from the same `data.distribute` pipeline (own iterators), under
-    MirroredStrategy over 2 virtual CPUs, K steps per call; each timed block
-    is `calls_per_block` calls, and a repeat's ratio is the total time of its
-    `pairs_per_repeat` fit blocks over that of its loop blocks. `fit` runs as `tfmulti.training` runs it
-    (compile_model defaults, steps_per_execution=K, verbose 0); the loop's
-    block runs between fit's epochs, outside fit's timed spans.
+    Both train the MLP (same initial weights, Adam 1e-3) on Fashion-MNIST from the same
+    `data.distribute` pipeline (own iterators), under MirroredStrategy over 2 virtual CPUs,
+    K steps per call; each timed block is `calls_per_block` calls, and a repeat's ratio is
+    the total time of its `pairs_per_repeat` fit blocks over that of its loop blocks. `fit`
+    runs as `tfmulti.training` runs it (compile_model defaults, steps_per_execution=K,
+    verbose 0); the loop's block runs between fit's epochs, outside fit's timed spans.
     """
     import tfmulti
 
@@ -454,7 +453,8 @@ def streaming_suite(repeats: int) -> dict:
     # ceiling / 2 of its speed alone, so together / max >= 2 / ceiling.
     floors = [2 / hardware_ceiling(2.0) for _ in range(2)]
     for i in range(repeats):
-        print(f"streaming repeat {i + 1}/{repeats}: input {r['input_seconds_per_step'][i] * 1e3:.2f}"
+        print(f"streaming repeat {i + 1}/{repeats}: input "
+              f"{r['input_seconds_per_step'][i] * 1e3:.2f}"
               f" ms, compute {r['compute_seconds_per_step'][i] * 1e3:.2f} ms, together "
               f"{r['fit_seconds_per_step'][i] * 1e3:.2f} ms per step: "
               f"{r['ratios'][i]:.3f} x max, {r['sum_ratios'][i]:.3f} x sum", flush=True)
