@@ -9,7 +9,6 @@ prints one JSON line. Each suite's ratio is taken within a repeat.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import statistics
@@ -299,19 +298,20 @@ def baseline_suite(repeats: int, steps_per_execution: int) -> dict:
 # overhead: tfmulti's fit vs a hand-written tf.distribute loop
 # --------------------------------------------------------------------------
 
-OVERHEAD = {"global_batch_size": 256, "steps_per_execution": 26, "calls_per_block": 9}
+OVERHEAD = {"global_batch_size": 256, "steps_per_execution": 26, "calls_per_block": 4,
+            "pairs_per_repeat": 4}
 
 
 def overhead_worker(repeats: int, global_batch_size: int, steps_per_execution: int,
-                    calls_per_block: int) -> dict:
+                    calls_per_block: int, pairs_per_repeat: int) -> dict:
     """Interleaved blocks of `fit` and `CustomLoop`, same work, one process.
 
-    Both train the MLP (same initial weights, Adam 1e-3) on Fashion-MNIST
-    from the same `data.distribute` pipeline (own iterators), under
-    MirroredStrategy over 2 virtual CPUs, K steps per call; each timed block
-    is `calls_per_block` calls. `fit` runs as `tfmulti.training` runs it
-    (compile_model defaults, steps_per_execution=K, verbose 0); the loop's
-    block runs between fit's epochs, outside fit's timed spans.
+    Both train the MLP (same initial weights, Adam 1e-3) on Fashion-MNIST from the same
+    `data.distribute` pipeline (own iterators), under MirroredStrategy over 2 virtual CPUs,
+    K steps per call; each timed block is `calls_per_block` calls, and a repeat's ratio is
+    the total time of its `pairs_per_repeat` fit blocks over that of its loop blocks. `fit`
+    runs as `tfmulti.training` runs it (compile_model defaults, steps_per_execution=K,
+    verbose 0); the loop's block runs between fit's epochs, outside fit's timed spans.
     """
     import tfmulti
 
@@ -340,12 +340,13 @@ def overhead_worker(repeats: int, global_batch_size: int, steps_per_execution: i
         loop_seconds.append((time.perf_counter() - start) / steps)
 
     # Two warm-up blocks on each side (tracing, then allocation and tf.data
-    # autotuning settle), then 2 interleaved blocks per repeat.
-    fit_seconds = utilization.time_fit(model, dist, steps, epochs=2 + 2 * repeats,
+    # autotuning settle), then `pairs_per_repeat` interleaved pairs per repeat.
+    n = pairs_per_repeat
+    fit_seconds = utilization.time_fit(model, dist, steps, epochs=2 + n * repeats,
                                        between=loop_block)[1:]
     loop_seconds = loop_seconds[2:]
-    ratios = [(fit_seconds[2 * r] + fit_seconds[2 * r + 1])
-              / (loop_seconds[2 * r] + loop_seconds[2 * r + 1]) for r in range(repeats)]
+    ratios = [sum(fit_seconds[n * r:n * (r + 1)]) / sum(loop_seconds[n * r:n * (r + 1)])
+              for r in range(repeats)]
     return {"fit_seconds_per_step": fit_seconds, "loop_seconds_per_step": loop_seconds,
             "ratios": ratios}
 
@@ -354,9 +355,11 @@ def overhead_suite(repeats: int) -> dict:
     start = time.monotonic()
     r = run_worker("overhead", repeats=repeats, **OVERHEAD)
     fit, loop = r["fit_seconds_per_step"], r["loop_seconds_per_step"]
+    n = OVERHEAD["pairs_per_repeat"]
     for i, ratio in enumerate(r["ratios"]):
-        print(f"overhead repeat {i + 1}/{repeats}: fit {sum(fit[2 * i:2 * i + 2]) / 2 * 1e3:.2f}"
-              f" ms/step, custom loop {sum(loop[2 * i:2 * i + 2]) / 2 * 1e3:.2f} ms/step, "
+        part = slice(n * i, n * (i + 1))
+        print(f"overhead repeat {i + 1}/{repeats}: fit {statistics.mean(fit[part]) * 1e3:.2f}"
+              f" ms/step, custom loop {statistics.mean(loop[part]) * 1e3:.2f} ms/step, "
               f"ratio {ratio:.3f}", flush=True)
     print(f"overhead: {time.monotonic() - start:.0f} s", flush=True)
     return {
@@ -421,7 +424,7 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
     if rounds is None:  # calibrated: the map costs what the step costs
         rounds = max(1, round(compute_s / (probe_s / probe_rounds)))
     dist = pipeline(rounds)
-    steps = utilization._steps_for(seconds, compute_s * 1.2, k)
+    steps = utilization.steps_for(seconds, compute_s * 1.2, k)
     out = {"rounds": rounds, "input_seconds_per_step": [], "compute_seconds_per_step": [],
            "fit_seconds_per_step": [], "ratios": [], "sum_ratios": []}
     for _ in range(repeats):
@@ -433,7 +436,6 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
         for _ in range(cycles):
             cs.append(utilization.time_compute(model, strategy, dist, k, seconds)[0])
             fs.append(utilization.time_fit(model, dist, steps, epochs=2)[0])
-            gc.collect()  # fit's iterator goes, and with it its pipeline's work
             ins.append(utilization.time_input(dist, k, seconds))
         f, i, c = (statistics.median(v) for v in (fs, ins, cs))
         out["input_seconds_per_step"].append(i)
@@ -451,7 +453,8 @@ def streaming_suite(repeats: int) -> dict:
     # ceiling / 2 of its speed alone, so together / max >= 2 / ceiling.
     floors = [2 / hardware_ceiling(2.0) for _ in range(2)]
     for i in range(repeats):
-        print(f"streaming repeat {i + 1}/{repeats}: input {r['input_seconds_per_step'][i] * 1e3:.2f}"
+        print(f"streaming repeat {i + 1}/{repeats}: input "
+              f"{r['input_seconds_per_step'][i] * 1e3:.2f}"
               f" ms, compute {r['compute_seconds_per_step'][i] * 1e3:.2f} ms, together "
               f"{r['fit_seconds_per_step'][i] * 1e3:.2f} ms per step: "
               f"{r['ratios'][i]:.3f} x max, {r['sum_ratios'][i]:.3f} x sum", flush=True)
@@ -503,7 +506,7 @@ def devices_worker(repeats: int, global_batch_size: int, steps_per_execution: in
         model = models.build_model("mlp", strategy=strategy, seed=0)
         models.compile_model(model, strategy=strategy, steps_per_execution=steps_per_execution)
         estimate = utilization.time_fit(model, dist, 2 * steps_per_execution, epochs=2)[0]
-        setups[n] = (dist, model, utilization._steps_for(seconds, estimate, steps_per_execution))
+        setups[n] = (dist, model, utilization.steps_for(seconds, estimate, steps_per_execution))
     rates = {n: [] for n in device_counts}
     for _ in range(repeats):
         for n, (dist, model, steps) in setups.items():

@@ -291,8 +291,10 @@ def main(argv):
         "suites": {},
     }
     start = time.monotonic()
+    results["suite_seconds"] = {}
     for name in suites:
         repeats = _REPEATS.value
+        suite_start = time.monotonic()
         results["suites"][name] = {
             "scaling": scaling_suite,
             "pipeline": pipeline_suite,
@@ -300,6 +302,7 @@ def main(argv):
             "overhead": utilization_suites.overhead_suite,
             "streaming": utilization_suites.streaming_suite,
         }[name](repeats)
+        results["suite_seconds"][name] = time.monotonic() - suite_start
     results["seconds"] = time.monotonic() - start
     os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
     with open(_OUTPUT.value, "w") as f:

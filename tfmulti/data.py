@@ -452,6 +452,12 @@ def input_pipeline(
             return split(out)
 
         dataset = tf.data.Dataset.range(1).flat_map(one_iteration)
+        if repeat:
+            # flat_map hides that the data repeats; said explicitly, a
+            # distributed iterator's get_next_as_optional (Keras' multi-step
+            # loop) skips its per-step partial-batch handling.
+            dataset = dataset.apply(
+                tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     else:
         dataset = batches(dataset)
         if repeat:

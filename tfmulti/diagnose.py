@@ -437,7 +437,7 @@ class _Diagnoser:
         if estimate_s is None:  # a short warm-up run gives the estimate
             estimate_s = utilization.time_fit(model, dist, spe * -(-8 // spe), epochs=2)[0]
             epochs = 2
-        steps = utilization._steps_for(self.seconds, estimate_s, spe)
+        steps = utilization.steps_for(self.seconds, estimate_s, spe)
         return (statistics.median(utilization.time_fit(model, dist, steps, epochs)),
                 dist, model)
 

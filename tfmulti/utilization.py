@@ -82,9 +82,10 @@ def seconds_per_call_interleaved(fns: list, min_seconds: float = 0.5, min_calls:
     return [statistics.median(t) for t in times]
 
 
-def _steps_for(min_seconds: float, estimate_s: float, multiple: int, lo: int = 4,
-               hi: int = 2000) -> int:
-    """A step count, a multiple of `multiple`, that takes about `min_seconds`."""
+def steps_for(min_seconds: float, estimate_s: float, multiple: int, lo: int = 4,
+              hi: int = 2000) -> int:
+    """A step count, a multiple of `multiple` (steps per execution), that takes
+    about `min_seconds` at `estimate_s` seconds per step."""
     steps = int(min(max(min_seconds / max(estimate_s, 1e-6), lo), hi))
     return max(multiple, -(-steps // multiple) * multiple)
 
@@ -237,6 +238,7 @@ def time_fit(model: keras.Model, dist_input: DistributedInput, steps: int,
     clock = _EpochClock(between)
     model.fit(dist_input.dataset, steps_per_epoch=steps, epochs=epochs, verbose=0,
               callbacks=[clock], shuffle=False)
+    gc.collect()  # fit's iterator goes now, and stops its pipeline's background work
     return [s / steps for s in clock.seconds[1:]]
 
 
