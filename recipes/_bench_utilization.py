@@ -34,6 +34,13 @@ def summary(values: list[float]) -> dict:
             "n": len(values)}
 
 
+def report(suite: str, start: float, lines: list[str]) -> None:
+    """Prints one line per repeat, then the suite's wall time since `start`."""
+    for i, line in enumerate(lines):
+        print(f"{suite} repeat {i + 1}/{len(lines)}: {line}", flush=True)
+    print(f"{suite}: {time.monotonic() - start:.0f} s", flush=True)
+
+
 def run_worker(kind: str, timeout: float = 900, **config) -> dict:
     """Runs `benchmark.py --worker=...` in a fresh process; returns its JSON line."""
     command = [sys.executable, BENCHMARK, f"--worker={json.dumps({'kind': kind, **config})}"]
@@ -299,7 +306,7 @@ def baseline_suite(repeats: int, steps_per_execution: int) -> dict:
 # --------------------------------------------------------------------------
 
 OVERHEAD = {"global_batch_size": 256, "steps_per_execution": 26, "calls_per_block": 4,
-            "pairs_per_repeat": 4}
+            "pairs_per_repeat": 3}
 
 
 def overhead_worker(repeats: int, global_batch_size: int, steps_per_execution: int,
@@ -316,9 +323,7 @@ def overhead_worker(repeats: int, global_batch_size: int, steps_per_execution: i
     import tfmulti
 
     tfmulti.configure_virtual_devices(2)
-    import keras
-
-    from tfmulti import data, models, utilization
+    from tfmulti import data, models, optimizers, utilization
 
     batch, k = global_batch_size, steps_per_execution
     steps = k * calls_per_block
@@ -327,8 +332,8 @@ def overhead_worker(repeats: int, global_batch_size: int, steps_per_execution: i
     model = models.build_model("mlp", strategy=strategy, seed=0)
     models.compile_model(model, strategy=strategy, steps_per_execution=k)
     reference = models.build_model("mlp", strategy=strategy, seed=0)
-    with strategy.scope():
-        optimizer = keras.optimizers.Adam(1e-3)
+    with strategy.scope():  # the optimizer compile_model gives fit: same work
+        optimizer = optimizers.fused_adam(1e-3)
     loop = utilization.CustomLoop(reference, strategy, optimizer, batch, k)
     iterator = iter(dist.dataset)
     loop.train(iterator, calls_per_block)  # traces, fills the pipeline
@@ -356,12 +361,11 @@ def overhead_suite(repeats: int) -> dict:
     r = run_worker("overhead", repeats=repeats, **OVERHEAD)
     fit, loop = r["fit_seconds_per_step"], r["loop_seconds_per_step"]
     n = OVERHEAD["pairs_per_repeat"]
-    for i, ratio in enumerate(r["ratios"]):
-        part = slice(n * i, n * (i + 1))
-        print(f"overhead repeat {i + 1}/{repeats}: fit {statistics.mean(fit[part]) * 1e3:.2f}"
-              f" ms/step, custom loop {statistics.mean(loop[part]) * 1e3:.2f} ms/step, "
-              f"ratio {ratio:.3f}", flush=True)
-    print(f"overhead: {time.monotonic() - start:.0f} s", flush=True)
+    parts = [slice(n * i, n * (i + 1)) for i in range(repeats)]
+    report("overhead", start, [
+        f"fit {statistics.mean(fit[part]) * 1e3:.2f} ms/step, custom loop "
+        f"{statistics.mean(loop[part]) * 1e3:.2f} ms/step, ratio {ratio:.3f}"
+        for part, ratio in zip(parts, r["ratios"])])
     return {
         "description": "tfmulti fit (compile_model, steps_per_execution K) vs a hand-written "
                        "tf.distribute loop (tfmulti.utilization.CustomLoop: strategy.run in a "
@@ -452,13 +456,11 @@ def streaming_suite(repeats: int) -> dict:
     # 2 busy single-threaded processes on the 2 cores vs 1: each runs at
     # ceiling / 2 of its speed alone, so together / max >= 2 / ceiling.
     floors = [2 / hardware_ceiling(2.0) for _ in range(2)]
-    for i in range(repeats):
-        print(f"streaming repeat {i + 1}/{repeats}: input "
-              f"{r['input_seconds_per_step'][i] * 1e3:.2f}"
-              f" ms, compute {r['compute_seconds_per_step'][i] * 1e3:.2f} ms, together "
-              f"{r['fit_seconds_per_step'][i] * 1e3:.2f} ms per step: "
-              f"{r['ratios'][i]:.3f} x max, {r['sum_ratios'][i]:.3f} x sum", flush=True)
-    print(f"streaming: {time.monotonic() - start:.0f} s", flush=True)
+    report("streaming", start, [
+        f"input {r['input_seconds_per_step'][i] * 1e3:.2f} ms, compute "
+        f"{r['compute_seconds_per_step'][i] * 1e3:.2f} ms, together "
+        f"{r['fit_seconds_per_step'][i] * 1e3:.2f} ms per step: {r['ratios'][i]:.3f} x max, "
+        f"{r['sum_ratios'][i]:.3f} x sum" for i in range(repeats)])
     return {
         "description": "MLP, batch 256, one device (intra-op threads 1: the step on 1 core); "
                        "input: cached synthetic data + a deterministic CPU-heavy per-batch map "
@@ -486,7 +488,7 @@ def streaming_suite(repeats: int) -> dict:
 # --------------------------------------------------------------------------
 
 DEVICES = {"global_batch_size": 256, "steps_per_execution": 16, "num_examples": 16384,
-           "seconds": 1.5, "device_counts": [1, 2, 4]}
+           "seconds": 1.0, "device_counts": [1, 2, 4]}
 
 
 def devices_worker(repeats: int, global_batch_size: int, steps_per_execution: int,
@@ -520,10 +522,8 @@ def devices_scaling(repeats: int) -> dict:
     r = run_worker("devices", repeats=repeats, **DEVICES)["examples_per_second"]
     one = r["1"]
     ratios = {n: [a / b for a, b in zip(r[n], one)] for n in r if n != "1"}
-    for i in range(repeats):
-        print(f"scaling (virtual devices) repeat {i + 1}/{repeats}: " + ", ".join(
-            f"{n} device(s) {r[n][i]:,.0f} ex/s" for n in r), flush=True)
-    print(f"scaling (virtual devices): {time.monotonic() - start:.0f} s", flush=True)
+    report("scaling (virtual devices)", start, [
+        ", ".join(f"{n} device(s) {r[n][i]:,.0f} ex/s" for n in r) for i in range(repeats)])
     return {
         "description": "MirroredStrategy over 1, 2 and 4 of 4 virtual CPUs (tfmulti fit, MLP, "
                        "synthetic data, global batch 256, steps_per_execution 16), interleaved "

@@ -62,6 +62,13 @@ def _cmd_estimate_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_batch_and_optimizer(p: argparse.ArgumentParser, batch: int, optimizer: str) -> None:
+    """The flags estimate-memory and diagnose share with recipes/train.py."""
+    p.add_argument("--global_batch_size", type=int, default=batch,
+                   help=f"examples per step over all replicas (default {batch})")
+    p.add_argument("--optimizer", default=optimizer, help=f"adam or sgd (default {optimizer})")
+
+
 def _add_estimate_memory_parser(sub) -> None:
     # No argparse `choices`: the library checks the values, so a bad one is one
     # line naming the valid ones, as from Python.
@@ -79,9 +86,7 @@ def _add_estimate_memory_parser(sub) -> None:
                    help="micro-batches per replica batch (default 4)")
     p.add_argument("--num_replicas", type=int, default=2,
                    help="data-parallel pipelines, hybrid only (default 2)")
-    p.add_argument("--global_batch_size", type=int, default=256,
-                   help="examples per step over all replicas (default 256)")
-    p.add_argument("--optimizer", default="adam", help="adam or sgd (default adam)")
+    _add_batch_and_optimizer(p, 256, "adam")
     p.add_argument("--dtype", default="float32",
                    help="activation dtype: float32, bfloat16 or float16 (default float32)")
     p.add_argument("--partition", default="params",
@@ -190,13 +195,11 @@ def _add_diagnose_parser(sub) -> None:
     p.add_argument("--num_examples", type=int, default=None, help="synthetic data size")
     p.add_argument("--model", default=d.model, help="mlp, cnn or regression (default mlp)")
     p.add_argument("--dropout", type=float, default=d.dropout)
-    p.add_argument("--global_batch_size", type=int, default=d.global_batch_size,
-                   help=f"examples per step over all replicas (default {d.global_batch_size})")
+    _add_batch_and_optimizer(p, d.global_batch_size, d.optimizer)
     p.add_argument("--learning_rate", type=float, default=d.learning_rate)
     p.add_argument("--lr_scaling", default=d.lr_scaling, help="none, linear or sqrt")
     p.add_argument("--base_batch_size", type=int, default=d.base_batch_size)
     p.add_argument("--warmup_epochs", type=float, default=d.warmup_epochs)
-    p.add_argument("--optimizer", default=d.optimizer, help="adam or sgd")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--steps_per_execution", type=int, default=d.steps_per_execution,
                    help=f"training steps per tf.function call (default {d.steps_per_execution})")

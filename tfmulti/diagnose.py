@@ -275,13 +275,7 @@ class Diagnosis:
         """
         from tfmulti import utilization
 
-        try:
-            import matplotlib
-        except ImportError as e:
-            raise RuntimeError("plotting needs matplotlib, which is not installed; run "
-                               "`pip install matplotlib` (or install tfmulti[notebooks]).") from e
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = utilization.pyplot(headless=True)
 
         t = self.times
         rows = {"input alone": utilization.StepTimes(t.input_s, 0.0, t.input_s),

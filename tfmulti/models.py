@@ -19,6 +19,8 @@ import math
 import keras
 import tensorflow as tf
 
+from tfmulti import optimizers
+
 OPTIMIZERS = ("adam", "sgd")
 LR_SCALINGS = ("none", "linear", "sqrt")
 
@@ -179,7 +181,8 @@ def compile_model(
     Args:
         model: a model built by `build_model` (or any Keras model).
         strategy: the strategy the model was built under; None: current.
-        optimizer: "adam" or "sgd".
+        optimizer: "adam" (`keras.optimizers.Adam` with TensorFlow's fused
+            update kernel, `tfmulti.optimizers.fuse`) or "sgd".
         learning_rate: the rate tuned for `base_batch_size`.
         lr_scaling: "none" (default), "linear" or "sqrt"; scales the rate by
             `global_batch_size / base_batch_size`.
@@ -230,7 +233,7 @@ def compile_model(
         if warmup_epochs > 0 else target
     )
     with _scope(strategy):
-        opt = (keras.optimizers.Adam(rate) if optimizer == "adam"
+        opt = (optimizers.fused_adam(rate) if optimizer == "adam"
                else keras.optimizers.SGD(rate))
         if task == "classification":
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -409,6 +409,24 @@ SPLIT_LABELS = {"compute": "compute (grows with batch)", "fixed_per_step": "fixe
                 "input_wait": "input, not overlapped", "call_overhead": "per-call overhead"}
 
 
+def pyplot(headless: bool = False):
+    """`matplotlib.pyplot`, or a RuntimeError that says how to install it.
+
+    `headless` selects the Agg backend (files only, no display), for code
+    that only saves figures.
+    """
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise RuntimeError("plotting needs matplotlib, which is not installed; run "
+                           "`pip install matplotlib` (or install tfmulti[notebooks]).") from e
+    if headless:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_step_times(rows: dict, ax=None, title: str | None = None):
     """Stacked bars of `StepTimes.split()` per row label, in ms per step.
 
@@ -423,11 +441,7 @@ def plot_step_times(rows: dict, ax=None, title: str | None = None):
     Raises:
         RuntimeError: matplotlib is not installed.
     """
-    try:
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise RuntimeError("plotting needs matplotlib, which is not installed; run "
-                           "`pip install matplotlib` (or install tfmulti[notebooks]).") from e
+    plt = pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.5))
     for i, times in enumerate(rows.values()):

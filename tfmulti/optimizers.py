@@ -1,0 +1,85 @@
+"""Keras 3's Adam with TensorFlow's fused update kernel.
+
+Keras 3's `Adam.update_step` is written in backend-neutral ops: per variable
+and step it makes about ten element-wise passes over the weights (two for the
+first moment, three for the second, five for the update), each materializing
+a temporary. On a CPU that is memory-bound work; on a GPU, ten small kernel
+launches per variable. Under `MirroredStrategy` every replica updates its own
+copy, so the cost grows with the replicas; at small batches it is a large
+part of the step (BENCHMARKS.md, `baseline`).
+
+`tf.keras` (Keras 2) ran the same rule as one fused kernel,
+`ResourceApplyAdam` (one pass, no temporaries, on CPUs and GPUs and under
+XLA). `fuse` gives a Keras 3 `Adam` that kernel: it stays a
+`keras.optimizers.Adam` with the same variables and formula, so checkpoints
+and saved models are exactly Keras' (a model saved with it loads with plain
+Keras, without tfmulti, and gets Keras' own update).
+"""
+
+from __future__ import annotations
+
+import types
+
+import keras
+import tensorflow as tf
+
+_FUSED = "_tfmulti_fused_update"
+
+
+def fuse(optimizer: keras.optimizers.Adam) -> keras.optimizers.Adam:
+    """Makes `optimizer` (a `keras.optimizers.Adam`, or `AdamW`) update each
+    variable with TensorFlow's fused Adam kernel; returns it.
+
+    Same results as Keras' update up to float32 rounding: the formula of
+    Kingma and Ba with Keras' epsilon placement, `var -= lr_t * m / (sqrt(v)
+    + epsilon)`, `lr_t = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)`. Keras'
+    own update still runs where the kernel does not apply: `amsgrad=True`,
+    sparse gradients (`tf.IndexedSlices`), a backend other than TensorFlow.
+
+    Raises:
+        TypeError: `optimizer` is not an Adam whose update is Keras' own.
+    """
+    if not isinstance(optimizer, keras.optimizers.Adam) or (
+            type(optimizer).update_step is not keras.optimizers.Adam.update_step):
+        raise TypeError(
+            f"fuse() takes a keras.optimizers.Adam (or AdamW) that keeps Keras' update, got "
+            f"{type(optimizer).__name__}; pass optimizer=\"adam\" to compile_model, or "
+            f"keras.optimizers.Adam(...).")
+    if not is_fused(optimizer):
+        # An instance attribute, not a subclass: the optimizer serializes as
+        # the Keras class it is, so saved models load without tfmulti.
+        optimizer.update_step = types.MethodType(_fused_update_step, optimizer)
+        setattr(optimizer, _FUSED, True)
+    return optimizer
+
+
+def is_fused(optimizer) -> bool:
+    """Whether `fuse` was applied to `optimizer`."""
+    return getattr(optimizer, _FUSED, False)
+
+
+def fused_adam(learning_rate=1e-3, **kwargs) -> keras.optimizers.Adam:
+    """`keras.optimizers.Adam(learning_rate, **kwargs)`, fused (see `fuse`)."""
+    return fuse(keras.optimizers.Adam(learning_rate, **kwargs))
+
+
+def _fused_update_step(self, gradient, variable, learning_rate):
+    if (self.amsgrad or isinstance(gradient, tf.IndexedSlices)
+            or keras.backend.backend() != "tensorflow"):
+        return keras.optimizers.Adam.update_step(self, gradient, variable, learning_rate)
+    var = variable.value if isinstance(variable, keras.Variable) else variable
+    index = self._get_variable_index(variable)
+    m, v = self._momentums[index].value, self._velocities[index].value
+    dtype = var.dtype
+    step = tf.cast(self.iterations + 1, dtype)
+    beta_1 = tf.cast(self.beta_1, dtype)
+    beta_2 = tf.cast(self.beta_2, dtype)
+    # Under tf.distribute this runs inside `extended.update`, once per device:
+    # `var` is that device's component, and the slots' `.handle` resolves to
+    # theirs.
+    tf.raw_ops.ResourceApplyAdam(
+        var=var.handle, m=m.handle, v=v.handle,
+        beta1_power=tf.pow(beta_1, step), beta2_power=tf.pow(beta_2, step),
+        lr=tf.cast(learning_rate, dtype), beta1=beta_1, beta2=beta_2,
+        epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(gradient, dtype),
+        use_locking=False)
