@@ -7,16 +7,19 @@ Suites:
            (`tfmulti launch --pin_cpus`) vs 1 worker pinned to one core, at the
            same per-worker batch (so 2 workers process twice the global batch
            per step). Figure: throughput ratio (goal >= 1.8x, 90% efficiency).
-           Each repeat runs both configurations back to back (interleaved, so
-           drift on a shared machine hits both alike); throughput is the
-           recipe's steady-state examples/s (median epoch after the first).
+           A round launches both configurations back to back (interleaved, so
+           drift on a shared machine hits both alike), each for --epochs
+           epochs; each epoch after the first is a repeat (examples/s of that
+           epoch, paired with the other launch's same epoch); as many rounds
+           as --repeats needs.
            Also MirroredStrategy over 1, 2 and 4 virtual CPUs in one process
            (same global batch; keys virtual_devices_2_vs_1, _4_vs_1; ceiling
            1.0, the virtual devices share the cores).
   pipeline Training step of a 2-stage pipeline on 2 virtual CPU devices (intra-op
-           threads 1, 8 Dense(1024) layers, batch 512; median of 3 epochs of 6
-           steps after a warm-up epoch; per repeat, one process for the serial
-           step and one for the other configurations): the naive split
+           threads 1, 8 Dense(1024) layers, batch 512; per repeat the median
+           of 3 epochs of 6 steps, after a warm-up epoch; one process for the
+           serial step, one for the other configurations, interleaved within
+           each repeat): the naive split
            (M=1: one stage works at a time), GPipe with M = 2, 4, 8, and the
            fully serial step (M=1, inter-op threads 1). Figures:
            pipeline_speedup = naive / best pipelined step time (goal >= 1.3x;
@@ -82,8 +85,8 @@ _BASELINE_SPE = flags.DEFINE_integer("baseline_steps_per_execution", 125,
                                      "Baseline: tfmulti's steps_per_execution at batch 32 "
                                      "(must divide 625, a third of 60000 // 32 = 1875 steps).",
                                      lower_bound=1)
-_EPOCHS = flags.DEFINE_integer("epochs", 3, "Scaling: epochs per run (first is warm-up).",
-                               lower_bound=2)
+_EPOCHS = flags.DEFINE_integer("epochs", 4, "Scaling: epochs per launch (the first is a "
+                               "warm-up; each later one is a repeat).", lower_bound=2)
 
 RECIPES = os.path.dirname(os.path.abspath(__file__))
 
@@ -93,8 +96,9 @@ def summary(values: list[float]) -> dict:
             "n": len(values)}
 
 
-def _train_under_launcher(num_workers: int, model_dir: str) -> float:
-    """Steady-state examples/s of recipes/train.py under `tfmulti launch --pin_cpus`."""
+def _train_under_launcher(num_workers: int, model_dir: str) -> list[float]:
+    """examples/s of each epoch after the first of recipes/train.py under
+    `tfmulti launch --pin_cpus`."""
     command = [
         sys.executable, "-m", "tfmulti.cli", "launch", f"--num_workers={num_workers}",
         "--pin_cpus", "--", sys.executable, os.path.join(RECIPES, "train.py"),
@@ -112,7 +116,9 @@ def _train_under_launcher(num_workers: int, model_dir: str) -> float:
         raise RuntimeError(f"benchmark run failed ({result.returncode}): "
                            f"{' '.join(command)}\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
     with open(os.path.join(model_dir, "metrics.json")) as f:
-        return json.load(f)["examples_per_second"]
+        metrics = json.load(f)
+    examples = metrics["steps_per_epoch"] * metrics["global_batch_size"]
+    return [examples / seconds for seconds in metrics["epoch_seconds"][1:]]
 
 
 def scaling_suite(repeats: int) -> dict:
@@ -120,34 +126,44 @@ def scaling_suite(repeats: int) -> dict:
     if cores < 2:
         raise ValueError(f"the scaling suite needs at least 2 cores for 2 pinned workers, "
                          f"this process may use {cores}.")
-    one, two, ratios, ceilings = [], [], [], []
+    # A launch costs ~10 s before its first step, so each launch times several
+    # epochs: a round is one launch of 1 worker and one of 2, and repeat i of
+    # a round pairs their epoch i (rounds interleave the two over time).
+    timed = _EPOCHS.value - 1
+    rounds = -(-repeats // timed)
+    one, two, ratios, ceilings, efficiencies = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="tfmulti-bench-") as tmp:
-        for repeat in range(repeats):
+        for round_ in range(rounds):
             start = time.monotonic()
-            a = _train_under_launcher(1, os.path.join(tmp, f"one-{repeat}"))
-            b = _train_under_launcher(2, os.path.join(tmp, f"two-{repeat}"))
+            a = _train_under_launcher(1, os.path.join(tmp, f"one-{round_}"))
+            b = _train_under_launcher(2, os.path.join(tmp, f"two-{round_}"))
             ceiling = utilization_suites.hardware_ceiling(2.0)
-            one.append(a)
-            two.append(b)
-            ratios.append(b / a)
+            one += a
+            two += b
+            ratios += [y / x for x, y in zip(a, b)]
             ceilings.append(ceiling)
-            print(f"scaling repeat {repeat + 1}/{repeats}: 1 worker {a:,.0f} ex/s, "
-                  f"2 workers {b:,.0f} ex/s, ratio {b / a:.2f}x, hardware ceiling "
-                  f"{ceiling:.2f}x "
-                  f"({time.monotonic() - start:.0f} s)", flush=True)
+            efficiencies += [y / x / ceiling for x, y in zip(a, b)]
+            print(f"scaling round {round_ + 1}/{rounds}: per epoch, 1 worker "
+                  f"{', '.join(f'{x:,.0f}' for x in a)} ex/s, 2 workers "
+                  f"{', '.join(f'{y:,.0f}' for y in b)} ex/s, ratios "
+                  f"{', '.join(f'{y / x:.2f}x' for x, y in zip(a, b))}; hardware ceiling "
+                  f"{ceiling:.2f}x ({time.monotonic() - start:.0f} s)", flush=True)
     return {
         "description": "2 workers on 1 core each vs 1 worker on 1 core (tfmulti launch "
-                       "--pin_cpus), CNN, same per-worker batch",
+                       "--pin_cpus), CNN, same per-worker batch; per round one launch of each, "
+                       f"{timed} timed epochs after a warm-up one, paired epoch by epoch",
         "per_worker_batch": _PER_WORKER_BATCH.value,
         "examples_per_epoch": _NUM_EXAMPLES.value,
+        "epochs_per_launch": _EPOCHS.value,
+        "rounds": rounds,
         "examples_per_second_1_worker": one,
         "examples_per_second_2_workers": two,
         "multi_worker_scaling": summary(ratios),
         "hardware_ceiling": summary(ceilings),
-        "efficiency_vs_ceiling": summary([r / c for r, c in zip(ratios, ceilings)]),
+        "efficiency_vs_ceiling": summary(efficiencies),
         "goal": 1.8,
-        "ceiling": "2 single-threaded matmul processes on 2 cores vs 1, measured in the "
-                   "same run (hardware_ceiling): no 2-worker run can beat it",
+        "ceiling": "2 single-threaded matmul processes on 2 cores vs 1, measured once per "
+                   "round (hardware_ceiling): no 2-worker run can beat it",
         "virtual_devices": utilization_suites.devices_scaling(repeats),
     }
 
@@ -156,8 +172,10 @@ PIPELINE_MICROBATCHES = (2, 4, 8)
 
 
 def pipeline_worker(config: dict) -> dict:
-    """Median step time of pipeline configurations sharing an inter-op setting,
-    one after the other in this process."""
+    """Step times of pipeline configurations sharing an inter-op setting, in
+    this process: each built and warmed up once, then `repeats` rounds in
+    which every configuration trains `epochs` epochs in turn (interleaved);
+    a repeat's figure is the median epoch's seconds per step."""
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -173,29 +191,35 @@ def pipeline_worker(config: dict) -> dict:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, width), dtype=np.float32)
     ds = tf.data.Dataset.from_tensors((x, x)).repeat()
-    steps, epochs = 6, 4  # 3 timed epochs after a warm-up one
-    results = {}
+    steps, epochs = 6, 3
+    times = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append((time.perf_counter() - self.start) / steps)
+
+    models = {}
     for name, microbatches in config["microbatches"].items():
         layers = [keras.layers.Dense(width, activation="relu") for _ in range(8)]
         model = PipelineModel(layers, input_shape=(width,), devices=["CPU:0", "CPU:1"],
                               num_microbatches=microbatches, partition=[4, 4])
         model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
-        times = []
-
-        class Timer(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                self.start = time.perf_counter()
-
-            def on_epoch_end(self, epoch, logs=None):
-                times.append((time.perf_counter() - self.start) / steps)
-
-        model.fit(ds, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[Timer()])
-        results[name] = statistics.median(times[1:])
+        model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)  # builds, traces
+        models[name] = model
+    results = {name: [] for name in models}
+    for _ in range(config["repeats"]):
+        for name, model in models.items():
+            times.clear()
+            model.fit(ds, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[Timer()])
+            results[name].append(statistics.median(times))
     return {"step_seconds": results}
 
 
-def _run_pipeline_configs(microbatches: dict, inter_op: int) -> dict:
-    config = {"microbatches": microbatches, "inter_op": inter_op}
+def _run_pipeline_configs(microbatches: dict, inter_op: int, repeats: int) -> dict:
+    config = {"microbatches": microbatches, "inter_op": inter_op, "repeats": repeats}
     result = subprocess.run(
         [sys.executable, os.path.abspath(__file__), f"--pipeline_worker={json.dumps(config)}"],
         capture_output=True, text=True, timeout=600)
@@ -205,30 +229,26 @@ def _run_pipeline_configs(microbatches: dict, inter_op: int) -> dict:
 
 
 def pipeline_suite(repeats: int) -> dict:
-    # The serial step needs inter-op threads 1, so its own process; the
-    # others share one process per repeat (each configuration built anew).
+    # The serial step needs inter-op threads 1, so a process of its own; the
+    # others share one, interleaved within each repeat.
+    start = time.monotonic()
     overlapped = {"naive": 1, **{f"M={m}": m for m in PIPELINE_MICROBATCHES}}
-    times = {name: [] for name in ("serial", *overlapped)}
-    speedups, efficiencies = [], []
-    bubbles = {m: [] for m in PIPELINE_MICROBATCHES}
-    for repeat in range(repeats):
-        start = time.monotonic()
-        measured = {**_run_pipeline_configs({"serial": 1}, inter_op=1),
-                    **_run_pipeline_configs(overlapped, inter_op=0)}
-        for name, seconds in measured.items():
-            times[name].append(seconds)
-        best = min(times[f"M={m}"][-1] for m in PIPELINE_MICROBATCHES)
-        speedups.append(times["naive"][-1] / best)
-        efficiencies.append(times["serial"][-1] / 2 / best)
-        for m in PIPELINE_MICROBATCHES:
-            bubbles[m].append(1 - times["serial"][-1] / 2 / times[f"M={m}"][-1])
-        print(f"pipeline repeat {repeat + 1}/{repeats}: " + ", ".join(
-            f"{n} {t[-1] * 1000:.0f} ms" for n, t in times.items())
-            + f"; speedup {speedups[-1]:.2f}x, efficiency {efficiencies[-1]:.2f} "
-            f"({time.monotonic() - start:.0f} s)", flush=True)
+    times = {**_run_pipeline_configs({"serial": 1}, inter_op=1, repeats=repeats),
+             **_run_pipeline_configs(overlapped, inter_op=0, repeats=repeats)}
+    best = [min(times[f"M={m}"][i] for m in PIPELINE_MICROBATCHES) for i in range(repeats)]
+    speedups = [times["naive"][i] / best[i] for i in range(repeats)]
+    efficiencies = [times["serial"][i] / 2 / best[i] for i in range(repeats)]
+    bubbles = {m: [1 - s / 2 / t for s, t in zip(times["serial"], times[f"M={m}"])]
+               for m in PIPELINE_MICROBATCHES}
+    utilization_suites.report("pipeline", start, [
+        ", ".join(f"{n} {t[i] * 1000:.0f} ms" for n, t in times.items())
+        + f"; speedup {speedups[i]:.2f}x, efficiency {efficiencies[i]:.2f}"
+        for i in range(repeats)])
     return {
         "description": "2-stage pipeline, 2 virtual CPUs, intra-op threads 1, "
-                       "8 x Dense(1024), batch 512, SGD training step",
+                       "8 x Dense(1024), batch 512, SGD training step; per repeat the median "
+                       "of 3 epochs of 6 steps",
+        "step_seconds_per_repeat": times,
         "step_seconds": {n: summary(t) for n, t in times.items()},
         "pipeline_speedup": summary(speedups),
         "pipeline_efficiency": summary(efficiencies),
@@ -337,7 +357,8 @@ def main(argv):
         if name == "streaming":
             print(f"streaming: streaming_ratio {_fmt(r['streaming_ratio'], 'x', 3)} (goal <= "
                   f"{r['goal']}); together / (input + compute) "
-                  f"{_fmt(r['together_over_sum'], 'x', 3)}")
+                  f"{_fmt(r['together_over_sum'], 'x', 3)}; floor (both at once, uncoupled) "
+                  f"{_fmt(r['corun_floor'], 'x', 3)}")
     print(f"wrote {_OUTPUT.value} and {png} ({results['seconds']:.0f} s)")
 
 

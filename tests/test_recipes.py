@@ -37,6 +37,8 @@ def test_train_recipe_smoke(tmp_path):
     assert metrics["steps_per_epoch"] == 512 // 64
     assert metrics["steps_per_execution"] == 4
     assert metrics["examples_per_second"] > 0
+    assert len(metrics["epoch_seconds"]) == metrics["epochs_completed"]
+    assert sum(metrics["epoch_seconds"]) == pytest.approx(metrics["train_seconds"])
     assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0
     assert (model_dir / "model.keras").is_file()
     assert any((model_dir / "logs").rglob("events.out.tfevents.*"))

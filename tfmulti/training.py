@@ -380,6 +380,7 @@ def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
         "mixed_precision": config.mixed_precision,
         "jit_compile": config.jit_compile,
         "train_seconds": sum(epoch_seconds),
+        "epoch_seconds": [float(t) for t in epoch_seconds],  # this run's epochs
         "examples_per_second": (examples_per_epoch / statistics.median(steady)
                                 if steady else None),  # None: nothing left to train
         "train_loss": history["loss"][-1] if history.get("loss") else None,
