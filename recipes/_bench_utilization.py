@@ -9,6 +9,7 @@ prints one JSON line. Each suite's ratio is taken within a repeat.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -387,10 +388,33 @@ STREAMING = {"global_batch_size": 256, "steps_per_execution": 16, "num_examples"
              "cycles": 3, "seconds": 0.5, "inter_op": 1}
 
 
+@contextlib.contextmanager
+def one_core():
+    """Confines every thread of this process to one core, then frees them.
+
+    Timing the input or the step "alone" otherwise lets its helper threads
+    (tf.data's prefetch and copy, the executor, Python) use the idle second
+    core, which they cannot when the other side runs beside it."""
+    every = os.sched_getaffinity(0)
+
+    def pin(cores):
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except OSError:  # the thread ended meanwhile
+                pass
+
+    pin({min(every)})
+    try:
+        yield
+    finally:
+        pin(every)
+
+
 def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: int,
                      num_examples: int, cycles: int, seconds: float, inter_op: int,
                      rounds: int | None = None, prefetch_per_replica: int = 2) -> dict:
-    """Input alone, compute alone and fit together, on 1 core each.
+    """Input alone and compute alone on 1 core each; fit together on both.
 
     One device (OneDeviceStrategy, CPU:0), intra-op threads 1 (the step uses
     one core); the input pipeline runs in a private pool of 1 thread
@@ -398,9 +422,12 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
     (`costly_batch_map`) after the cache, its cost calibrated to equal the
     step's (the hardest case: neither side hides behind a faster one).
     Together = `fit` with data.distribute's prefetch to the device (an epoch
-    of about `seconds` after a warm-up epoch); input and compute alone are
-    timed for about `seconds` each right after; the three alternate `cycles`
-    times per repeat, and the repeat's ratio uses their medians.
+    of about `seconds` after a warm-up epoch), on the 2 cores; input alone and
+    compute alone are timed for about `seconds` each with every thread of the
+    process confined to one core (`one_core`), so each side alone gets the
+    one core it has in the together run; the three alternate `cycles` times
+    per repeat, and the repeat's ratio uses their medians. Also per cycle:
+    both at once, uncoupled, on the 2 cores (`corun`).
     """
     import tensorflow as tf
 
@@ -423,8 +450,9 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
     probe_rounds = 4
     probe = pipeline(probe_rounds)
     utilization.time_fit(model, probe, 2 * k, epochs=2)  # builds and traces
-    compute_s, = utilization.time_compute(model, strategy, probe, k, 2 * seconds)
-    probe_s = utilization.time_input(probe, k, 2 * seconds)
+    with one_core():
+        compute_s, = utilization.time_compute(model, strategy, probe, k, 2 * seconds)
+        probe_s = utilization.time_input(probe, k, 2 * seconds)
     if rounds is None:  # calibrated: the map costs what the step costs
         rounds = max(1, round(compute_s / (probe_s / probe_rounds)))
     dist = pipeline(rounds)
@@ -458,9 +486,11 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
         # times; the repeat's ratio uses their medians.
         fs, ins, cs, both = [], [], [], []
         for _ in range(cycles):
-            cs.append(utilization.time_compute(model, strategy, dist, k, seconds)[0])
+            with one_core():
+                cs.append(utilization.time_compute(model, strategy, dist, k, seconds)[0])
             fs.append(utilization.time_fit(model, dist, steps, epochs=2)[0])
-            ins.append(utilization.time_input(dist, k, seconds))
+            with one_core():
+                ins.append(utilization.time_input(dist, k, seconds))
             both.append(corun())
         f, i, c, b = (statistics.median(v) for v in (fs, ins, cs, both))
         out["input_seconds_per_step"].append(i)
@@ -488,8 +518,9 @@ def streaming_suite(repeats: int) -> dict:
         "description": "MLP, batch 256, one device (intra-op threads 1: the step on 1 core); "
                        "input: cached synthetic data + a deterministic CPU-heavy per-batch map "
                        f"({r['rounds']} rounds, calibrated to the step's cost) in a private "
-                       "1-thread pool; together: fit with prefetch to the device, "
-                       "steps_per_execution 16",
+                       "1-thread pool; input alone and compute alone timed with the process "
+                       "confined to 1 core; together: fit with prefetch to the device, "
+                       "steps_per_execution 16, on the 2 cores",
         **STREAMING, "map_rounds": r["rounds"],
         "input_seconds_per_step": r["input_seconds_per_step"],
         "compute_seconds_per_step": r["compute_seconds_per_step"],
