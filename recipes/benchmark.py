@@ -17,7 +17,7 @@ Suites:
            1.0, the virtual devices share the cores).
   pipeline Training step of a 2-stage pipeline on 2 virtual CPU devices (intra-op
            threads 1, 8 Dense(1024) layers, batch 512; per repeat the median
-           of 3 epochs of 8 steps, after a warm-up epoch; one process for the
+           of 3 epochs of 6 steps, after a warm-up epoch; one process for the
            serial step, one for the other configurations, interleaved within
            each repeat): the naive split
            (M=1: one stage works at a time), GPipe with M = 2, 4, 8, and the
@@ -191,7 +191,7 @@ def pipeline_worker(config: dict) -> dict:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, width), dtype=np.float32)
     ds = tf.data.Dataset.from_tensors((x, x)).repeat()
-    steps, epochs = 8, 3
+    steps, epochs = 6, 3
     times = []
 
     class Timer(keras.callbacks.Callback):
@@ -247,7 +247,7 @@ def pipeline_suite(repeats: int) -> dict:
     return {
         "description": "2-stage pipeline, 2 virtual CPUs, intra-op threads 1, "
                        "8 x Dense(1024), batch 512, SGD training step; per repeat the median "
-                       "of 3 epochs of 8 steps",
+                       "of 3 epochs of 6 steps",
         "step_seconds_per_repeat": times,
         "step_seconds": {n: summary(t) for n, t in times.items()},
         "pipeline_speedup": summary(speedups),
