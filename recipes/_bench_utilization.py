@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 BENCHMARK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmark.py")
@@ -465,8 +466,6 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
         # no data passed between them): how much slower the slower of the two
         # runs when the other occupies the other core. Streaming couples them,
         # so it cannot do better than this.
-        import threading
-
         got = {}
         threads = [
             threading.Thread(target=lambda: got.update(

@@ -89,11 +89,7 @@ _EPOCHS = flags.DEFINE_integer("epochs", 4, "Scaling: epochs per launch (the fir
                                "warm-up; each later one is a repeat).", lower_bound=2)
 
 RECIPES = os.path.dirname(os.path.abspath(__file__))
-
-
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "n": len(values)}
+summary = utilization_suites.summary  # median, min, max, n of one figure's repeats
 
 
 def _train_under_launcher(num_workers: int, model_dir: str) -> list[float]:
