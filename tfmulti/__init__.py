@@ -10,8 +10,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("backup", "cluster", "data", "devices", "diagnose", "keras_fixes", "launch",
-               "memory", "models", "notebook", "optimizers", "strategy", "training",
+_SUBMODULES = ("backup", "cluster", "data", "devices", "diagnose", "environment", "keras_fixes",
+               "launch", "memory", "models", "notebook", "optimizers", "strategy", "training",
                "utilization")
 _FUNCTIONS = {
     "configure_virtual_devices": "tfmulti.devices",

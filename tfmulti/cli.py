@@ -24,12 +24,12 @@ def _quiet_tensorflow() -> None:
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
-    from tfmulti import devices, diagnose
+    from tfmulti import devices, environment
 
     if args.num_virtual_devices:
         devices.configure_virtual_devices(args.num_virtual_devices)
-    report = diagnose.env_report()
-    print(json.dumps(report, indent=2) if args.json else diagnose.format_env_report(report))
+    report = environment.env_report()
+    print(json.dumps(report, indent=2) if args.json else environment.format_env_report(report))
     return 0
 
 
