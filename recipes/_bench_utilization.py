@@ -385,8 +385,14 @@ def overhead_suite(repeats: int) -> dict:
 # streaming: input and compute overlapped by prefetch-to-device
 # --------------------------------------------------------------------------
 
+# inter_op 2: the step runs on one inter-op thread while the other serves the
+# prefetch-to-device transfers; with 1 they queue behind each other (streaming
+# 1.27 x max measured, and even uncoupled input and compute slowed each other
+# 1.27x). prefetch_per_replica 8: input and step cost the same on average, so
+# a short buffer lets either side's jitter stall the other (8 vs 2: 1.09-1.11
+# vs 1.20 x max).
 STREAMING = {"global_batch_size": 256, "steps_per_execution": 16, "num_examples": 16384,
-             "cycles": 3, "seconds": 0.5, "inter_op": 1}
+             "cycles": 3, "seconds": 0.5, "inter_op": 2, "prefetch_per_replica": 8}
 
 
 @contextlib.contextmanager
@@ -418,11 +424,12 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
     """Input alone and compute alone on 1 core each; fit together on both.
 
     One device (OneDeviceStrategy, CPU:0), intra-op threads 1 (the step uses
-    one core); the input pipeline runs in a private pool of 1 thread
-    (`input_threads=1`) with a deterministic CPU-heavy per-batch map
+    one core), `inter_op` inter-op threads; the input pipeline runs in a
+    private pool of 1 thread (`input_threads=1`) with a deterministic CPU-heavy per-batch map
     (`costly_batch_map`) after the cache, its cost calibrated to equal the
     step's (the hardest case: neither side hides behind a faster one).
-    Together = `fit` with data.distribute's prefetch to the device (an epoch
+    Together = `fit` with data.distribute's prefetch to the device
+    (`prefetch_per_replica` batches buffered on the device; an epoch
     of about `seconds` after a warm-up epoch), on the 2 cores; input alone and
     compute alone are timed for about `seconds` each with every thread of the
     process confined to one core (`one_core`), so each side alone gets the
@@ -514,12 +521,14 @@ def streaming_suite(repeats: int) -> dict:
         f"{r['sum_ratios'][i]:.3f} x sum; both uncoupled at once: {r['corun_floors'][i]:.3f} x "
         f"max" for i in range(repeats)])
     return {
-        "description": "MLP, batch 256, one device (intra-op threads 1: the step on 1 core); "
+        "description": "MLP, batch 256, one device (intra-op threads 1: the step on 1 core; "
+                       f"inter-op threads {STREAMING['inter_op']}); "
                        "input: cached synthetic data + a deterministic CPU-heavy per-batch map "
                        f"({r['rounds']} rounds, calibrated to the step's cost) in a private "
                        "1-thread pool; input alone and compute alone timed with the process "
-                       "confined to 1 core; together: fit with prefetch to the device, "
-                       "steps_per_execution 16, on the 2 cores",
+                       "confined to 1 core; together: fit with prefetch to the device "
+                       f"({STREAMING['prefetch_per_replica']} batches buffered), "
+                       f"steps_per_execution {STREAMING['steps_per_execution']}, on the 2 cores",
         **STREAMING, "map_rounds": r["rounds"],
         "input_seconds_per_step": r["input_seconds_per_step"],
         "compute_seconds_per_step": r["compute_seconds_per_step"],

@@ -72,8 +72,9 @@ SUITES = ("scaling", "pipeline", "baseline", "overhead", "streaming")
 _SUITE = flags.DEFINE_enum("suite", "all", [*SUITES, "all"], "Which benchmarks to run.")
 _OUTPUT = flags.DEFINE_string("output", "runs/benchmark.json", "Where to write the JSON.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Repeats of each measurement.", lower_bound=1)
-_PER_WORKER_BATCH = flags.DEFINE_integer("per_worker_batch", 256, "Scaling: batch per worker.",
-                                         lower_bound=1)
+_PER_WORKER_BATCH = flags.DEFINE_integer(
+    "per_worker_batch", 512, "Scaling: batch per worker (at 256, each step's fixed costs, "
+    "the all-reduce round trip among them, weigh twice as much).", lower_bound=1)
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 12288,
                                      "Scaling: synthetic examples per epoch.", lower_bound=1)
 _PIPELINE_WORKER = flags.DEFINE_string("pipeline_worker", None,
