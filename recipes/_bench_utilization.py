@@ -395,6 +395,18 @@ STREAMING = {"global_batch_size": 256, "steps_per_execution": 16, "num_examples"
              "cycles": 3, "seconds": 0.5, "inter_op": 2, "prefetch_per_replica": 8}
 
 
+def _threads() -> set[int]:
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def _pin(threads, cores) -> None:
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
 @contextlib.contextmanager
 def one_core():
     """Confines every thread of this process to one core, then frees them.
@@ -403,19 +415,59 @@ def one_core():
     (tf.data's prefetch and copy, the executor, Python) use the idle second
     core, which they cannot when the other side runs beside it."""
     every = os.sched_getaffinity(0)
-
-    def pin(cores):
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setaffinity(int(tid), cores)
-            except OSError:  # the thread ended meanwhile
-                pass
-
-    pin({min(every)})
+    _pin(_threads(), {min(every)})
     try:
         yield
     finally:
-        pin(every)
+        _pin(_threads(), every)
+
+
+class DeviceCore:
+    """One core stands in for the device, the other for its host.
+
+    Built once TensorFlow's runtime has started and before any input pipeline
+    runs, it takes the threads that exist then (Python's main thread,
+    TensorFlow's inter-op and intra-op pools: the ones that run the step) as
+    the step's; every thread started later (tf.data's pools and runners,
+    prefetch-to-device's transfers) is the input's. Within `with`, the step's
+    threads run on the first core only and the input's on the second only,
+    re-checked every 20 ms for new threads (a new thread inherits its
+    creator's core, which may be the step's). So each side has exactly the
+    core it had when timed alone under `one_core`, as a device and its host
+    would, instead of the OS mixing the two sides' threads on both cores.
+    """
+
+    def __init__(self):
+        every = sorted(os.sched_getaffinity(0))
+        self.every, self.step_core, self.input_core = set(every), {every[0]}, {every[1]}
+        self.step_threads = _threads()
+        self._stop = threading.Event()
+
+    def add_step_thread(self) -> None:
+        """Counts the calling thread as the step's (call it from that thread)."""
+        self.step_threads.add(threading.get_native_id())
+        os.sched_setaffinity(0, self.step_core)
+
+    def _apply(self) -> None:
+        now = _threads()
+        _pin(now & self.step_threads, self.step_core)
+        _pin(now - self.step_threads, self.input_core)
+
+    def _keep(self) -> None:
+        while not self._stop.wait(0.02):
+            self._apply()
+
+    def __enter__(self):
+        self._apply()
+        self._stop.clear()
+        self._keeper = threading.Thread(target=self._keep, daemon=True)
+        self._keeper.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._keeper.join()
+        _pin(_threads(), self.every)
 
 
 def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: int,
@@ -425,17 +477,19 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
 
     One device (OneDeviceStrategy, CPU:0), intra-op threads 1 (the step uses
     one core), `inter_op` inter-op threads; the input pipeline runs in a
-    private pool of 1 thread (`input_threads=1`) with a deterministic CPU-heavy per-batch map
-    (`costly_batch_map`) after the cache, its cost calibrated to equal the
-    step's (the hardest case: neither side hides behind a faster one).
-    Together = `fit` with data.distribute's prefetch to the device
-    (`prefetch_per_replica` batches buffered on the device; an epoch
-    of about `seconds` after a warm-up epoch), on the 2 cores; input alone and
-    compute alone are timed for about `seconds` each with every thread of the
-    process confined to one core (`one_core`), so each side alone gets the
-    one core it has in the together run; the three alternate `cycles` times
-    per repeat, and the repeat's ratio uses their medians. Also per cycle:
-    both at once, uncoupled, on the 2 cores (`corun`).
+    private pool of 1 thread (`input_threads=1`) with a deterministic
+    CPU-heavy per-batch map (`costly_batch_map`) after the cache, its cost
+    calibrated to equal the step's (the hardest case: neither side hides
+    behind a faster one). Input alone and compute alone are timed for about
+    `seconds` each with every thread of the process confined to one core
+    (`one_core`). Together = `fit` with data.distribute's prefetch to the
+    device (`prefetch_per_replica` batches buffered there; an epoch of about
+    `seconds` after a warm-up epoch) with the step's threads on one core and
+    the input's on the other (`DeviceCore`): each side has the core it had
+    alone, as a device and its host would. Also per cycle: both at once,
+    uncoupled, split the same way (`corun`), and `fit` with its threads left
+    to the OS on both cores. They alternate `cycles` times per repeat; the
+    repeat's ratios use their medians.
     """
     import tensorflow as tf
 
@@ -446,6 +500,8 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
 
     batch, k = global_batch_size, steps_per_execution
     strategy = tfmulti.get_strategy("one_device")
+    tf.zeros([1]).numpy()  # the runtime and its thread pools start
+    device = DeviceCore()  # before any input pipeline starts a thread
     source = data.load("synthetic", num_examples=num_examples)
 
     def pipeline(rounds):
@@ -466,7 +522,8 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
     dist = pipeline(rounds)
     steps = utilization.steps_for(seconds, compute_s * 1.2, k)
     out = {"rounds": rounds, "input_seconds_per_step": [], "compute_seconds_per_step": [],
-           "fit_seconds_per_step": [], "ratios": [], "sum_ratios": [], "corun_floors": []}
+           "fit_seconds_per_step": [], "fit_os_seconds_per_step": [], "ratios": [],
+           "os_ratios": [], "sum_ratios": [], "corun_floors": []}
 
     def corun() -> float:
         # Input and compute at once, uncoupled (each in its own Python thread,
@@ -474,11 +531,16 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
         # runs when the other occupies the other core. Streaming couples them,
         # so it cannot do better than this.
         got = {}
-        threads = [
-            threading.Thread(target=lambda: got.update(
-                c=utilization.time_compute(model, strategy, dist, k, seconds)[0])),
-            threading.Thread(target=lambda: got.update(
-                i=utilization.time_input(dist, k, seconds)))]
+
+        def compute():
+            device.add_step_thread()
+            try:
+                got["c"] = utilization.time_compute(model, strategy, dist, k, seconds)[0]
+            finally:
+                device.step_threads.discard(threading.get_native_id())
+
+        threads = [threading.Thread(target=compute), threading.Thread(
+            target=lambda: got.update(i=utilization.time_input(dist, k, seconds)))]
         for t in threads:
             t.start()
         for t in threads:
@@ -490,19 +552,24 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
         # left running while something else is timed would fill its buffers
         # in the pause and serve them for free. The three alternate `cycles`
         # times; the repeat's ratio uses their medians.
-        fs, ins, cs, both = [], [], [], []
+        fs, os_fs, ins, cs, both = [], [], [], [], []
         for _ in range(cycles):
             with one_core():
                 cs.append(utilization.time_compute(model, strategy, dist, k, seconds)[0])
-            fs.append(utilization.time_fit(model, dist, steps, epochs=2)[0])
+            with device:
+                fs.append(utilization.time_fit(model, dist, steps, epochs=2)[0])
             with one_core():
                 ins.append(utilization.time_input(dist, k, seconds))
-            both.append(corun())
-        f, i, c, b = (statistics.median(v) for v in (fs, ins, cs, both))
+            with device:
+                both.append(corun())
+            os_fs.append(utilization.time_fit(model, dist, steps, epochs=2)[0])
+        f, f_os, i, c, b = (statistics.median(v) for v in (fs, os_fs, ins, cs, both))
         out["input_seconds_per_step"].append(i)
         out["compute_seconds_per_step"].append(c)
         out["fit_seconds_per_step"].append(f)
+        out["fit_os_seconds_per_step"].append(f_os)
         out["ratios"].append(f / max(i, c))
+        out["os_ratios"].append(f_os / max(i, c))
         out["sum_ratios"].append(f / (i + c))
         out["corun_floors"].append(b / max(i, c))
     return out
@@ -519,21 +586,26 @@ def streaming_suite(repeats: int) -> dict:
         f"{r['compute_seconds_per_step'][i] * 1e3:.2f} ms, together "
         f"{r['fit_seconds_per_step'][i] * 1e3:.2f} ms per step: {r['ratios'][i]:.3f} x max, "
         f"{r['sum_ratios'][i]:.3f} x sum; both uncoupled at once: {r['corun_floors'][i]:.3f} x "
-        f"max" for i in range(repeats)])
+        f"max; threads left to the OS: together {r['os_ratios'][i]:.3f} x max"
+        for i in range(repeats)])
     return {
         "description": "MLP, batch 256, one device (intra-op threads 1: the step on 1 core; "
                        f"inter-op threads {STREAMING['inter_op']}); "
                        "input: cached synthetic data + a deterministic CPU-heavy per-batch map "
                        f"({r['rounds']} rounds, calibrated to the step's cost) in a private "
                        "1-thread pool; input alone and compute alone timed with the process "
-                       "confined to 1 core; together: fit with prefetch to the device "
+                       "confined to 1 core; together: the step's threads on one core, the "
+                       "input's on the other (streaming_ratio; _os_scheduled: threads left "
+                       "to the OS), fit with prefetch to the device "
                        f"({STREAMING['prefetch_per_replica']} batches buffered), "
                        f"steps_per_execution {STREAMING['steps_per_execution']}, on the 2 cores",
         **STREAMING, "map_rounds": r["rounds"],
         "input_seconds_per_step": r["input_seconds_per_step"],
         "compute_seconds_per_step": r["compute_seconds_per_step"],
         "fit_seconds_per_step": r["fit_seconds_per_step"],
+        "fit_os_scheduled_seconds_per_step": r["fit_os_seconds_per_step"],
         "streaming_ratio": summary(r["ratios"]),
+        "streaming_ratio_os_scheduled": summary(r["os_ratios"]),
         "together_over_sum": summary(r["sum_ratios"]),
         "hardware_floor": summary(floors),
         "corun_floor": summary(r["corun_floors"]),
