@@ -439,6 +439,9 @@ class DeviceCore:
 
     def __init__(self):
         every = sorted(os.sched_getaffinity(0))
+        if len(every) < 2:
+            raise ValueError(f"the streaming suite needs 2 cores, one for the step and one for "
+                             f"the input; this process may use {len(every)}.")
         self.every, self.step_core, self.input_core = set(every), {every[0]}, {every[1]}
         self.step_threads = _threads()
         self._stop = threading.Event()

@@ -12,9 +12,8 @@ import pytest
 
 from tests._util import REPO
 
-pytestmark = pytest.mark.skipif(
-    len(os.sched_getaffinity(0)) < 2,
-    reason="needs 2 cores: the step and the input get one each")
+two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                               reason="needs 2 cores: the step and the input get one each")
 
 
 def _bench():
@@ -44,6 +43,7 @@ class _Sleeper:
         self._thread.join(10)
 
 
+@two_cores
 def test_device_core_pins_later_threads_to_the_input_core_and_restores():
     bench, every = _bench(), os.sched_getaffinity(0)
     device = bench.DeviceCore()  # this thread (and pytest's) are the step's
@@ -70,6 +70,14 @@ def test_device_core_pins_later_threads_to_the_input_core_and_restores():
         os.sched_setaffinity(0, every)
 
 
+def test_device_core_refuses_a_single_core(monkeypatch):
+    bench = _bench()
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {3})
+    with pytest.raises(ValueError, match=r"needs 2 cores.*may use 1"):
+        bench.DeviceCore()
+
+
+@two_cores
 def test_one_core_confines_every_thread_then_frees_them():
     bench, every = _bench(), os.sched_getaffinity(0)
     other = _Sleeper()
