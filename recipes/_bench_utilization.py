@@ -446,10 +446,17 @@ class DeviceCore:
         self.step_threads = _threads()
         self._stop = threading.Event()
 
-    def add_step_thread(self) -> None:
-        """Counts the calling thread as the step's (call it from that thread)."""
-        self.step_threads.add(threading.get_native_id())
+    @contextlib.contextmanager
+    def step_thread(self):
+        """Counts the calling thread as the step's while inside (enter it from
+        that thread)."""
+        tid = threading.get_native_id()
+        self.step_threads.add(tid)
         os.sched_setaffinity(0, self.step_core)
+        try:
+            yield
+        finally:
+            self.step_threads.discard(tid)
 
     def _apply(self) -> None:
         now = _threads()
@@ -536,11 +543,8 @@ def streaming_worker(repeats: int, global_batch_size: int, steps_per_execution: 
         got = {}
 
         def compute():
-            device.add_step_thread()
-            try:
+            with device.step_thread():
                 got["c"] = utilization.time_compute(model, strategy, dist, k, seconds)[0]
-            finally:
-                device.step_threads.discard(threading.get_native_id())
 
         threads = [threading.Thread(target=compute), threading.Thread(
             target=lambda: got.update(i=utilization.time_input(dist, k, seconds)))]

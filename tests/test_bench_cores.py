@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+import time
 
 import pytest
 
@@ -55,11 +56,10 @@ def test_device_core_pins_later_threads_to_the_input_core_and_restores():
             assert os.sched_getaffinity(before.tid) == device.input_core
             during = _Sleeper()  # started inside: inherits the step's core ...
             try:
-                deadline = threading.Event()
                 for _ in range(100):  # ... until the keeper moves it (every 20 ms)
                     if os.sched_getaffinity(during.tid) == device.input_core:
                         break
-                    deadline.wait(0.02)
+                    time.sleep(0.02)
                 assert os.sched_getaffinity(during.tid) == device.input_core
             finally:
                 during.stop()
