@@ -166,3 +166,110 @@ def test_fix_steps_per_execution_with_replicas_matches_one_step_per_call():
     assert e4["accuracy"] == pytest.approx(e1["accuracy"], abs=1e-6)
     for a, b in zip(w4, w1):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+# Fix 6: convolutions on an empty batch (oneDNN).
+
+_EMPTY_CONV = textwrap.dedent("""
+    import tensorflow as tf
+    from tensorflow.python.util import _pywrap_util_port
+    import tfmulti
+    from tfmulti import data, keras_fixes
+    import keras
+    tfmulti.configure_virtual_devices(2)
+    print("onednn", _pywrap_util_port.IsMklEnabled())
+    out = tf.nn.conv2d(tf.zeros((0, 14, 14, 32)), tf.zeros((3, 3, 32, 64)), 1, "VALID")
+    print("conv2d shape", tuple(out.shape))
+    # MirroredStrategy, 2 replicas, 80 test examples at global batch 64: the
+    # last batch (16) fits in replica 0's share, replica 1 gets 0 examples.
+    strategy = keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"])  # no fix 6
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(4, 3),
+                                  keras.layers.Conv2D(8, 3), keras.layers.Flatten(),
+                                  keras.layers.Dense(10)])
+        model.compile(loss="sparse_categorical_crossentropy")
+    test = data.distribute(data.load("synthetic", "test", num_examples=80), strategy, 64,
+                           training=False)
+    model.evaluate(**test.evaluate_kwargs(), verbose=0)
+    print("evaluate ok")
+""")
+
+
+def test_upstream_bug_conv_on_empty_batch():
+    # Same oneDNN conv kernel as tensorflow/tensorflow#30968 (fixed there for
+    # Conv3D only): an empty batch comes back with the input's shape.
+    result = run_python(["-c", _EMPTY_CONV], timeout=120)
+    if "onednn False" in result.stdout:
+        pytest.skip("oneDNN is off in this environment (TF_ENABLE_ONEDNN_OPTS=0); the "
+                    "bug is in the oneDNN kernel")
+    assert "conv2d shape (0, 14, 14, 32)" in result.stdout, result.stdout + result.stderr[-2000:]
+    assert result.returncode != 0
+    assert "Incompatible shapes" in result.stderr or "evenly divisible" in result.stderr
+    assert "evaluate ok" not in result.stdout
+
+
+_EMPTY_BATCH_LAYERS = {
+    "Conv1D": ((10, 3), lambda: __import__("keras").layers.Conv1D(5, 3)),
+    "Conv2D": ((9, 9, 3), lambda: __import__("keras").layers.Conv2D(5, 3, strides=2)),
+    "Conv3D": ((6, 6, 6, 2), lambda: __import__("keras").layers.Conv3D(4, 3)),
+    "DepthwiseConv2D": ((8, 8, 3), lambda: __import__("keras").layers.DepthwiseConv2D(3, 2)),
+    "SeparableConv2D": ((8, 8, 3), lambda: __import__("keras").layers.SeparableConv2D(6, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EMPTY_BATCH_LAYERS))
+def test_fix_conv_layers_on_empty_batch(name):
+    import numpy as np
+    import tensorflow as tf
+
+    from tfmulti import keras_fixes
+
+    keras_fixes.apply_empty_batch_conv_fix()
+    shape, make = _EMPTY_BATCH_LAYERS[name]
+    layer = make()
+    x = tf.random.uniform((3, *shape), seed=1)
+    full = layer(x)  # builds; static batch 3: the upstream op, unwrapped
+    expected = (0, *full.shape[1:])
+    assert tuple(layer(x[:0]).shape) == expected  # eager, static empty batch
+    dynamic = tf.function(layer.__call__,
+                          input_signature=[tf.TensorSpec((None, *shape), tf.float32)])
+    assert tuple(dynamic(x[:0]).shape) == expected
+    np.testing.assert_allclose(dynamic(x), full, atol=1e-5)
+    # A graph with a known, positive batch (every training step) is unchanged: no cond.
+    static = tf.function(layer.__call__).get_concrete_function(
+        tf.TensorSpec((3, *shape), tf.float32))
+    ops = {op.type for op in static.graph.get_operations()}
+    assert not ops & {"If", "StatelessIf"}, ops
+    assert {op.type for op in dynamic.get_concrete_function().graph.get_operations()} & {
+        "If", "StatelessIf"}
+
+
+def test_fix_evaluates_conv_model_with_empty_replicas():
+    # The upstream test's evaluation, through get_strategy (which installs the
+    # fix): the result equals one device evaluating the same weights.
+    import keras
+
+    import tfmulti
+    from tfmulti import data
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+
+    def build():
+        model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(4, 3),
+                                  keras.layers.Conv2D(8, 3), keras.layers.Flatten(),
+                                  keras.layers.Dense(10)])
+        model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+
+    with strategy.scope():
+        model = build()
+    test_data = data.load("synthetic", "test", num_examples=80)
+    assert int(test_data.cardinality()) % 64 == 16  # last batch: replica 1 gets nothing
+    test = data.distribute(test_data, strategy, 64, training=False)
+    got = model.evaluate(**test.evaluate_kwargs(), return_dict=True, verbose=0)
+    single = build()
+    single.set_weights(model.get_weights())
+    want = single.evaluate(test_data.batch(64), return_dict=True, verbose=0)
+    assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
+    assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)

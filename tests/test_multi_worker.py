@@ -70,6 +70,27 @@ def test_train_recipe_two_workers_chief_only_writes(tmp_path):
     assert "[worker 1] tfmulti: wrote" not in output
 
 
+def test_train_recipe_two_workers_conv_model_evaluates_a_partial_last_batch(tmp_path):
+    # 256 test examples at global batch 512: worker 1's share of the only test
+    # batch is empty, which crashed conv models under oneDNN (keras_fixes fix 6).
+    import keras
+
+    from tfmulti import data
+
+    model_dir = tmp_path / "run"
+    code, output = _launch([str(REPO / "recipes" / "train.py"), "--strategy=multi_worker",
+                            "--model=cnn", "--dataset=synthetic", "--num_examples=1024",
+                            "--epochs=1", "--global_batch_size=512",
+                            f"--model_dir={model_dir}"])
+    assert code == 0, output[-4000:]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    test = data.load("synthetic", "test", num_examples=256)
+    model = keras.models.load_model(model_dir / "model.keras")
+    want = model.evaluate(test.batch(256), return_dict=True, verbose=0)
+    assert metrics["test_accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
+    assert metrics["test_loss"] == pytest.approx(want["loss"], abs=1e-5)
+
+
 def test_startup_timeout_names_missing_peer():
     # One task of a 2-task cluster whose peer never starts.
     tf_config = {"cluster": {"worker": ["localhost:1", "localhost:2"]},

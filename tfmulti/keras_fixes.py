@@ -236,3 +236,61 @@ def apply_multi_step_fix() -> None:
     _make_function.__wrapped__ = original
     tf_trainer.TensorFlowTrainer._make_function = _make_function
     _applied.add("multi_step")
+
+
+# --------------------------------------------------------------------------
+# Fix 6: convolutions on an empty batch (oneDNN, TensorFlow's CPU default).
+#
+# With oneDNN on, `Conv2D`, `Conv3D` and `DepthwiseConv2dNative` given a batch
+# of 0 examples return a tensor of their *input's* shape: a 3x3, 32 -> 64
+# convolution of (0, 14, 14, 32) gives (0, 14, 14, 32), not (0, 12, 12, 64),
+# and the next layer fails ("input depth must be evenly divisible by filter
+# depth: 1 vs 32", or "Incompatible shapes" at the bias add). Empty batches
+# are normal under tf.distribute: when the last evaluation batch is smaller
+# than the replica count times the per-replica batch, the replicas past the
+# data get 0 examples (Fashion-MNIST's 10,000 test images at global batch 256
+# on 2 workers: the last batch has 16, worker 1 gets none). So
+# `model.evaluate` of any conv model crashes on such a split. With
+# TF_ENABLE_ONEDNN_OPTS=0 the shape is right. Upstream: the same oneDNN
+# ("MKL") conv kernel was fixed once for Conv3D,
+# https://github.com/tensorflow/tensorflow/pull/30968; the Conv2D/depthwise
+# case is not reported there yet (TF 2.21.0).
+#
+# The fix wraps Keras' TensorFlow-backend `conv`, `depthwise_conv` and
+# `separable_conv`: where the batch size is not known to be positive when the
+# graph is built (evaluation's last batch; training batches are static and
+# full, so training graphs are unchanged), a `tf.cond` computes an empty
+# batch as one zero example sliced to 0 rows, which has the right shape.
+# Installed by `get_strategy` for every strategy with 2+ replicas.
+# --------------------------------------------------------------------------
+
+def _empty_batch_safe(op):
+    import functools
+
+    @functools.wraps(op)
+    def wrapper(inputs, *args, **kwargs):
+        batch = inputs.shape[0] if hasattr(inputs, "shape") else None
+        if batch is not None and batch > 0:
+            return op(inputs, *args, **kwargs)  # static, non-empty: as upstream
+        inputs = tf.convert_to_tensor(inputs)
+
+        def empty():
+            one = tf.zeros(tf.concat([[1], tf.shape(inputs)[1:]], 0), inputs.dtype)
+            return op(one, *args, **kwargs)[:0]
+
+        if batch == 0:
+            return empty()
+        return tf.cond(tf.shape(inputs)[0] > 0, lambda: op(inputs, *args, **kwargs), empty)
+
+    return wrapper
+
+
+def apply_empty_batch_conv_fix() -> None:
+    """Installs fix 6 (idempotent)."""
+    from keras.src.backend.tensorflow import nn as tf_nn
+
+    if "empty_batch_conv" in _applied:
+        return
+    for name in ("conv", "depthwise_conv", "separable_conv"):
+        setattr(tf_nn, name, _empty_batch_safe(getattr(tf_nn, name)))
+    _applied.add("empty_batch_conv")

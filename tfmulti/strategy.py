@@ -132,6 +132,7 @@ def _multi_worker(communication: str, collective_timeout_s: float | None,
                          f"{cluster_resolver!r}.")
     keras_fixes.apply_multi_worker_fixes()
     keras_fixes.apply_multi_step_fix()
+    keras_fixes.apply_empty_batch_conv_fix()
     options = tf.distribute.experimental.CommunicationOptions(
         implementation={
             "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -232,6 +233,7 @@ def get_strategy(
         return tf.distribute.OneDeviceStrategy(device)
     names = names or _default_mirrored_devices()
     keras_fixes.apply_multi_step_fix()
+    keras_fixes.apply_empty_batch_conv_fix()
     return keras_fixes.mirrored_strategy(
         devices=names, cross_device_ops=_cross_device_ops(cross_device_ops, names)
     )
