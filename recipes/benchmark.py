@@ -11,7 +11,10 @@ Suites:
            drift on a shared machine hits both alike), each for --epochs
            epochs; each epoch after the first is a repeat (examples/s of that
            epoch, paired with the other launch's same epoch); as many rounds
-           as --repeats needs.
+           as --repeats needs. Each round also runs the same training as 2
+           independent 1-worker runs at once, one per core
+           (independent_pair_scaling: what the cores give without any
+           synchronization) and 2 matmul processes (hardware_ceiling).
            Also MirroredStrategy over 1, 2 and 4 virtual CPUs in one process
            (same global batch; keys virtual_devices_2_vs_1, _4_vs_1; ceiling
            1.0, the virtual devices share the cores).
@@ -96,10 +99,8 @@ RECIPES = os.path.dirname(os.path.abspath(__file__))
 summary = utilization_suites.summary  # median, min, max, n of one figure's repeats
 
 
-def _train_under_launcher(num_workers: int, model_dir: str) -> list[float]:
-    """examples/s of each epoch after the first of recipes/train.py under
-    `tfmulti launch --pin_cpus`."""
-    command = [
+def _launch_command(num_workers: int, model_dir: str) -> list[str]:
+    return [
         sys.executable, "-m", "tfmulti.cli", "launch", f"--num_workers={num_workers}",
         "--pin_cpus", "--", sys.executable, os.path.join(RECIPES, "train.py"),
         "--strategy=multi_worker", "--model=cnn", "--dataset=synthetic",
@@ -107,6 +108,20 @@ def _train_under_launcher(num_workers: int, model_dir: str) -> list[float]:
         f"--global_batch_size={_PER_WORKER_BATCH.value * num_workers}",
         f"--model_dir={model_dir}",
     ]
+
+
+def _epoch_throughputs(model_dir: str) -> list[float]:
+    """examples/s of each epoch after the first, from the run's metrics.json."""
+    with open(os.path.join(model_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    examples = metrics["steps_per_epoch"] * metrics["global_batch_size"]
+    return [examples / seconds for seconds in metrics["epoch_seconds"][1:]]
+
+
+def _train_under_launcher(num_workers: int, model_dir: str) -> list[float]:
+    """examples/s of each epoch after the first of recipes/train.py under
+    `tfmulti launch --pin_cpus`."""
+    command = _launch_command(num_workers, model_dir)
     # Give the whole launch `num_workers` cores, so that `--pin_cpus` hands each
     # worker exactly one: 1 worker on 1 core vs 2 workers on 1 core each.
     cores = sorted(os.sched_getaffinity(0))[:num_workers]
@@ -115,10 +130,34 @@ def _train_under_launcher(num_workers: int, model_dir: str) -> list[float]:
     if result.returncode != 0:
         raise RuntimeError(f"benchmark run failed ({result.returncode}): "
                            f"{' '.join(command)}\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    with open(os.path.join(model_dir, "metrics.json")) as f:
-        metrics = json.load(f)
-    examples = metrics["steps_per_epoch"] * metrics["global_batch_size"]
-    return [examples / seconds for seconds in metrics["epoch_seconds"][1:]]
+    return _epoch_throughputs(model_dir)
+
+
+def _train_independent_pair(model_dir: str) -> list[float]:
+    """examples/s of 2 independent 1-worker runs at once, one per core (no
+    communication), summed epoch by epoch: the most a synchronous 2-worker run
+    of the same work can reach on these 2 cores."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    runs = []
+    for core in cores:
+        folder = os.path.join(model_dir, f"core-{core}")
+        runs.append((folder, subprocess.Popen(
+            _launch_command(1, folder), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, preexec_fn=lambda core=core: os.sched_setaffinity(0, [core]))))
+    outputs = []
+    try:
+        for _, process in runs:
+            outputs.append(process.communicate(timeout=900)[0])
+    finally:
+        for _, process in runs:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for (folder, process), output in zip(runs, outputs):
+        if process.returncode != 0:
+            raise RuntimeError(f"benchmark run failed ({process.returncode}): "
+                               f"{' '.join(process.args)}\n{output[-3000:]}")
+    return [sum(pair) for pair in zip(*(_epoch_throughputs(f) for f, _ in runs))]
 
 
 def scaling_suite(repeats: int) -> dict:
@@ -131,23 +170,28 @@ def scaling_suite(repeats: int) -> dict:
     # a round pairs their epoch i (rounds interleave the two over time).
     timed = _EPOCHS.value - 1
     rounds = -(-repeats // timed)
-    one, two, ratios, ceilings, efficiencies = [], [], [], [], []
+    one, two, pair, ratios, pair_ratios, ceilings, efficiencies = [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="tfmulti-bench-") as tmp:
         for round_ in range(rounds):
             start = time.monotonic()
             a = _train_under_launcher(1, os.path.join(tmp, f"one-{round_}"))
             b = _train_under_launcher(2, os.path.join(tmp, f"two-{round_}"))
+            c = _train_independent_pair(os.path.join(tmp, f"pair-{round_}"))
             ceiling = utilization_suites.hardware_ceiling(2.0)
             one += a
             two += b
+            pair += c
             ratios += [y / x for x, y in zip(a, b)]
+            pair_ratios += [z / x for x, z in zip(a, c)]
             ceilings.append(ceiling)
             efficiencies += [y / x / ceiling for x, y in zip(a, b)]
             print(f"scaling round {round_ + 1}/{rounds}: per epoch, 1 worker "
                   f"{', '.join(f'{x:,.0f}' for x in a)} ex/s, 2 workers "
                   f"{', '.join(f'{y:,.0f}' for y in b)} ex/s, ratios "
-                  f"{', '.join(f'{y / x:.2f}x' for x, y in zip(a, b))}; hardware ceiling "
-                  f"{ceiling:.2f}x ({time.monotonic() - start:.0f} s)", flush=True)
+                  f"{', '.join(f'{y / x:.2f}x' for x, y in zip(a, b))}; 2 independent "
+                  f"1-worker runs {', '.join(f'{z / x:.2f}x' for x, z in zip(a, c))}; "
+                  f"hardware ceiling {ceiling:.2f}x ({time.monotonic() - start:.0f} s)",
+                  flush=True)
     return {
         "description": "2 workers on 1 core each vs 1 worker on 1 core (tfmulti launch "
                        "--pin_cpus), CNN, same per-worker batch; per round one launch of each, "
@@ -159,11 +203,18 @@ def scaling_suite(repeats: int) -> dict:
         "examples_per_second_1_worker": one,
         "examples_per_second_2_workers": two,
         "multi_worker_scaling": summary(ratios),
+        "examples_per_second_independent_pair": pair,
+        "independent_pair_scaling": summary(pair_ratios),
+        "synchronization_efficiency": summary(
+            [r / p for r, p in zip(ratios, pair_ratios)]),
         "hardware_ceiling": summary(ceilings),
         "efficiency_vs_ceiling": summary(efficiencies),
         "goal": 1.8,
         "ceiling": "2 single-threaded matmul processes on 2 cores vs 1, measured once per "
-                   "round (hardware_ceiling): no 2-worker run can beat it",
+                   "round (hardware_ceiling); and the same training as 2 independent "
+                   "1-worker runs at once, one per core (independent_pair_scaling: no "
+                   "communication, no waiting for each other); synchronization_efficiency "
+                   "= multi_worker_scaling / independent_pair_scaling",
         "virtual_devices": utilization_suites.devices_scaling(repeats),
     }
 
@@ -273,12 +324,13 @@ def plot(results: dict, path: str) -> None:
     for ax, name in zip(axes[0], suites):
         if name == "scaling":
             r = results["suites"][name]
-            data = [r["examples_per_second_1_worker"], r["examples_per_second_2_workers"]]
-            ax.boxplot(data, tick_labels=["1 worker", "2 workers"])
+            data = [r["examples_per_second_1_worker"], r["examples_per_second_2_workers"],
+                    r["examples_per_second_independent_pair"]]
+            ax.boxplot(data, tick_labels=["1 worker", "2 workers", "2 independent"])
             s = r["multi_worker_scaling"]
             ax.set_title(f"Scaling (CNN): {s['median']:.2f}x "
-                         f"[{s['min']:.2f}-{s['max']:.2f}], hardware ceiling "
-                         f"{r['hardware_ceiling']['median']:.2f}x", fontsize=9)
+                         f"[{s['min']:.2f}-{s['max']:.2f}]; 2 independent runs "
+                         f"{r['independent_pair_scaling']['median']:.2f}x", fontsize=9)
             ax.set_ylabel("examples / s (steady state)")
         elif name == "pipeline":
             r = results["suites"][name]
@@ -333,7 +385,10 @@ def main(argv):
     for name, r in results["suites"].items():
         if name == "scaling":
             print(f"scaling: 2 vs 1 pinned workers {_fmt(r['multi_worker_scaling'])}; "
-                  f"hardware ceiling {_fmt(r['hardware_ceiling'])}")
+                  f"2 independent 1-worker runs at once vs 1 "
+                  f"{_fmt(r['independent_pair_scaling'])}; synchronization efficiency "
+                  f"{_fmt(r['synchronization_efficiency'], '')}; matmul hardware ceiling "
+                  f"{_fmt(r['hardware_ceiling'])}")
             for key in ("virtual_devices_2_vs_1", "virtual_devices_4_vs_1"):
                 v = r["virtual_devices"][key]
                 print(f"scaling: MirroredStrategy {key.split('_')[2]} virtual devices vs 1 "
