@@ -51,14 +51,19 @@ def test_two_workers_match_mirrored_two_devices(tmp_path, inputs):
     assert int(b["num_predictions"]) == int(a["num_predictions"]) == 160
 
 
-def test_train_recipe_two_workers_chief_only_writes(tmp_path):
-    model_dir = tmp_path / "run"
+def _train_recipe(model_dir, *flags: str) -> tuple[dict, str]:
+    """recipes/train.py on 2 workers, synthetic data, 1 epoch: (metrics, output)."""
     code, output = _launch([str(REPO / "recipes" / "train.py"), "--strategy=multi_worker",
-                            "--dataset=synthetic", "--num_examples=512", "--epochs=1",
-                            "--global_batch_size=64", "--steps_per_execution=4",
+                            "--dataset=synthetic", "--epochs=1", *flags,
                             f"--model_dir={model_dir}"])
     assert code == 0, output[-4000:]
-    metrics = json.loads((model_dir / "metrics.json").read_text())
+    return json.loads((model_dir / "metrics.json").read_text()), output
+
+
+def test_train_recipe_two_workers_chief_only_writes(tmp_path):
+    model_dir = tmp_path / "run"
+    metrics, output = _train_recipe(model_dir, "--num_examples=512", "--global_batch_size=64",
+                                    "--steps_per_execution=4")
     assert metrics["steps_per_execution"] == 4  # multi-step calls under multi-worker too
     assert metrics["strategy"] == "MultiWorkerMirroredStrategy"
     assert metrics["num_workers"] == 2 and metrics["num_replicas"] == 2
@@ -78,12 +83,8 @@ def test_train_recipe_two_workers_conv_model_evaluates_a_partial_last_batch(tmp_
     from tfmulti import data
 
     model_dir = tmp_path / "run"
-    code, output = _launch([str(REPO / "recipes" / "train.py"), "--strategy=multi_worker",
-                            "--model=cnn", "--dataset=synthetic", "--num_examples=1024",
-                            "--epochs=1", "--global_batch_size=512",
-                            f"--model_dir={model_dir}"])
-    assert code == 0, output[-4000:]
-    metrics = json.loads((model_dir / "metrics.json").read_text())
+    metrics, _ = _train_recipe(model_dir, "--model=cnn", "--num_examples=1024",
+                               "--global_batch_size=512")
     test = data.load("synthetic", "test", num_examples=256)
     model = keras.models.load_model(model_dir / "model.keras")
     want = model.evaluate(test.batch(256), return_dict=True, verbose=0)

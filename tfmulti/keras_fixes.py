@@ -270,7 +270,8 @@ def apply_multi_step_fix() -> None:
 # graph is built (evaluation's last batch; training batches are static and
 # full, so training graphs are unchanged), a `tf.cond` computes an empty
 # batch as one zero example sliced to 0 rows, which has the right shape.
-# Installed by `get_strategy` for every strategy with 2+ replicas.
+# Installed (for the whole process) by `get_strategy` for MirroredStrategy and
+# MultiWorkerMirroredStrategy.
 # --------------------------------------------------------------------------
 
 def _empty_batch_safe(op):
