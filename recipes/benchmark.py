@@ -125,12 +125,17 @@ def _train_under_launcher(num_workers: int, model_dir: str) -> list[float]:
     # Give the whole launch `num_workers` cores, so that `--pin_cpus` hands each
     # worker exactly one: 1 worker on 1 core vs 2 workers on 1 core each.
     cores = sorted(os.sched_getaffinity(0))[:num_workers]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=900,
                             preexec_fn=lambda: os.sched_setaffinity(0, cores))
-    if result.returncode != 0:
-        raise RuntimeError(f"benchmark run failed ({result.returncode}): "
-                           f"{' '.join(command)}\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    _check(result, result.stdout)
     return _epoch_throughputs(model_dir)
+
+
+def _check(process, output: str) -> None:
+    if process.returncode != 0:
+        raise RuntimeError(f"benchmark run failed ({process.returncode}): "
+                           f"{' '.join(process.args)}\n{output[-6000:]}")
 
 
 def _train_independent_pair(model_dir: str) -> list[float]:
@@ -153,10 +158,8 @@ def _train_independent_pair(model_dir: str) -> list[float]:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    for (folder, process), output in zip(runs, outputs):
-        if process.returncode != 0:
-            raise RuntimeError(f"benchmark run failed ({process.returncode}): "
-                               f"{' '.join(process.args)}\n{output[-3000:]}")
+    for (_, process), output in zip(runs, outputs):
+        _check(process, output)
     return [sum(pair) for pair in zip(*(_epoch_throughputs(f) for f, _ in runs))]
 
 

@@ -208,25 +208,26 @@ def test_upstream_bug_conv_on_empty_batch():
     assert "evaluate ok" not in result.stdout
 
 
-_EMPTY_BATCH_LAYERS = {
-    "Conv1D": ((10, 3), lambda: __import__("keras").layers.Conv1D(5, 3)),
-    "Conv2D": ((9, 9, 3), lambda: __import__("keras").layers.Conv2D(5, 3, strides=2)),
-    "Conv3D": ((6, 6, 6, 2), lambda: __import__("keras").layers.Conv3D(4, 3)),
-    "DepthwiseConv2D": ((8, 8, 3), lambda: __import__("keras").layers.DepthwiseConv2D(3, 2)),
-    "SeparableConv2D": ((8, 8, 3), lambda: __import__("keras").layers.SeparableConv2D(6, 3)),
+_EMPTY_BATCH_LAYERS = {  # layer: (input shape without the batch, constructor args)
+    "Conv1D": ((10, 3), (5, 3)),
+    "Conv2D": ((9, 9, 3), (5, 3, 2)),
+    "Conv3D": ((6, 6, 6, 2), (4, 3)),
+    "DepthwiseConv2D": ((8, 8, 3), (3, 2)),
+    "SeparableConv2D": ((8, 8, 3), (6, 3)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(_EMPTY_BATCH_LAYERS))
 def test_fix_conv_layers_on_empty_batch(name):
+    import keras
     import numpy as np
     import tensorflow as tf
 
     from tfmulti import keras_fixes
 
     keras_fixes.apply_empty_batch_conv_fix()
-    shape, make = _EMPTY_BATCH_LAYERS[name]
-    layer = make()
+    shape, args = _EMPTY_BATCH_LAYERS[name]
+    layer = getattr(keras.layers, name)(*args)
     x = tf.random.uniform((3, *shape), seed=1)
     full = layer(x)  # builds; static batch 3: the upstream op, unwrapped
     expected = (0, *full.shape[1:])

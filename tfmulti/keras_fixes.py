@@ -7,6 +7,7 @@ versions, so a fix can be dropped as soon as upstream mends it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 
@@ -275,8 +276,6 @@ def apply_multi_step_fix() -> None:
 # --------------------------------------------------------------------------
 
 def _empty_batch_safe(op):
-    import functools
-
     @functools.wraps(op)
     def wrapper(inputs, *args, **kwargs):
         batch = inputs.shape[0] if hasattr(inputs, "shape") else None
