@@ -176,7 +176,11 @@ def slurm_cluster_resolver(port_base: int):
 # training loops do: the first step outside the loop, then a `tf.while_loop`
 # over `get_next_as_optional()` whose body calls `strategy.run` directly (no
 # `tf.cond` around it); only the fetch of the next batch is conditional, so no
-# batch is consumed beyond `steps_per_execution`.
+# batch is consumed beyond `steps_per_execution`. The loop carries the
+# per-replica logs and reduces them once, after the last step (the logs are
+# the metrics' running results, so only the last step's count): under
+# MultiWorkerMirroredStrategy that reduction is a collective, a barrier
+# between the workers, so a block of K steps has K + 1 barriers, not 2K.
 # --------------------------------------------------------------------------
 
 def _multi_step_function(trainer, step_function):
@@ -187,12 +191,14 @@ def _multi_step_function(trainer, step_function):
 
     @tf.autograph.experimental.do_not_convert
     def one_step_on_data(data):
-        outputs = strategy.run(step_function, args=(data,))
-        return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+        return strategy.run(step_function, args=(data,))
 
     if not trainer.run_eagerly:
         one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True,
                                        jit_compile=trainer.jit_compile)
+
+    def reduce(outputs):
+        return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
     @tf.autograph.experimental.do_not_convert
     def multi_step_on_iterator(iterator):
@@ -210,7 +216,7 @@ def _multi_step_function(trainer, step_function):
         if steps > 1:
             _, outputs, _ = tf.while_loop(
                 more, body, [tf.constant(1), outputs, iterator.get_next_as_optional()])
-        return outputs
+        return reduce(outputs)
 
     if not trainer.run_eagerly:
         multi_step_on_iterator = tf.function(multi_step_on_iterator, reduce_retracing=True)
@@ -224,7 +230,7 @@ def _multi_step_function(trainer, step_function):
         outputs = None
         for _, data in zip(range(steps), iterator):
             outputs = one_step_on_data(data)
-        return outputs
+        return outputs if outputs is None else reduce(outputs)
 
     return function
 
