@@ -89,10 +89,10 @@ _WARMUP_EPOCHS = flags.DEFINE_float("warmup_epochs", 0.0, "Linear learning-rate 
                                     lower_bound=0.0)
 _OPTIMIZER = flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd"], "Optimizer.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and data order.")
-_STEPS_PER_EXECUTION = flags.DEFINE_integer(
-    "steps_per_execution", 1, "Training steps per tf.function call (less per-step overhead); "
-    "must divide the steps per epoch. Works with 2+ replicas through tfmulti.keras_fixes.",
-    lower_bound=1)
+_STEPS_PER_EXECUTION = flags.DEFINE_string(
+    "steps_per_execution", "auto", "Training steps per tf.function call (less per-step "
+    "overhead): a divisor of the steps per epoch, or auto (the largest one up to 32). Works "
+    "with 2+ replicas through tfmulti.keras_fixes.")
 _NUM_STAGES = flags.DEFINE_integer("num_stages", 2, "Pipeline stages (pipeline, hybrid).",
                                    lower_bound=1)
 _NUM_MICROBATCHES = flags.DEFINE_integer(

@@ -228,7 +228,8 @@ def test_resumes_in_process(tmp_path, strategy):
                           num_microbatches=2, dataset="synthetic", num_examples=512,
                           global_batch_size=64, epochs=2, optimizer="sgd",
                           learning_rate=0.05, dropout=0.0, seed=0, backup_dir=backup_dir,
-                          backup_every_steps=4, verbose=0), callbacks=[*callbacks, keep])
+                          backup_every_steps=4, steps_per_execution=1, verbose=0),
+              callbacks=[*callbacks, keep])
         return keep
 
     reference = run(str(tmp_path / "a"), [])

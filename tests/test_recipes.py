@@ -61,6 +61,8 @@ def test_train_recipe_regression_one_device(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["num_replicas"] == 1 and "test_mae" in metrics
+    assert metrics["steps_per_execution"] == 8  # auto: all 256 / 32 = 8 steps in one call
+    assert "8 steps/epoch, 8 per call" in result.stdout
     assert "test_accuracy" not in metrics
 
 
@@ -112,6 +114,8 @@ BAD_FLAGS = [
     (["stray_argument"], "unexpected arguments ['stray_argument']"),
     (["--steps_per_execution=3", "--global_batch_size=32"],  # 256 / 32 = 8 steps
      "`steps_per_execution` (3) must divide the steps per epoch (8)"),
+    (["--steps_per_execution=many"],
+     "`steps_per_execution` must be 'auto' or a positive integer, got 'many'"),
     (["--strategy=pipeline", "--global_batch_size=30", "--num_microbatches=4"],
      "`global_batch_size` (30) must split into 1 replica(s) x 4 micro-batches"),
     (["--strategy=pipeline", "--num_virtual_devices=2", "--num_stages=3"],

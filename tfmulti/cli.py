@@ -201,8 +201,10 @@ def _add_diagnose_parser(sub) -> None:
     p.add_argument("--base_batch_size", type=int, default=d.base_batch_size)
     p.add_argument("--warmup_epochs", type=float, default=d.warmup_epochs)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--steps_per_execution", type=int, default=d.steps_per_execution,
-                   help=f"training steps per tf.function call (default {d.steps_per_execution})")
+    p.add_argument("--steps_per_execution", default=d.steps_per_execution,
+                   help=f"training steps per tf.function call, or auto (default "
+                        f"{d.steps_per_execution}: the largest divisor of the steps per epoch up "
+                        f"to 32)")
     p.add_argument("--mixed_precision", default=d.mixed_precision,
                    help="none, bfloat16 or float16")
     p.add_argument("--jit_compile", action="store_true", help="compile the step with XLA")

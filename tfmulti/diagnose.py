@@ -323,8 +323,12 @@ class _Diagnoser:
     def run(self, measure_advice: bool, profile_dir: str | None) -> Diagnosis:
         from tfmulti import data, utilization
 
+        from tfmulti.training import resolve_steps_per_execution
+
         c = self.config
-        batch, spe = c.global_batch_size, c.steps_per_execution
+        batch = c.global_batch_size
+        spe = resolve_steps_per_execution(c.steps_per_execution, data.distribute(
+            self.train_ds, self.strategy, batch, seed=c.seed, **self.pipeline).steps_per_epoch)
         per_replica = data.per_replica_batch_size(batch, self.strategy.num_replicas_in_sync)
         self.say(f"diagnose: {self.name} on {', '.join(map(_short, self.devices))}, global "
                  f"batch {batch}, steps_per_execution {spe}")

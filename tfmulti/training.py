@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
@@ -26,6 +27,42 @@ import time
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid")
 MODEL_PARALLEL = ("pipeline", "hybrid")
 MIXED_PRECISION = ("none", "bfloat16", "float16")
+# The most training steps that steps_per_execution="auto" puts in one
+# tf.function call: enough to amortize the per-call cost (seed 003's 3x),
+# few enough that progress output, batch-level callbacks and a preemption
+# (answered at the end of a call) stay prompt.
+AUTO_STEPS_PER_EXECUTION = 32
+
+
+def parse_steps_per_execution(value) -> int | str:
+    """"auto" or a positive integer (also given as text, e.g. from a flag)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        number = int(value) if isinstance(value, str) else value
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ValueError(f"`steps_per_execution` must be 'auto' or a positive integer, got "
+                         f"{value!r}.")
+    return number
+
+
+def resolve_steps_per_execution(value, steps_per_epoch: int | None,
+                                backup_every_steps: int | None = None) -> int:
+    """The steps per call for `value`: itself, or for "auto" the largest divisor
+    of `steps_per_epoch` up to `AUTO_STEPS_PER_EXECUTION` (blocks must tile
+    the epoch) that also divides `backup_every_steps` (backups come at the
+    end of a call); 1 when the epoch length is unknown."""
+    value = parse_steps_per_execution(value)
+    if value != "auto":
+        return value
+    if not steps_per_epoch:
+        return 1
+    from tfmulti.diagnose import suggest_steps_per_execution
+
+    return suggest_steps_per_execution(math.gcd(steps_per_epoch, backup_every_steps or 0),
+                                       limit=AUTO_STEPS_PER_EXECUTION)
 
 
 @dataclasses.dataclass
@@ -36,6 +73,12 @@ class TrainConfig:
     recent GPUs) or "float16" (GPUs only; loss scaling is automatic): variables
     stay float32 and the logits are float32. `jit_compile` compiles the train
     step with XLA (not with the placed pipeline/hybrid strategies).
+
+    `steps_per_execution` is how many training steps run in one `tf.function`
+    call: "auto" (the default) takes the largest divisor of the steps per
+    epoch up to `AUTO_STEPS_PER_EXECUTION` (32) that also divides
+    `backup_every_steps`, 1 when the epoch length is unknown. Batch-level callbacks and the progress bar see the end of each
+    call; pass 1 where a callback must see every step.
 
     `backup_dir` makes the run resumable (see `tfmulti.backup`): a checkpoint at
     every epoch end and every `backup_every_steps` steps; rerunning the same
@@ -63,7 +106,7 @@ class TrainConfig:
     warmup_epochs: float = 0.0
     optimizer: str = "adam"
     seed: int | None = 0
-    steps_per_execution: int = 1
+    steps_per_execution: int | str = "auto"
     num_stages: int = 2
     num_microbatches: int = 4
     num_replicas: int = 2
@@ -83,10 +126,11 @@ class TrainConfig:
 
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; valid: {list(STRATEGIES)}.")
-        for name in ("epochs", "global_batch_size", "base_batch_size", "steps_per_execution"):
+        for name in ("epochs", "global_batch_size", "base_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        parse_steps_per_execution(self.steps_per_execution)
         if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
             raise ValueError(
                 f"`steps_per_epoch` must be positive (or unset for full epochs), "
@@ -280,12 +324,14 @@ def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
                                   training=True, seed=config.seed)
     test_input = data.distribute(test_ds, strategy, config.global_batch_size, training=False)
     steps_per_epoch = config.steps_per_epoch or train_input.steps_per_epoch
-    if steps_per_epoch and steps_per_epoch % config.steps_per_execution:
+    spe = resolve_steps_per_execution(config.steps_per_execution, steps_per_epoch,
+                                      config.backup_every_steps)
+    if steps_per_epoch and steps_per_epoch % spe:
         raise ValueError(
-            f"`steps_per_execution` ({config.steps_per_execution}) must divide the steps per "
-            f"epoch ({steps_per_epoch}): Keras runs whole blocks of steps, so an epoch would "
-            f"train {-(-steps_per_epoch // config.steps_per_execution) * config.steps_per_execution}"
-            f" steps; use a divisor of {steps_per_epoch} or set --steps_per_epoch.")
+            f"`steps_per_execution` ({spe}) must divide the steps per epoch "
+            f"({steps_per_epoch}): Keras runs whole blocks of steps, so an epoch would train "
+            f"{-(-steps_per_epoch // spe) * spe} steps; use a divisor of {steps_per_epoch}, "
+            f"'auto', or set --steps_per_epoch.")
     model = models.build_model(
         config.model, strategy=None if model_parallel else strategy,
         input_shape=info["input_shape"], num_classes=info["num_classes"] or 1,
@@ -305,7 +351,7 @@ def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
         learning_rate=config.learning_rate, lr_scaling=config.lr_scaling,
         global_batch_size=config.global_batch_size, base_batch_size=config.base_batch_size,
         warmup_epochs=config.warmup_epochs, steps_per_epoch=steps_per_epoch,
-        steps_per_execution=config.steps_per_execution,
+        steps_per_execution=spe,
         jit_compile=config.jit_compile,
     )
     # All checks passed: from here on we write.
@@ -326,12 +372,13 @@ def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
               f"on {[d for r in model.stage_devices for d in r]}; global batch "
               f"{config.global_batch_size} = {replicas} x {config.num_microbatches} "
               f"micro-batches of {config.global_batch_size // replicas // config.num_microbatches}"
-              f"; {steps_per_epoch} steps/epoch\n{model.plan.table()}\n"
+              f"; {steps_per_epoch} steps/epoch, {spe} per call\n{model.plan.table()}\n"
               f"{format_memory(model.memory_report(config.global_batch_size))}", flush=True)
     else:
         print(f"tfmulti: {strategy_lib.describe(strategy)}; global batch "
               f"{config.global_batch_size} = {train_input.num_replicas} x "
-              f"{train_input.per_replica_batch_size}; {steps_per_epoch} steps/epoch", flush=True)
+              f"{train_input.per_replica_batch_size}; {steps_per_epoch} steps/epoch, {spe} per "
+              f"call", flush=True)
     resumed_step = 0
     if config.backup_dir:
         from tfmulti import backup
@@ -376,7 +423,7 @@ def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
         "epochs_completed": resumed_step // steps_per_epoch + len(history.get("loss", [])),
         "resumed_from_step": resumed_step,
         "steps_per_epoch": steps_per_epoch,
-        "steps_per_execution": config.steps_per_execution,
+        "steps_per_execution": spe,
         "mixed_precision": config.mixed_precision,
         "jit_compile": config.jit_compile,
         "train_seconds": sum(epoch_seconds),

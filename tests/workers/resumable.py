@@ -63,7 +63,8 @@ def main():
     fields = dict(strategy=args.strategy, dataset="synthetic", num_examples=1024,
                   global_batch_size=64, epochs=3, optimizer="sgd", learning_rate=0.05,
                   dropout=0.0, seed=0, backup_dir=os.path.join(args.out_dir, "backup"),
-                  backup_every_steps=4, verbose=2)
+                  backup_every_steps=4, verbose=2,
+                  steps_per_execution=1)  # the tests kill and save at exact steps
     fields.update(json.loads(args.config))
     metrics = train(TrainConfig(**fields), callbacks=[Killer(), final])
     model = final.model_ref
