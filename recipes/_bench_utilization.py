@@ -23,11 +23,12 @@ TARGET_ACCURACY = 0.87
 BASELINE_BATCH = 32
 # tfmulti's side of the time-to-accuracy race: TrainConfig's defaults (global
 # batch 256; Adam 1e-3 tuned for base batch 256, so sqrt scaling keeps it and
-# no warmup is needed), the steps per execution `tfmulti diagnose` suggests
-# for 234 steps per epoch, and data.distribute's streaming (cache, prefetch to
-# the devices), under get_strategy("auto") (MirroredStrategy, 2 replicas).
+# no warmup is needed), its default steps per execution ("auto": 26 of the
+# 234 steps per epoch per call), and data.distribute's streaming (cache,
+# prefetch to the devices), under get_strategy("auto") (MirroredStrategy, 2
+# replicas).
 TTA_TFMULTI = {"global_batch_size": 256, "learning_rate": 1e-3, "lr_scaling": "sqrt",
-               "base_batch_size": 256, "warmup_epochs": 0.0, "steps_per_execution": 117}
+               "base_batch_size": 256, "warmup_epochs": 0.0, "steps_per_execution": "auto"}
 MAX_EPOCHS = {"seed": 8, "tfmulti": 12}
 
 
@@ -213,7 +214,7 @@ def tfmulti_worker(seed: int, steps_per_execution: int) -> dict:
     import tfmulti
 
     tfmulti.configure_virtual_devices(2)
-    from tfmulti import data, models, utilization
+    from tfmulti import data, models, training, utilization
 
     c = TTA_TFMULTI
     train, test = data.load("fashion_mnist", "train"), data.load("fashion_mnist", "test")
@@ -229,7 +230,8 @@ def tfmulti_worker(seed: int, steps_per_execution: int) -> dict:
         lr_scaling=c["lr_scaling"], global_batch_size=c["global_batch_size"],
         base_batch_size=c["base_batch_size"], warmup_epochs=c["warmup_epochs"],
         steps_per_epoch=train_input.steps_per_epoch,
-        steps_per_execution=c["steps_per_execution"])
+        steps_per_execution=training.resolve_steps_per_execution(
+            c["steps_per_execution"], train_input.steps_per_epoch))
 
     def test_accuracy(logs):
         return model.evaluate(**test_input.evaluate_kwargs(), verbose=0,
@@ -239,7 +241,8 @@ def tfmulti_worker(seed: int, steps_per_execution: int) -> dict:
               callbacks=[race.callback(test_accuracy)])
     result = {"side": "tfmulti", **race.result(train_input.steps_per_epoch
                                                * c["global_batch_size"]),
-              "num_replicas": strategy.num_replicas_in_sync, **c}
+              "num_replicas": strategy.num_replicas_in_sync, **c,
+              "steps_per_execution": model.steps_per_execution}
 
     strategy = tfmulti.get_strategy("mirrored")
     dist = data.distribute(train, strategy, BASELINE_BATCH, seed=0)

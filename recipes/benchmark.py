@@ -6,7 +6,7 @@ Suites:
   scaling  Multi-worker scaling on the CNN: 2 workers pinned to one core each
            (`tfmulti launch --pin_cpus`) vs 1 worker pinned to one core, at the
            same per-worker batch (so 2 workers process twice the global batch
-           per step). Figure: throughput ratio (goal >= 1.8x, 90% efficiency).
+           per step), 12 steps per call (--scaling_steps_per_execution). Figure: throughput ratio (goal >= 1.8x, 90% efficiency).
            A round launches both configurations back to back (interleaved, so
            drift on a shared machine hits both alike), each for --epochs
            epochs; each epoch after the first is a repeat (examples/s of that
@@ -39,7 +39,7 @@ Suites:
            Adam), training examples/s of
            epoch 2 (goal >= 1.8x). time_to_accuracy_speedup: wall time until the
            test accuracy first reaches 0.87, seed / tfmulti's defaults (global
-           batch 256, sqrt learning-rate scaling, 117 steps per execution,
+           batch 256, sqrt learning-rate scaling, steps per execution auto,
            cached and prefetched input), each evaluated after every epoch and
            the evaluation counted (goal >= 4x).
   overhead tfmulti's `fit` vs a hand-written tf.distribute loop doing the same work
@@ -62,6 +62,7 @@ machine's CPU count and the ceiling it implies) and FILE.png (a plot).
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -83,6 +84,10 @@ _PER_WORKER_BATCH = flags.DEFINE_integer(
     "the all-reduce round trip among them, weigh twice as much).", lower_bound=1)
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 12288,
                                      "Scaling: synthetic examples per epoch.", lower_bound=1)
+_SCALING_SPE = flags.DEFINE_integer(
+    "scaling_steps_per_execution", 12, "Scaling: steps per tf.function call of every launch "
+    "(the same for 1 and 2 workers); must divide the steps per epoch of both (24 and 12 at "
+    "the defaults).", lower_bound=1)
 _PIPELINE_WORKER = flags.DEFINE_string("pipeline_worker", None,
                                        "Internal: run one pipeline configuration (JSON).")
 _WORKER = flags.DEFINE_string("worker", None,
@@ -106,7 +111,7 @@ def _launch_command(num_workers: int, model_dir: str) -> list[str]:
         "--strategy=multi_worker", "--model=cnn", "--dataset=synthetic",
         f"--num_examples={_NUM_EXAMPLES.value}", f"--epochs={_EPOCHS.value}",
         f"--global_batch_size={_PER_WORKER_BATCH.value * num_workers}",
-        f"--model_dir={model_dir}",
+        f"--steps_per_execution={_SCALING_SPE.value}", f"--model_dir={model_dir}",
     ]
 
 
@@ -168,6 +173,12 @@ def scaling_suite(repeats: int) -> dict:
     if cores < 2:
         raise ValueError(f"the scaling suite needs at least 2 cores for 2 pinned workers, "
                          f"this process may use {cores}.")
+    spe = _SCALING_SPE.value
+    steps = [_NUM_EXAMPLES.value // (_PER_WORKER_BATCH.value * n) for n in (1, 2)]
+    if any(s % spe for s in steps):
+        raise ValueError(f"--scaling_steps_per_execution={spe} must divide the steps per "
+                         f"epoch of 1 and of 2 workers ({steps[0]} and {steps[1]}); use a "
+                         f"common divisor such as {math.gcd(*steps)}.")
     # A launch costs ~10 s before its first step, so each launch times several
     # epochs: a round is one launch of 1 worker and one of 2, and repeat i of
     # a round pairs their epoch i (rounds interleave the two over time).
@@ -200,6 +211,7 @@ def scaling_suite(repeats: int) -> dict:
                        "--pin_cpus), CNN, same per-worker batch; per round one launch of each, "
                        f"{timed} timed epochs after a warm-up one, paired epoch by epoch",
         "per_worker_batch": _PER_WORKER_BATCH.value,
+        "steps_per_execution": _SCALING_SPE.value,
         "examples_per_epoch": _NUM_EXAMPLES.value,
         "epochs_per_launch": _EPOCHS.value,
         "rounds": rounds,
