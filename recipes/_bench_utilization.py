@@ -391,11 +391,16 @@ def overhead_suite(repeats: int) -> dict:
 # inter_op 2: the step runs on one inter-op thread while the other serves the
 # prefetch-to-device transfers; with 1 they queue behind each other (streaming
 # 1.27 x max measured, and even uncoupled input and compute slowed each other
-# 1.27x). prefetch_per_replica 8: input and step cost the same on average, so
-# a short buffer lets either side's jitter stall the other (8 vs 2: 1.09-1.11
-# vs 1.20 x max).
+# 1.27x). prefetch_per_replica 32: input and step cost the same on average, so
+# the buffer's fill is a random walk, and each time it runs empty (the step
+# waits) or full (the input waits) time is lost that the other side, having
+# no slack, never makes up; a buffer that outlasts the machine's stalls
+# (40-90 ms here, 4-9 steps) rarely hits either end (8 vs 2: 1.09-1.11 vs
+# 1.20 x max; 32 vs 8, alternating, 2 repeats each, in a slow phase on
+# 2026-12-01: 0.96, 1.06, 1.27, 1.23 vs 1.23, 1.27, 1.42, 1.51). 32 batches
+# of 256 MLP inputs are 26 MB.
 STREAMING = {"global_batch_size": 256, "steps_per_execution": 16, "num_examples": 16384,
-             "cycles": 3, "seconds": 0.5, "inter_op": 2, "prefetch_per_replica": 8}
+             "cycles": 3, "seconds": 0.5, "inter_op": 2, "prefetch_per_replica": 32}
 
 
 def _threads() -> set[int]:

@@ -143,10 +143,11 @@ def _check(process, output: str) -> None:
                            f"{' '.join(process.args)}\n{output[-6000:]}")
 
 
-def _train_independent_pair(model_dir: str) -> list[float]:
-    """examples/s of 2 independent 1-worker runs at once, one per core (no
-    communication), summed epoch by epoch: the most a synchronous 2-worker run
-    of the same work can reach on these 2 cores."""
+def _train_independent_pair(model_dir: str) -> list[list[float]]:
+    """examples/s per epoch of 2 independent 1-worker runs at once, one per
+    core (no communication), one list per core; summed epoch by epoch, the
+    most a synchronous 2-worker run of the same work can reach on these 2
+    cores (and twice the slower core, if one core stays slower)."""
     cores = sorted(os.sched_getaffinity(0))[:2]
     runs = []
     for core in cores:
@@ -165,7 +166,7 @@ def _train_independent_pair(model_dir: str) -> list[float]:
                 process.wait()
     for (_, process), output in zip(runs, outputs):
         _check(process, output)
-    return [sum(pair) for pair in zip(*(_epoch_throughputs(f) for f, _ in runs))]
+    return [_epoch_throughputs(folder) for folder, _ in runs]
 
 
 def scaling_suite(repeats: int) -> dict:
@@ -185,12 +186,16 @@ def scaling_suite(repeats: int) -> dict:
     timed = _EPOCHS.value - 1
     rounds = -(-repeats // timed)
     one, two, pair, ratios, pair_ratios, ceilings, efficiencies = [], [], [], [], [], [], []
+    per_core = [[], []]
     with tempfile.TemporaryDirectory(prefix="tfmulti-bench-") as tmp:
         for round_ in range(rounds):
             start = time.monotonic()
             a = _train_under_launcher(1, os.path.join(tmp, f"one-{round_}"))
             b = _train_under_launcher(2, os.path.join(tmp, f"two-{round_}"))
-            c = _train_independent_pair(os.path.join(tmp, f"pair-{round_}"))
+            cores_rates = _train_independent_pair(os.path.join(tmp, f"pair-{round_}"))
+            c = [sum(rates) for rates in zip(*cores_rates)]
+            for rates, core in zip(cores_rates, per_core):
+                core += rates
             ceiling = utilization_suites.hardware_ceiling(2.0)
             one += a
             two += b
@@ -203,7 +208,9 @@ def scaling_suite(repeats: int) -> dict:
                   f"{', '.join(f'{x:,.0f}' for x in a)} ex/s, 2 workers "
                   f"{', '.join(f'{y:,.0f}' for y in b)} ex/s, ratios "
                   f"{', '.join(f'{y / x:.2f}x' for x, y in zip(a, b))}; 2 independent "
-                  f"1-worker runs {', '.join(f'{z / x:.2f}x' for x, z in zip(a, c))}; "
+                  f"1-worker runs {', '.join(f'{z / x:.2f}x' for x, z in zip(a, c))} (per "
+                  f"core {' + '.join(f'{statistics.median(r):,.0f}' for r in cores_rates)} "
+                  f"ex/s); "
                   f"hardware ceiling {ceiling:.2f}x ({time.monotonic() - start:.0f} s)",
                   flush=True)
     return {
@@ -219,6 +226,7 @@ def scaling_suite(repeats: int) -> dict:
         "examples_per_second_2_workers": two,
         "multi_worker_scaling": summary(ratios),
         "examples_per_second_independent_pair": pair,
+        "examples_per_second_independent_pair_per_core": per_core,
         "independent_pair_scaling": summary(pair_ratios),
         "synchronization_efficiency": summary(
             [r / p for r, p in zip(ratios, pair_ratios)]),

@@ -516,7 +516,9 @@ def distribute(
             Keras shows progress against a known total; fit then needs
             `steps_per_epoch`, which `fit_kwargs()` supplies. Default: True
             for training data of known size, else False.
-        prefetch_per_replica: batches buffered on each device.
+        prefetch_per_replica: batches buffered on each device. Where input and
+            step cost about the same, a deeper buffer (8-32) absorbs either
+            side's stalls (the streaming benchmark uses 32).
         skip_steps: training only: start after this many global batches of the
             repeated stream (a resumed run; see `tfmulti.backup`). The order is
             the one an uninterrupted run sees when `seed` is set.
