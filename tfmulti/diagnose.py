@@ -322,7 +322,6 @@ class _Diagnoser:
 
     def run(self, measure_advice: bool, profile_dir: str | None) -> Diagnosis:
         from tfmulti import data, utilization
-
         from tfmulti.training import resolve_steps_per_execution
 
         c = self.config

@@ -174,6 +174,7 @@ def compile_model(
     warmup_epochs: float = 0.0,
     steps_per_epoch: int | None = None,
     task: str | None = None,
+    steps_per_execution: int | str = "auto",
     **compile_kwargs,
 ) -> keras.Model:
     """Compiles `model` under `strategy.scope()` with a scaled learning rate.
@@ -190,10 +191,15 @@ def compile_model(
         base_batch_size: the batch `learning_rate` was tuned for (default 256).
         warmup_epochs: ramp linearly from `learning_rate` to the scaled rate
             over this many epochs (needs `steps_per_epoch`); 0 disables it.
-        steps_per_epoch: steps per epoch, for the warmup length.
+        steps_per_epoch: steps per epoch, for the warmup length and for
+            `steps_per_execution="auto"` (e.g. `DistributedInput.steps_per_epoch`).
         task: "classification" (sparse categorical cross-entropy on logits and
             accuracy) or "regression" (MSE and MAE); default from the model name.
-        **compile_kwargs: passed to `model.compile` (e.g. `steps_per_execution`).
+        steps_per_execution: training steps per `tf.function` call (works with
+            2+ replicas, `tfmulti.keras_fixes`); "auto" (default): the largest
+            divisor of `steps_per_epoch` up to 32, or 1 without `steps_per_epoch`
+            (`tfmulti.training.resolve_steps_per_execution`).
+        **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
 
     Returns:
         The model, compiled.
@@ -222,6 +228,9 @@ def compile_model(
             f"`jit_compile=True` does not work with {replicas} replicas in Keras 3 "
             f"(keras-team/keras#17187, #19005: XLA cannot reach the other replicas' "
             f"variables); use one device (--strategy=one_device) or drop --jit_compile.")
+    from tfmulti.training import resolve_steps_per_execution
+
+    spe = resolve_steps_per_execution(steps_per_execution, steps_per_epoch)
     task = task or MODELS.get(model.name, (None, "classification"))[1]
     if task not in ("classification", "regression"):
         raise ValueError(f"`task` must be 'classification' or 'regression', got {task!r}.")
@@ -242,5 +251,5 @@ def compile_model(
             loss = keras.losses.MeanSquaredError()
             metrics = [keras.metrics.MeanAbsoluteError(name="mae")]
         compile_kwargs.setdefault("metrics", metrics)
-        model.compile(optimizer=opt, loss=loss, **compile_kwargs)
+        model.compile(optimizer=opt, loss=loss, steps_per_execution=spe, **compile_kwargs)
     return model

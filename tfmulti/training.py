@@ -77,8 +77,9 @@ class TrainConfig:
     `steps_per_execution` is how many training steps run in one `tf.function`
     call: "auto" (the default) takes the largest divisor of the steps per
     epoch up to `AUTO_STEPS_PER_EXECUTION` (32) that also divides
-    `backup_every_steps`, 1 when the epoch length is unknown. Batch-level callbacks and the progress bar see the end of each
-    call; pass 1 where a callback must see every step.
+    `backup_every_steps`, 1 when the epoch length is unknown. Batch-level
+    callbacks and the progress bar see the end of each call; pass 1 where a
+    callback must see every step.
 
     `backup_dir` makes the run resumable (see `tfmulti.backup`): a checkpoint at
     every epoch end and every `backup_every_steps` steps; rerunning the same
