@@ -6,7 +6,8 @@ Suites:
   scaling  Multi-worker scaling on the CNN: 2 workers pinned to one core each
            (`tfmulti launch --pin_cpus`) vs 1 worker pinned to one core, at the
            same per-worker batch (so 2 workers process twice the global batch
-           per step), 12 steps per call (--scaling_steps_per_execution). Figure: throughput ratio (goal >= 1.8x, 90% efficiency).
+           per step), 12 steps per call (--scaling_steps_per_execution).
+           Figure: throughput ratio (goal >= 1.8x, 90% efficiency).
            A round launches both configurations back to back (interleaved, so
            drift on a shared machine hits both alike), each for --epochs
            epochs; each epoch after the first is a repeat (examples/s of that
