@@ -476,6 +476,17 @@ def input_pipeline(
     return dataset.prefetch(tf.data.AUTOTUNE) if prefetch else dataset
 
 
+def steps_per_epoch(dataset: tf.data.Dataset, global_batch_size: int,
+                    training: bool = True) -> int | None:
+    """Global steps in one pass over unbatched `dataset` (what `distribute`
+    reports): whole batches for training, the last partial one counted
+    otherwise; None when its size is infinite or unknown."""
+    size = int(dataset.cardinality())
+    if size < 0:
+        return None
+    return size // global_batch_size if training else -(-size // global_batch_size)
+
+
 def distribute(
     dataset: tf.data.Dataset | Callable[[], tf.data.Dataset],
     strategy: tf.distribute.Strategy,
@@ -559,17 +570,13 @@ def distribute(
             f"`input_threads` must be a positive integer or None, got {input_threads!r}."
         )
     make = dataset if callable(dataset) else (lambda: dataset)
-    size = int(make().cardinality())
-    if size < 0:
-        size = None  # infinite or unknown
-    steps = None
-    if size is not None:
-        steps = size // global_batch_size if training else -(-size // global_batch_size)
-        if training and steps == 0:
-            raise ValueError(
-                f"`global_batch_size` ({global_batch_size}) exceeds the number of "
-                f"training examples ({size}); use at most {size}."
-            )
+    steps = steps_per_epoch(make(), global_batch_size, training=training)
+    if training and steps == 0:
+        size = int(make().cardinality())
+        raise ValueError(
+            f"`global_batch_size` ({global_batch_size}) exceeds the number of "
+            f"training examples ({size}); use at most {size}."
+        )
 
     if repeat is None:
         repeat = training and steps is not None

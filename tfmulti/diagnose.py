@@ -326,8 +326,8 @@ class _Diagnoser:
 
         c = self.config
         batch = c.global_batch_size
-        spe = resolve_steps_per_execution(c.steps_per_execution, data.distribute(
-            self.train_ds, self.strategy, batch, seed=c.seed, **self.pipeline).steps_per_epoch)
+        spe = resolve_steps_per_execution(c.steps_per_execution,
+                                          data.steps_per_epoch(self.train_ds, batch))
         per_replica = data.per_replica_batch_size(batch, self.strategy.num_replicas_in_sync)
         self.say(f"diagnose: {self.name} on {', '.join(map(_short, self.devices))}, global "
                  f"batch {batch}, steps_per_execution {spe}")
