@@ -83,11 +83,24 @@ def hardware_ceiling(seconds: float = 3.0) -> float:
     return together / alone
 
 
+def machine_worker() -> dict:
+    """What the figures depend on beyond the core count: the CPU, whether
+    TensorFlow runs its oneDNN kernels (several times faster convolutions;
+    on by default only on CPUs with AVX-512 neural-network features), the
+    versions."""
+    from tfmulti import environment
+
+    report = environment.env_report()
+    return {key: report[key] for key in ("cpu_model", "onednn", "cpu_count", "tensorflow",
+                                         "keras", "platform")}
+
+
 def worker(config: dict) -> dict:
     """The `--worker` entry point: dispatches to one of the workers below."""
     kind = config.pop("kind")
     return {"seed": seed_worker, "tfmulti": tfmulti_worker, "overhead": overhead_worker,
-            "streaming": streaming_worker, "devices": devices_worker}[kind](**config)
+            "streaming": streaming_worker, "devices": devices_worker,
+            "machine": machine_worker}[kind](**config)
 
 
 # --------------------------------------------------------------------------

@@ -57,7 +57,8 @@ Suites:
   all      every suite above.
 
 Writes FILE.json (every measurement, median/min/max of each ratio, the
-machine's CPU count and the ceiling it implies) and FILE.png (a plot).
+machine: CPU model and count, whether TensorFlow runs oneDNN, versions) and
+FILE.png (a plot).
 """
 
 from __future__ import annotations
@@ -381,13 +382,18 @@ def main(argv):
         print(json.dumps(utilization_suites.worker(json.loads(_WORKER.value))))
         return
     suites = SUITES if _SUITE.value == "all" else (_SUITE.value,)
+    start = time.monotonic()
+    machine = utilization_suites.run_worker("machine", timeout=120)
+    print(f"machine: {machine['cpu_model']}, {machine['cpu_count']} cores, oneDNN "
+          f"{'on' if machine['onednn'] else 'off'}; TensorFlow {machine['tensorflow']}, "
+          f"Keras {machine['keras']}", flush=True)
     results = {
         "command": " ".join(["python", "recipes/benchmark.py", *sys.argv[1:]]),
         "cpu_count": os.cpu_count(),
+        "machine": machine,
         "repeats": _REPEATS.value,
         "suites": {},
     }
-    start = time.monotonic()
     results["suite_seconds"] = {}
     for name in suites:
         repeats = _REPEATS.value

@@ -6,6 +6,7 @@ Keras upgrade, upstream has fixed the bug: drop the workaround.
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -168,7 +169,14 @@ def test_fix_steps_per_execution_with_replicas_matches_one_step_per_call():
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-# Fix 6: convolutions on an empty batch (oneDNN).
+# Fix 6: convolutions on an empty batch (oneDNN). The bug is in oneDNN's
+# kernels, which TensorFlow turns on by default only on x86 CPUs with AVX-512
+# neural-network features (VNNI, BF16, AMX); elsewhere (an AVX2-only CPU, say)
+# the same tests would pass without the fix. So they run in a process with
+# oneDNN switched on (TF_ENABLE_ONEDNN_OPTS=1), and mean the same on any x86
+# CPU.
+_ONEDNN_ON = {"TF_ENABLE_ONEDNN_OPTS": "1"}
+_NO_ONEDNN = "this TensorFlow build has no oneDNN (TF_ENABLE_ONEDNN_OPTS=1 did not turn it on)"
 
 _EMPTY_CONV = textwrap.dedent("""
     import tensorflow as tf
@@ -198,10 +206,9 @@ _EMPTY_CONV = textwrap.dedent("""
 def test_upstream_bug_conv_on_empty_batch():
     # Same oneDNN conv kernel as tensorflow/tensorflow#30968 (fixed there for
     # Conv3D only): an empty batch comes back with the input's shape.
-    result = run_python(["-c", _EMPTY_CONV], timeout=120)
+    result = run_python(["-c", _EMPTY_CONV], timeout=120, env=_ONEDNN_ON)
     if "onednn False" in result.stdout:
-        pytest.skip("oneDNN is off in this environment (TF_ENABLE_ONEDNN_OPTS=0); the "
-                    "bug is in the oneDNN kernel")
+        pytest.skip(_NO_ONEDNN)
     assert "conv2d shape (0, 14, 14, 32)" in result.stdout, result.stdout + result.stderr[-2000:]
     assert result.returncode != 0
     assert "Incompatible shapes" in result.stderr or "evenly divisible" in result.stderr
@@ -216,44 +223,22 @@ _EMPTY_BATCH_LAYERS = {  # layer: (input shape without the batch, constructor ar
     "SeparableConv2D": ((8, 8, 3), (6, 3)),
 }
 
-
-@pytest.mark.parametrize("name", sorted(_EMPTY_BATCH_LAYERS))
-def test_fix_conv_layers_on_empty_batch(name):
-    import keras
+# One process, oneDNN on: first the upstream test's evaluation through
+# get_strategy (which installs the fix) against one device evaluating the same
+# weights, then each layer on an empty batch. Prints one JSON line.
+_EMPTY_BATCH_FIX = textwrap.dedent("""
+    import json, sys
     import numpy as np
     import tensorflow as tf
-
-    from tfmulti import keras_fixes
-
-    keras_fixes.apply_empty_batch_conv_fix()
-    shape, args = _EMPTY_BATCH_LAYERS[name]
-    layer = getattr(keras.layers, name)(*args)
-    x = tf.random.uniform((3, *shape), seed=1)
-    full = layer(x)  # builds; static batch 3: the upstream op, unwrapped
-    expected = (0, *full.shape[1:])
-    assert tuple(layer(x[:0]).shape) == expected  # eager, static empty batch
-    dynamic = tf.function(layer.__call__,
-                          input_signature=[tf.TensorSpec((None, *shape), tf.float32)])
-    assert tuple(dynamic(x[:0]).shape) == expected
-    np.testing.assert_allclose(dynamic(x), full, atol=1e-5)
-    # A graph with a known, positive batch (every training step) is unchanged: no cond.
-    static = tf.function(layer.__call__).get_concrete_function(
-        tf.TensorSpec((3, *shape), tf.float32))
-    ops = {op.type for op in static.graph.get_operations()}
-    assert not ops & {"If", "StatelessIf"}, ops
-    assert {op.type for op in dynamic.get_concrete_function().graph.get_operations()} & {
-        "If", "StatelessIf"}
-
-
-def test_fix_evaluates_conv_model_with_empty_replicas():
-    # The upstream test's evaluation, through get_strategy (which installs the
-    # fix): the result equals one device evaluating the same weights.
+    from tensorflow.python.util import _pywrap_util_port
+    import tfmulti
+    from tfmulti import data, keras_fixes
+    tfmulti.configure_virtual_devices(2)
     import keras
 
-    import tfmulti
-    from tfmulti import data
-
+    out = {"onednn": _pywrap_util_port.IsMklEnabled()}
     strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    out["installed_by_get_strategy"] = "empty_batch_conv" in keras_fixes._applied
 
     def build():
         model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(4, 3),
@@ -266,11 +251,65 @@ def test_fix_evaluates_conv_model_with_empty_replicas():
     with strategy.scope():
         model = build()
     test_data = data.load("synthetic", "test", num_examples=80)
-    assert int(test_data.cardinality()) % 64 == 16  # last batch: replica 1 gets nothing
+    out["last_batch"] = int(test_data.cardinality()) % 64
     test = data.distribute(test_data, strategy, 64, training=False)
-    got = model.evaluate(**test.evaluate_kwargs(), return_dict=True, verbose=0)
+    out["distributed"] = model.evaluate(**test.evaluate_kwargs(), return_dict=True, verbose=0)
     single = build()
     single.set_weights(model.get_weights())
-    want = single.evaluate(test_data.batch(64), return_dict=True, verbose=0)
+    out["one_device"] = single.evaluate(test_data.batch(64), return_dict=True, verbose=0)
+
+    def has_cond(graph):
+        return bool({op.type for op in graph.get_operations()} & {"If", "StatelessIf"})
+
+    for name, (shape, args) in json.loads(sys.argv[1]).items():
+        layer = getattr(keras.layers, name)(*args)
+        x = tf.random.uniform((3, *shape), seed=1)
+        full = layer(x)  # builds; static batch 3: the upstream op, unwrapped
+        dynamic = tf.function(layer.__call__,
+                              input_signature=[tf.TensorSpec((None, *shape), tf.float32)])
+        # A graph with a known, positive batch (every training step): no cond.
+        static = tf.function(layer.__call__).get_concrete_function(
+            tf.TensorSpec((3, *shape), tf.float32))
+        out[name] = {
+            "expected": [0, *full.shape[1:]],
+            "eager": list(layer(x[:0]).shape),  # eager, static empty batch
+            "dynamic": list(dynamic(x[:0]).shape),
+            "max_difference": float(np.max(np.abs(dynamic(x) - full))),
+            "static_has_cond": has_cond(static.graph),
+            "dynamic_has_cond": has_cond(dynamic.get_concrete_function().graph),
+        }
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def empty_batch_fix():
+    result = run_python(["-c", _EMPTY_BATCH_FIX, json.dumps(_EMPTY_BATCH_LAYERS)],
+                        timeout=180, env=_ONEDNN_ON)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    if not out["onednn"]:
+        pytest.skip(_NO_ONEDNN)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(_EMPTY_BATCH_LAYERS))
+def test_fix_conv_layers_on_empty_batch(name, empty_batch_fix):
+    r = empty_batch_fix[name]
+    assert r["eager"] == r["expected"]
+    assert r["dynamic"] == r["expected"]
+    assert r["max_difference"] <= 1e-5  # full batches: the same values
+    # Training graphs (static, full batches) are unchanged; only an unknown
+    # batch size gets the cond.
+    assert not r["static_has_cond"]
+    assert r["dynamic_has_cond"]
+
+
+def test_fix_evaluates_conv_model_with_empty_replicas(empty_batch_fix):
+    # The upstream test's evaluation, through get_strategy (which installs the
+    # fix): the result equals one device evaluating the same weights.
+    assert empty_batch_fix["installed_by_get_strategy"]
+    assert empty_batch_fix["last_batch"] == 16  # replica 1 gets nothing
+    got, want = empty_batch_fix["distributed"], empty_batch_fix["one_device"]
     assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
     assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)

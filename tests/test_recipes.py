@@ -182,13 +182,33 @@ def test_cli_env_json():
     report = json.loads(result.stdout)
     for key in ("python", "tensorflow", "keras", "tensorflow_datasets", "absl_py",
                 "physical_devices", "logical_devices", "gpus", "nccl_usable", "cpu_count",
-                "ram_bytes", "tf_config"):
+                "cpu_model", "onednn", "ram_bytes", "tf_config"):
         assert key in report, key
     assert report["python"] == ".".join(map(str, sys.version_info[:3]))
     assert report["tensorflow"].startswith("2.21")
     assert report["keras"].startswith("3.")
     assert len([d for d in report["logical_devices"] if ":CPU:" in d]) == 3
     assert report["cpu_count"] == os.cpu_count()
+    assert report["onednn"] in (True, False)
+
+
+def test_cli_env_reports_onednn_as_forced():
+    # TF_ENABLE_ONEDNN_OPTS overrides TensorFlow's per-CPU default both ways.
+    for value, expected in (("0", False), ("1", True)):
+        result = run_python(["-m", "tfmulti.cli", "env", "--json"],
+                            env={"TF_ENABLE_ONEDNN_OPTS": value})
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert json.loads(result.stdout)["onednn"] is expected, value
+
+
+def test_benchmark_records_the_machine():
+    # BENCHMARKS.md compares runs across machines: each run's JSON says which.
+    result = run_python([str(REPO / "recipes" / "benchmark.py"), '--worker={"kind": "machine"}'])
+    assert result.returncode == 0, result.stderr[-2000:]
+    machine = json.loads(result.stdout.strip().splitlines()[-1])
+    assert machine["cpu_count"] == os.cpu_count()
+    assert machine["onednn"] in (True, False)
+    assert machine["cpu_model"] and machine["tensorflow"].startswith("2.21")
 
 
 def test_cli_env_shows_tf_config():

@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tfmulti", description="Multi-device training for TensorFlow + Keras 3."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    env = sub.add_parser("env", help="report versions, devices, NCCL, CPUs, RAM, TF_CONFIG")
+    env = sub.add_parser("env", help="report versions, devices, NCCL, CPUs, oneDNN, RAM, TF_CONFIG")
     env.add_argument("--json", action="store_true", help="print JSON")
     env.add_argument("--num_virtual_devices", type=int, default=0,
                      help="split the CPU into this many logical devices first")

@@ -1,4 +1,4 @@
-"""Environment report (`tfmulti env`): versions, devices, NCCL, CPU, RAM, TF_CONFIG.
+"""Environment report (`tfmulti env`): versions, devices, NCCL, CPU, oneDNN, RAM, TF_CONFIG.
 
 What a bug report or a scaling question needs to know, as a dict
 (`env_report`) or aligned text (`format_env_report`).
@@ -45,6 +45,31 @@ def _nvidia_smi_gpus(timeout_s: float = 10.0) -> list[dict]:
         index, name, mem = (part.strip() for part in line.split(","))
         gpus.append({"index": int(index), "name": name, "memory_mib": int(float(mem))})
     return gpus
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def onednn_enabled() -> bool | None:
+    """Whether TensorFlow runs its oneDNN CPU kernels: its default on x86 CPUs
+    with AVX-512 neural-network features (VNNI, BF16, AMX), off elsewhere
+    unless TF_ENABLE_ONEDNN_OPTS=1 (and =0 turns it off). CPU speed differs
+    severalfold between the two, so benchmarks record it. None where
+    TensorFlow does not say."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None
 
 
 def env_report() -> dict:
@@ -98,6 +123,8 @@ def env_report() -> dict:
         "nccl_usable": nccl,
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": cpu_model(),
+        "onednn": onednn_enabled(),
         "ram_bytes": _ram_bytes(),
         "tf_config": tf_config_value,
     }

@@ -255,22 +255,24 @@ def apply_multi_step_fix() -> None:
 
 
 # --------------------------------------------------------------------------
-# Fix 6: convolutions on an empty batch (oneDNN, TensorFlow's CPU default).
+# Fix 6: convolutions on an empty batch (oneDNN).
 #
-# With oneDNN on, `Conv2D`, `Conv3D` and `DepthwiseConv2dNative` given a batch
-# of 0 examples return a tensor of their *input's* shape: a 3x3, 32 -> 64
-# convolution of (0, 14, 14, 32) gives (0, 14, 14, 32), not (0, 12, 12, 64),
-# and the next layer fails ("input depth must be evenly divisible by filter
-# depth: 1 vs 32", or "Incompatible shapes" at the bias add). Empty batches
-# are normal under tf.distribute: when the last evaluation batch is smaller
-# than the replica count times the per-replica batch, the replicas past the
-# data get 0 examples (Fashion-MNIST's 10,000 test images at global batch 256
-# on 2 workers: the last batch has 16, worker 1 gets none). So
-# `model.evaluate` of any conv model crashes on such a split. With
-# TF_ENABLE_ONEDNN_OPTS=0 the shape is right. Upstream: the same oneDNN
-# ("MKL") conv kernel was fixed once for Conv3D,
-# https://github.com/tensorflow/tensorflow/pull/30968; the Conv2D/depthwise
-# case is not reported there yet (TF 2.21.0).
+# oneDNN is TensorFlow's default on x86 CPUs with AVX-512 neural-network
+# features (VNNI, BF16, AMX); TF_ENABLE_ONEDNN_OPTS=1 turns it on elsewhere
+# (an AVX2-only CPU), =0 off. With oneDNN on, `Conv2D`, `Conv3D` and
+# `DepthwiseConv2dNative` given a batch of 0 examples return a tensor of
+# their *input's* shape: a 3x3, 32 -> 64 convolution of (0, 14, 14, 32) gives
+# (0, 14, 14, 32), not (0, 12, 12, 64), and the next layer fails ("input
+# depth must be evenly divisible by filter depth: 1 vs 32", or "Incompatible
+# shapes" at the bias add). Empty batches are normal under tf.distribute:
+# when the last evaluation batch is smaller than the replica count times the
+# per-replica batch, the replicas past the data get 0 examples
+# (Fashion-MNIST's 10,000 test images at global batch 256 on 2 workers: the
+# last batch has 16, worker 1 gets none). So `model.evaluate` of any conv
+# model crashes on such a split. With TF_ENABLE_ONEDNN_OPTS=0 the shape is
+# right. Upstream: the same oneDNN ("MKL") conv kernel was fixed once for
+# Conv3D, https://github.com/tensorflow/tensorflow/pull/30968; the
+# Conv2D/depthwise case is not reported there yet (TF 2.21.0).
 #
 # The fix wraps Keras' TensorFlow-backend `conv`, `depthwise_conv` and
 # `separable_conv`: where the batch size is not known to be positive when the
