@@ -384,9 +384,9 @@ def main(argv):
     suites = SUITES if _SUITE.value == "all" else (_SUITE.value,)
     start = time.monotonic()
     machine = utilization_suites.run_worker("machine", timeout=120)
-    print(f"machine: {machine['cpu_model']}, {machine['cpu_count']} cores, oneDNN "
-          f"{'on' if machine['onednn'] else 'off'}; TensorFlow {machine['tensorflow']}, "
-          f"Keras {machine['keras']}", flush=True)
+    onednn = {True: "on", False: "off"}.get(machine["onednn"], "unknown")
+    print(f"machine: {machine['cpu_model']}, {machine['cpu_count']} cores, oneDNN {onednn}; "
+          f"TensorFlow {machine['tensorflow']}, Keras {machine['keras']}", flush=True)
     results = {
         "command": " ".join(["python", "recipes/benchmark.py", *sys.argv[1:]]),
         "cpu_count": os.cpu_count(),
