@@ -20,12 +20,16 @@ Suites:
            (same global batch; keys virtual_devices_2_vs_1, _4_vs_1; ceiling
            1.0, the virtual devices share the cores).
   pipeline Training step of a 2-stage pipeline on 2 virtual CPU devices (intra-op
-           threads 1, 8 Dense(1024) layers, batch 512; per repeat the median
-           of 3 epochs of 6 steps, after a warm-up epoch; one process for the
+           threads 1, 8 Dense(1024) layers, batch 2048; per repeat the median
+           of 3 epochs of 3 steps, after a warm-up epoch; one process for the
            serial step, one for the other configurations, interleaved within
            each repeat): the naive split
-           (M=1: one stage works at a time), GPipe with M = 2, 4, 8, and the
-           fully serial step (M=1, inter-op threads 1). Figures:
+           (M=1: one stage works at a time), GPipe with M = 2, 4 (micro-batches
+           of 1024 and 512 rows), and the fully serial step (M=1, inter-op
+           threads 1). Also the single-thread matmul rate by row count
+           (matmul_gflops_by_rows): TensorFlow's CPU matmul runs at about half
+           its rate below ~384 rows, which is why micro-batches stay at 512
+           rows or more. Figures:
            pipeline_speedup = naive / best pipelined step time (goal >= 1.3x;
            the ceiling on CPUs is about 1.5x, since TensorFlow already overlaps
            a stage's weight and input gradients in the naive split), and
@@ -244,7 +248,34 @@ def scaling_suite(repeats: int) -> dict:
     }
 
 
-PIPELINE_MICROBATCHES = (2, 4, 8)
+PIPELINE_MICROBATCHES = (2, 4)
+# 2048 rows split into micro-batches of 1024 and 512: TensorFlow's CPU matmul
+# drops to about half its FLOP rate below ~384 rows (matmul_gflops_by_rows),
+# so at batch 512 the suite measured that cliff, not the schedule (run 10).
+PIPELINE_SHAPE = {"width": 1024, "batch": 2048, "steps": 3}
+MATMUL_ROWS = (64, 128, 256, 384, 512, 1024)
+
+
+def matmul_gflops_by_rows(width: int, rows=MATMUL_ROWS) -> dict:
+    """Single-thread rate (GFLOP/s) of `Dense(width, relu)` forward on
+    rows x width inputs, as the pipeline's stages run it: shows where
+    splitting a batch into micro-batches costs FLOP rate on this CPU."""
+    import keras
+    import tensorflow as tf
+
+    layer = keras.layers.Dense(width, activation="relu")
+    layer.build((None, width))
+    rates = {}
+    for n in rows:
+        x = tf.random.normal((n, width))
+        forward = tf.function(lambda x=x: layer(x))
+        forward()
+        calls = max(4, 16384 // n)
+        start = time.perf_counter()
+        for _ in range(calls):
+            forward()
+        rates[str(n)] = 2 * n * width * width * calls / (time.perf_counter() - start) / 1e9
+    return rates
 
 
 def pipeline_worker(config: dict) -> dict:
@@ -263,11 +294,11 @@ def pipeline_worker(config: dict) -> dict:
     from tfmulti.parallel import PipelineModel
 
     tfmulti.configure_virtual_devices(2)
-    width, batch = 1024, 512
+    width, batch = config["width"], config["batch"]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, width), dtype=np.float32)
     ds = tf.data.Dataset.from_tensors((x, x)).repeat()
-    steps, epochs = 6, 3
+    steps, epochs = config["steps"], 3
     times = []
 
     class Timer(keras.callbacks.Callback):
@@ -291,17 +322,22 @@ def pipeline_worker(config: dict) -> dict:
             times.clear()
             model.fit(ds, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[Timer()])
             results[name].append(statistics.median(times))
-    return {"step_seconds": results}
+    out = {"step_seconds": results}
+    if config.get("matmul_rows"):
+        out["matmul_gflops_by_rows"] = matmul_gflops_by_rows(width)
+    return out
 
 
-def _run_pipeline_configs(microbatches: dict, inter_op: int, repeats: int) -> dict:
-    config = {"microbatches": microbatches, "inter_op": inter_op, "repeats": repeats}
+def _run_pipeline_configs(microbatches: dict, inter_op: int, repeats: int,
+                          **extra) -> dict:
+    config = {"microbatches": microbatches, "inter_op": inter_op, "repeats": repeats,
+              **PIPELINE_SHAPE, **extra}
     result = subprocess.run(
         [sys.executable, os.path.abspath(__file__), f"--pipeline_worker={json.dumps(config)}"],
         capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         raise RuntimeError(f"pipeline benchmark {config} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])["step_seconds"]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def pipeline_suite(repeats: int) -> dict:
@@ -309,8 +345,11 @@ def pipeline_suite(repeats: int) -> dict:
     # others share one, interleaved within each repeat.
     start = time.monotonic()
     overlapped = {"naive": 1, **{f"M={m}": m for m in PIPELINE_MICROBATCHES}}
-    times = {**_run_pipeline_configs({"serial": 1}, inter_op=1, repeats=repeats),
-             **_run_pipeline_configs(overlapped, inter_op=0, repeats=repeats)}
+    serial = _run_pipeline_configs({"serial": 1}, inter_op=1, repeats=repeats,
+                                   matmul_rows=True)
+    times = {**serial["step_seconds"],
+             **_run_pipeline_configs(overlapped, inter_op=0, repeats=repeats)["step_seconds"]}
+    rates = serial["matmul_gflops_by_rows"]
     best = [min(times[f"M={m}"][i] for m in PIPELINE_MICROBATCHES) for i in range(repeats)]
     speedups = [times["naive"][i] / best[i] for i in range(repeats)]
     efficiencies = [times["serial"][i] / 2 / best[i] for i in range(repeats)]
@@ -320,10 +359,14 @@ def pipeline_suite(repeats: int) -> dict:
         ", ".join(f"{n} {t[i] * 1000:.0f} ms" for n, t in times.items())
         + f"; speedup {speedups[i]:.2f}x, efficiency {efficiencies[i]:.2f}"
         for i in range(repeats)])
+    print("pipeline: single-thread Dense(1024) forward by rows: "
+          + ", ".join(f"{n} rows {r:.0f}" for n, r in rates.items()) + " GFLOP/s", flush=True)
+    shape = PIPELINE_SHAPE
     return {
-        "description": "2-stage pipeline, 2 virtual CPUs, intra-op threads 1, "
-                       "8 x Dense(1024), batch 512, SGD training step; per repeat the median "
-                       "of 3 epochs of 6 steps",
+        "description": f"2-stage pipeline, 2 virtual CPUs, intra-op threads 1, "
+                       f"8 x Dense({shape['width']}), batch {shape['batch']}, SGD training "
+                       f"step; per repeat the median of 3 epochs of {shape['steps']} steps",
+        "matmul_gflops_by_rows": rates,
         "step_seconds_per_repeat": times,
         "step_seconds": {n: summary(t) for n, t in times.items()},
         "pipeline_speedup": summary(speedups),

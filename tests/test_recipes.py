@@ -211,6 +211,21 @@ def test_benchmark_records_the_machine():
     assert machine["cpu_model"] and machine["tensorflow"].startswith("2.21")
 
 
+def test_benchmark_pipeline_worker_times_each_configuration():
+    # The pipeline suite's worker at a toy shape: every configuration timed
+    # once per repeat, and the matmul rate measured at every row count.
+    config = {"microbatches": {"naive": 1, "M=2": 2}, "inter_op": 0, "repeats": 2,
+              "width": 64, "batch": 64, "steps": 1, "matmul_rows": True}
+    result = run_python([str(REPO / "recipes" / "benchmark.py"),
+                         f"--pipeline_worker={json.dumps(config)}"], timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(out["step_seconds"]) == {"naive", "M=2"}
+    assert all(len(t) == 2 and min(t) > 0 for t in out["step_seconds"].values())
+    assert list(out["matmul_gflops_by_rows"]) == ["64", "128", "256", "384", "512", "1024"]
+    assert min(out["matmul_gflops_by_rows"].values()) > 0
+
+
 def test_cli_env_shows_tf_config():
     tf_config = {"cluster": {"worker": ["localhost:1234"]}, "task": {"type": "worker", "index": 0}}
     result = run_python(["-m", "tfmulti.cli", "env"], env={"TF_CONFIG": json.dumps(tf_config)})

@@ -23,6 +23,13 @@ BatchNorm inside a stage normalises each micro-batch with that micro-batch's
 statistics and updates its moving averages once per micro-batch, as GPipe
 does; prefer micro-batches of at least 16-32 examples with BatchNorm.
 
+Micro-batch size and speed: each micro-batch runs every stage's kernels on
+batch / (R*M) rows. On CPUs TensorFlow's matmul runs at about half its
+rate below ~384 rows (BENCHMARKS.md, suite `pipeline`), so there pick M to
+keep micro-batches at 384 rows or more. On other devices, measure: a
+micro-batch too small for the device's kernels costs more than the bubble
+it removes.
+
 Example:
     >>> import keras, tfmulti
     >>> tfmulti.configure_virtual_devices(2)
