@@ -79,9 +79,35 @@ def test_cli_diagnose_json(tmp_path):
     assert report["num_replicas"] == 2
     assert report["advice"] and all(a["flags"] and a["measured"] is False
                                     for a in report["advice"])  # --no_measure
+    # oneDNN advice exactly where TensorFlow runs without it on x86 (the
+    # child inherits this process's environment and CPU).
+    assert (any("oneDNN" in a["change"] for a in report["advice"])
+            == diagnose.onednn_would_help())
     assert "diagnose [1/4]" in result.stderr  # progress goes to stderr
     assert plot.stat().st_size > 0
     assert list(trace.rglob("*.xplane.pb"))
+
+
+def test_onednn_advice_only_where_it_is_off_and_not_refused(monkeypatch):
+    import platform
+
+    from tfmulti import environment
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.setattr(environment, "onednn_enabled", lambda: False)
+    assert diagnose.onednn_would_help()
+    for refused in ("0", "false", "False"):  # turned off on purpose
+        monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", refused)
+        assert not diagnose.onednn_would_help(), refused
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+    monkeypatch.setattr(environment, "onednn_enabled", lambda: None)  # TensorFlow won't say
+    assert not diagnose.onednn_would_help()
+    monkeypatch.setattr(environment, "onednn_enabled", lambda: True)  # already on
+    assert not diagnose.onednn_would_help()
+    monkeypatch.setattr(environment, "onednn_enabled", lambda: False)
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")  # measured on x86 only
+    assert not diagnose.onednn_would_help()
 
 
 @pytest.mark.parametrize("flags,message", [

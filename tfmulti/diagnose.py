@@ -177,6 +177,18 @@ class Diagnosis:
         return path
 
 
+def onednn_would_help() -> bool:
+    """True on an x86 CPU where TensorFlow runs without its oneDNN kernels and
+    nobody turned them off on purpose (TF_ENABLE_ONEDNN_OPTS=0)."""
+    import platform
+
+    from tfmulti import environment
+
+    return (platform.machine().lower() in ("x86_64", "amd64")
+            and os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() not in ("0", "false")
+            and environment.onednn_enabled() is False)
+
+
 def _verdict(d: Diagnosis) -> str:
     t = d.times
     if d.bottleneck == "overhead":
@@ -431,6 +443,15 @@ class _Diagnoser:
             d.notes.append("mixed precision (--mixed_precision=bfloat16, or float16 with loss "
                            "scaling) typically gains 1.5-3x for compute-bound steps on GPUs "
                            "with tensor cores; rerun diagnose with the flag to measure it")
+        if not self.on_gpu and onednn_would_help():
+            advice.append(Advice(
+                "turn on TensorFlow's oneDNN CPU kernels",
+                "TF_ENABLE_ONEDNN_OPTS=1 in the environment, before TensorFlow starts", None,
+                False, "TensorFlow leaves them off on this CPU (its default only with "
+                "AVX-512 neural-network features; `tfmulti env` shows `onednn`); on a "
+                "2-core AVX2 AMD EPYC they trained tfmulti's CNN 2.2x faster per worker "
+                "(BENCHMARKS.md, run 10); results may differ in the last bits. Rerun "
+                "diagnose with the variable set to measure it here"))
         if not self.on_gpu:
             d.notes.append("mixed precision and XLA (--mixed_precision, --jit_compile) pay off "
                            "on GPUs; not tried on this CPU host")
