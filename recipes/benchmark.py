@@ -359,7 +359,7 @@ def pipeline_suite(repeats: int) -> dict:
         ", ".join(f"{n} {t[i] * 1000:.0f} ms" for n, t in times.items())
         + f"; speedup {speedups[i]:.2f}x, efficiency {efficiencies[i]:.2f}"
         for i in range(repeats)])
-    print("pipeline: single-thread Dense(1024) forward by rows: "
+    print(f"pipeline: single-thread Dense({PIPELINE_SHAPE['width']}) forward by rows: "
           + ", ".join(f"{n} rows {r:.0f}" for n, r in rates.items()) + " GFLOP/s", flush=True)
     shape = PIPELINE_SHAPE
     return {
