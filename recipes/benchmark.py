@@ -263,18 +263,16 @@ def matmul_gflops_by_rows(width: int, rows=MATMUL_ROWS) -> dict:
     import keras
     import tensorflow as tf
 
+    from tfmulti import utilization
+
     layer = keras.layers.Dense(width, activation="relu")
     layer.build((None, width))
     rates = {}
     for n in rows:
         x = tf.random.normal((n, width))
-        forward = tf.function(lambda x=x: layer(x))
-        forward()
-        calls = max(4, 16384 // n)
-        start = time.perf_counter()
-        for _ in range(calls):
-            forward()
-        rates[str(n)] = 2 * n * width * width * calls / (time.perf_counter() - start) / 1e9
+        # Eager calls on the CPU return once computed; the first one traces.
+        seconds = utilization.seconds_per_call(tf.function(lambda x=x: layer(x)), 0.25)
+        rates[str(n)] = 2 * n * width * width / seconds / 1e9
     return rates
 
 
