@@ -93,6 +93,41 @@ def test_remat_gives_the_same_step():
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("replicas,micro,remat", [(1, 2, False), (2, 2, False), (1, 4, True)])
+def test_regularization_counts_as_in_the_unpartitioned_model(replicas, micro, remat):
+    # Weight penalties on every stage (not only the last one) and an activity
+    # regularizer: the same losses and weights as the unpartitioned model, the
+    # weight penalty counted once however many replicas hold the weights.
+    keras.utils.set_random_seed(0)
+    reference = keras.Sequential([
+        keras.Input((12,)),
+        keras.layers.Dense(16, kernel_regularizer=keras.regularizers.L2(0.5),
+                           activity_regularizer=keras.regularizers.L1(0.1)),
+        keras.layers.Dense(16, activation="tanh", kernel_regularizer=keras.regularizers.L1(0.2)),
+        keras.layers.Dense(10, kernel_regularizer=keras.regularizers.L2(0.3))])
+    pipeline = PipelineModel(reference, num_stages=2, num_microbatches=micro,
+                             num_replicas=replicas, remat=remat)
+    for model in (reference, pipeline):
+        model.compile(optimizer=keras.optimizers.SGD(LR), loss=_loss())
+    x, y = _data(n=BATCH * 2)
+    h_p = pipeline.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    h_r = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    np.testing.assert_allclose(h_p.history["loss"], h_r.history["loss"], rtol=1e-5)
+    for a, b in zip(pipeline.to_sequential().get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert pipeline.evaluate(x, y, batch_size=BATCH, verbose=0) == pytest.approx(
+        reference.evaluate(x, y, batch_size=BATCH, verbose=0), rel=1e-5)
+
+
+def test_hybrid_evaluates_and_predicts_a_partial_last_batch():
+    pipeline, reference = _pair(2, 2, num_replicas=2)
+    xe, ye = _data(seed=1, n=BATCH + 9)  # last batch: 9 rows over 2 replicas x 2 micro-batches
+    np.testing.assert_allclose(pipeline.predict(xe, batch_size=BATCH, verbose=0),
+                               reference.predict(xe, batch_size=BATCH, verbose=0), atol=1e-5)
+    assert pipeline.evaluate(xe, ye, batch_size=BATCH, verbose=0) == pytest.approx(
+        reference.evaluate(xe, ye, batch_size=BATCH, verbose=0), abs=1e-5)
+
+
 def test_fit_evaluate_predict_like_any_keras_model():
     pipeline, reference = _pair(2, 4)
     x, y = _data()
@@ -181,9 +216,14 @@ def test_memory_report_per_device():
         assert row["gradients"] == row["parameters"]
         assert row["optimizer_slots"] >= 2 * row["parameters"]  # Adam: 2 slots per weight
         assert row["activations_per_microbatch"] > 0
+        # GPipe holds all 4 micro-batches' activations until the backward pass.
+        assert row["activations_peak"] == 4 * row["activations_per_microbatch"]
     remat = PipelineModel(_layers(), input_shape=(12,), num_stages=2, num_microbatches=4,
                           remat=True).memory_report(batch_size=BATCH)
     assert remat[0]["activations_per_microbatch"] < rows[0]["activations_per_microbatch"]
+    assert remat[0]["activations_peak"] < rows[0]["activations_peak"]
+    # The last stage is not recomputed: it keeps what it keeps without remat.
+    assert remat[1]["activations_per_microbatch"] == rows[1]["activations_per_microbatch"]
     assert "CPU:1" in format_memory(rows)
 
 
@@ -200,9 +240,20 @@ def test_bad_configuration(kwargs, match):
         PipelineModel(_layers(), input_shape=(12,), **kwargs)
 
 
+def test_too_many_devices_names_devices():
+    # The stage count comes from `devices` here: the error names them, not
+    # `num_stages`, which the caller did not set.
+    with pytest.raises(ValueError, match=r"`devices` lists 4 devices, 4 stages per replica, "
+                                         r"but the model has 2 layers"):
+        PipelineModel(_layers()[:2], input_shape=(12,),
+                      devices=["CPU:0", "CPU:1", "CPU:2", "CPU:3"])
+
+
 def test_bad_inputs():
     with pytest.raises(ValueError, match=r"remat=True.*Dropout|dropout"):
         PipelineModel(_layers(dropout=0.1), input_shape=(12,), remat=True)
+    with pytest.raises(ValueError, match=r"remat=True.*moving statistics.*batch_normalization"):
+        PipelineModel(_layers(batchnorm=True), input_shape=(12,), remat=True)
     inputs = keras.Input((12,))
     branch = keras.layers.Add()([keras.layers.Dense(12)(inputs), inputs])
     functional = keras.Model(inputs, keras.layers.Dense(10)(branch))

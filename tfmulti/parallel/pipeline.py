@@ -21,7 +21,13 @@ cluster and collapse the placement.
 
 BatchNorm inside a stage normalises each micro-batch with that micro-batch's
 statistics and updates its moving averages once per micro-batch, as GPipe
-does; prefer micro-batches of at least 16-32 examples with BatchNorm.
+does; prefer micro-batches of at least 16-32 examples with BatchNorm. Remat
+refuses BatchNorm (its recomputation would update the moving averages twice).
+
+Regularization: each stage's weight penalties (`kernel_regularizer`, ...)
+and activity losses are differentiated on the stage's own device and added
+to the loss once per step, as for the unpartitioned model; with replicas the
+weight penalty counts once (the replicas hold the same weights).
 
 Micro-batch size and speed: each micro-batch runs every stage's kernels on
 batch / (R*M) rows. On CPUs TensorFlow's matmul runs at about half its
@@ -52,6 +58,9 @@ from keras.src.trainers import data_adapters
 from tfmulti import devices as devices_lib
 from tfmulti.parallel import partition as partition_lib
 
+# Layers whose training-time call updates state (moving statistics): remat,
+# which calls each stage twice per micro-batch, would update it twice.
+_STATEFUL_LAYERS = (keras.layers.BatchNormalization,)
 _RANDOM_LAYERS = (keras.layers.Dropout, keras.layers.GaussianNoise,
                   keras.layers.GaussianDropout, keras.layers.SpatialDropout1D,
                   keras.layers.SpatialDropout2D, keras.layers.SpatialDropout3D,
@@ -75,11 +84,16 @@ def _layers_of(model_or_layers) -> list:
     return layers
 
 
-def _check_stage_count(num_stages, num_layers: int) -> None:
-    if num_stages is not None and num_stages > num_layers:
+def _check_stage_count(num_stages, num_layers: int, devices=None) -> None:
+    if num_stages is None or num_stages <= num_layers:
+        return
+    if devices is None:
         raise ValueError(
             f"`num_stages` ({num_stages}) exceeds the number of layers ({num_layers}); "
             f"use at most {num_layers} stages.")
+    raise ValueError(
+        f"`devices` lists {len(devices)} devices, {num_stages} stages per replica, but the "
+        f"model has {num_layers} layers; pass at most {num_layers} devices per replica.")
 
 
 def _clone(layer):
@@ -91,6 +105,26 @@ def _clone(layer):
 def _split(tensor, num: int):
     """`num` equal slices along axis 0 (the caller checks divisibility)."""
     return tf.split(tensor, num, axis=0)
+
+
+def _split_uneven(tensor, num: int):
+    """`num` slices along axis 0 of ceil(size / num) rows, the last ones
+    shorter (or empty): for inference and a partial last batch."""
+    if num == 1:
+        return [tensor]
+    step = (tf.shape(tensor)[0] + num - 1) // num
+    return [tensor[i * step:(i + 1) * step] for i in range(num)]
+
+
+def _penalty(stage, num_microbatches: int):
+    """The stage's regularization for one micro-batch, or None: its activity
+    losses from its latest call (each a mean over the micro-batch) and its
+    weight penalties, all / M, so that the M micro-batches add up to the
+    full batch's (read inside the tape that differentiates the stage)."""
+    losses = stage.losses
+    if not losses:
+        return None
+    return tf.add_n([tf.cast(tf.reduce_sum(l), tf.float32) for l in losses]) / num_microbatches
 
 
 class PipelineModel(keras.Model):
@@ -145,13 +179,18 @@ class PipelineModel(keras.Model):
         _check_stage_count(num_stages, len(layers))  # before looking for devices
         device_names = self._choose_devices(devices, num_stages, num_replicas)
         num_stages = len(device_names) // num_replicas
-        _check_stage_count(num_stages, len(layers))  # when derived from `devices`
+        _check_stage_count(num_stages, len(layers), device_names)  # derived from `devices`
         if remat:
             random_layers = [l.name for l in layers if isinstance(l, _RANDOM_LAYERS)]
             if random_layers:
                 raise ValueError(
                     f"`remat=True` recomputes activations, which would redraw the random "
                     f"masks of {random_layers}; remove them or use remat=False.")
+            stateful = [l.name for l in layers if isinstance(l, _STATEFUL_LAYERS)]
+            if stateful:
+                raise ValueError(
+                    f"`remat=True` recomputes activations, which would update the moving "
+                    f"statistics of {stateful} twice per micro-batch; use remat=False.")
         self.num_stages = num_stages
         self.num_replicas = num_replicas
         self.num_microbatches = num_microbatches
@@ -212,25 +251,31 @@ class PipelineModel(keras.Model):
     def call(self, inputs, training=False):
         """Forward pass: the batch splits over replicas, then micro-batches,
         flowing stage to stage (placed); outputs are concatenated in order."""
-        shards = _split(inputs, self.num_replicas) if self.num_replicas > 1 else [inputs]
+        shards = _split_uneven(inputs, self.num_replicas)
         outputs = []
         for r, x in enumerate(shards):
             outputs.extend(self._forward(r, x, training))
         with tf.device(self.stage_devices[0][-1]):
             return tf.concat(outputs, axis=0) if len(outputs) > 1 else outputs[0]
 
-    def _micro_split(self, x):
-        """Micro-batches of a replica's batch; uneven sizes are allowed here
-        (inference, evaluation of a partial last batch)."""
-        m = self.num_microbatches
-        if m == 1:
-            return [x]
-        size = tf.shape(x)[0]
-        step = (size + m - 1) // m
-        return [x[i * step:(i + 1) * step] for i in range(m)]
+    @property
+    def losses(self):
+        """Regularization as the unpartitioned model counts it (what
+        `evaluate` adds to the loss): replica 0's weight penalties (the
+        replicas hold the same weights) and the mean of the activity losses
+        over the micro-batches of the latest call."""
+        weights = [l for stage in self.replicas[0] for l in stage._get_regularization_losses()]
+        activity = [l for stages in self.replicas for stage in stages
+                    for layer in stage._flatten_layers() for l in layer._get_own_losses()]
+        if activity:
+            weights.append(tf.add_n([tf.reduce_sum(l) for l in activity])
+                           / (self.num_replicas * self.num_microbatches))
+        return weights
 
     def _forward(self, r, x, training):
-        activations = self._micro_split(x)
+        # Micro-batches of uneven size are allowed here (inference, evaluation
+        # of a partial last batch).
+        activations = _split_uneven(x, self.num_microbatches)
         for stage, device in zip(self.replicas[r], self.stage_devices[r]):
             with tf.device(device):
                 activations = [stage(a, training=training) for a in activations]
@@ -289,6 +334,9 @@ class PipelineModel(keras.Model):
         tapes = [[None] * M for _ in range(S)]
         inputs = [[None] * M for _ in range(S + 1)]
         inputs[0] = list(micro_x)
+        # penalties[s][m]: stage s's regularization for micro-batch m (see
+        # `_penalty`), part of the loss, differentiated on the stage's device.
+        penalties = [[None] * M for _ in range(S)]
         losses, scaled, predictions = [None] * M, [None] * M, [None] * M
         for m in range(M):
             for s in range(S):
@@ -302,12 +350,15 @@ class PipelineModel(keras.Model):
                         if s > 0:
                             tape.watch(a)
                         out = stages[s](a, training=True)
+                        penalties[s][m] = _penalty(stages[s], M)
                         if s == S - 1:
-                            loss = self._compute_loss(x=None, y=micro_y[m], y_pred=out,
-                                                      sample_weight=None, training=True)
+                            loss = self._data_loss(micro_y[m], out)
                             losses[m] = loss
                             predictions[m] = out
-                            scaled[m] = self.optimizer.scale_loss(loss / M)
+                            target = loss / M
+                            if penalties[s][m] is not None:
+                                target += penalties[s][m]
+                            scaled[m] = self.optimizer.scale_loss(target)
                     tapes[s][m] = tape
                     inputs[s + 1][m] = out
         grads = [[None] * len(stage.trainable_variables) for stage in stages]
@@ -322,11 +373,17 @@ class PipelineModel(keras.Model):
                         with tape:
                             tape.watch(inputs[s][m])
                             out = stage(inputs[s][m], training=True)
+                            penalties[s][m] = _penalty(stage, M)
                         target, out_grads = out, upstream
                     elif s == S - 1:
                         tape, target, out_grads = tapes[s][m], scaled[m], None
                     else:
                         tape, target, out_grads = tapes[s][m], inputs[s + 1][m], upstream
+                    if s < S - 1 and penalties[s][m] is not None:
+                        # d(scaled penalty) / d(penalty) = the loss scale (1
+                        # without loss scaling).
+                        target = [target, penalties[s][m]]
+                        out_grads = [out_grads, self.optimizer.scale_loss(tf.ones([]))]
                     sources = list(variables) + ([inputs[s][m]] if s > 0 else [])
                     result = tape.gradient(target, sources, output_gradients=out_grads)
                     for i, g in enumerate(result[:len(variables)]):
@@ -336,7 +393,16 @@ class PipelineModel(keras.Model):
                     upstream = result[-1] if s > 0 else None
         with tf.device(devices[-1]):
             loss = tf.add_n(losses) / M
+            regularization = [p for row in penalties for p in row if p is not None]
+            if regularization:
+                loss += tf.add_n(regularization)
         return grads, loss, predictions
+
+    def _data_loss(self, y, y_pred):
+        """The compiled loss alone: each stage adds its own regularization."""
+        if self._compile_loss is None:
+            raise ValueError("PipelineModel needs a loss: pass `loss=` to compile().")
+        return self._compile_loss(y, y_pred, None)
 
     def compile(self, *args, jit_compile=False, **kwargs):
         if jit_compile not in (False, None):
@@ -379,14 +445,18 @@ class PipelineModel(keras.Model):
 
     def memory_report(self, batch_size: int) -> list[dict]:
         """Bytes per device: parameters, gradients, optimizer slots, and the
-        activations kept for the backward pass of one micro-batch.
+        activations kept for the backward pass, of one micro-batch and at the
+        step's peak.
 
         Args:
             batch_size: the global batch (split over replicas, then micro-batches).
 
         Activations are estimated from each layer's output shape (float32):
         all layer outputs of the stage without remat, only the stage input with
-        remat (the rest is recomputed in the backward pass).
+        remat (the rest is recomputed in the backward pass; the last stage is
+        never recomputed, so it keeps its outputs). `activations_peak`: GPipe
+        keeps all M micro-batches' until the backward pass starts, plus, with
+        remat, one micro-batch's recomputed outputs.
         """
         micro = max(batch_size // (self.num_replicas * self.num_microbatches), 1)
         slots: dict[str, int] = {}
@@ -405,12 +475,16 @@ class PipelineModel(keras.Model):
                 kept = math.prod(shape) * micro * 4
                 stage_outputs = sum(output_elements(stage.layers, shape)) * micro * 4
                 shape = tuple(stage.compute_output_shape((None, *shape))[1:])
+                recomputed = self.remat and s < self.num_stages - 1
+                per_micro = kept if recomputed else kept + stage_outputs
                 rows.append({
                     "device": device, "replica": r, "stage": s,
                     "parameters": sum(_nbytes(v) for v in stage.weights),
                     "gradients": sum(_nbytes(v) for v in stage.trainable_weights),
                     "optimizer_slots": slots.get(device, 0),
-                    "activations_per_microbatch": kept if self.remat else kept + stage_outputs,
+                    "activations_per_microbatch": per_micro,
+                    "activations_peak": (self.num_microbatches * per_micro
+                                         + (stage_outputs if recomputed else 0)),
                 })
         return rows
 
@@ -433,7 +507,8 @@ def _nbytes(variable) -> int:
 
 def format_memory(rows: list[dict]) -> str:
     """`memory_report` rows as an aligned table in MiB."""
-    keys = ("parameters", "gradients", "optimizer_slots", "activations_per_microbatch")
+    keys = ("parameters", "gradients", "optimizer_slots", "activations_per_microbatch",
+            "activations_peak")
     head = f"{'device':<16}{'replica':>8}{'stage':>6}" + "".join(f"{k:>28}" for k in keys)
     lines = [head]
     for row in rows:
