@@ -50,16 +50,17 @@ def test_pipeline_stages_split_the_parameters(model):
     rows = estimate["devices"]
     assert [r["stage"] for r in rows] == [0, 1] and estimate["num_devices"] == 2
     assert sum(r["parameters"] for r in rows) == single["parameters"]
-    assert all(r["activation_batch"] == 64 for r in rows)
-    # The stages' activations of one micro-batch add up to a quarter of the batch's.
-    assert sum(r["activations"] for r in rows) * 4 == single["activations"]
+    # GPipe keeps all 4 micro-batches' activations until the backward pass:
+    # the stages' activations add up to the whole batch's.
+    assert all(r["activation_batch"] == 256 for r in rows)
+    assert sum(r["activations"] for r in rows) == single["activations"]
 
 
 def test_hybrid_repeats_the_stages_per_replica():
     rows = _one(strategy="hybrid", num_replicas=2, num_stages=2)["devices"]
     assert [(r["replica"], r["stage"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert rows[0]["parameters"] == rows[2]["parameters"]
-    assert rows[0]["activation_batch"] == 256 // (2 * 4)
+    assert rows[0]["activation_batch"] == 256 // 2  # a replica's 4 micro-batches
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -77,6 +78,11 @@ def test_half_precision_halves_activations_not_parameters(dtype):
     (dict(strategy="one_device", num_devices=2), "strategy 'one_device' uses 1 device"),
     (dict(strategy="pipeline", num_devices=4), "uses 1 replica"),
     (dict(dtype="int8"), "`dtype` must be one of"),
+    (dict(strategy="pipeline", num_replicas=4),
+     r"`num_replicas` \(4\) does not apply to strategy 'pipeline'; leave it unset or use "
+     r"strategy='hybrid'"),
+    (dict(strategy="mirrored", num_devices=2, num_stages=2),
+     r"`num_stages` \(2\) does not apply to strategy 'mirrored'"),
     (dict(optimizer="rmsprop"), "`optimizer` must be one of"),
 ])
 def test_bad_arguments(kwargs, message):

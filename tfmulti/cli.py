@@ -81,10 +81,11 @@ def _add_estimate_memory_parser(sub) -> None:
                    help="one_device, mirrored, pipeline or hybrid (default one_device)")
     p.add_argument("--num_devices", type=int, default=None,
                    help="data-parallel devices (default 1; pipeline/hybrid: replicas x stages)")
-    p.add_argument("--num_stages", type=int, default=2, help="pipeline stages (default 2)")
-    p.add_argument("--num_microbatches", type=int, default=4,
-                   help="micro-batches per replica batch (default 4)")
-    p.add_argument("--num_replicas", type=int, default=2,
+    p.add_argument("--num_stages", type=int, default=None,
+                   help="pipeline stages, pipeline and hybrid only (default 2)")
+    p.add_argument("--num_microbatches", type=int, default=None,
+                   help="micro-batches per replica batch, pipeline and hybrid only (default 4)")
+    p.add_argument("--num_replicas", type=int, default=None,
                    help="data-parallel pipelines, hybrid only (default 2)")
     _add_batch_and_optimizer(p, 256, "adam")
     p.add_argument("--dtype", default="float32",

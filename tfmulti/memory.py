@@ -11,10 +11,12 @@ Counted per device, in bytes:
       under mixed precision, so there is no separate master copy);
     * gradients: one float32 tensor per trainable variable;
     * optimizer_slots: adam keeps 2 float32 slots per trainable weight, sgd none;
-    * activations: the sum of the layer output sizes for the examples a
-      device holds at once (its per-replica batch under data parallelism, one
-      micro-batch per stage in a pipeline), in the compute dtype. The input
-      batch itself and framework workspace are not counted.
+    * activations: the sum of the layer output sizes for the examples whose
+      activations a device holds at once, in the compute dtype: its
+      per-replica batch under data parallelism; in a pipeline, the M
+      micro-batches of its replica's batch, since GPipe (what `PipelineModel`
+      runs) keeps every micro-batch's activations until the backward pass
+      starts. The input batch itself and framework workspace are not counted.
 
 Example:
     >>> from tfmulti import memory
@@ -106,9 +108,9 @@ def estimate_memory(
     *,
     strategy: str = "one_device",
     num_devices: int | None = None,
-    num_stages: int = 2,
-    num_microbatches: int = 4,
-    num_replicas: int = 2,
+    num_stages: int | None = None,
+    num_microbatches: int | None = None,
+    num_replicas: int | None = None,
     global_batch_size: int = 256,
     optimizer: str = "adam",
     dtype: str = "float32",
@@ -122,9 +124,10 @@ def estimate_memory(
         strategy: "one_device" (the default), "mirrored", "pipeline" or "hybrid".
         num_devices: data-parallel devices (default 1); for pipeline/hybrid it
             defaults to, and must equal, replicas x stages.
-        num_stages: pipeline stages (pipeline, hybrid); default 2.
-        num_microbatches: micro-batches per replica batch (pipeline, hybrid); default 4.
-        num_replicas: data-parallel pipelines (hybrid only); default 2.
+        num_stages: pipeline stages (pipeline and hybrid only; default 2).
+        num_microbatches: micro-batches per replica batch (pipeline and hybrid
+            only; default 4).
+        num_replicas: data-parallel pipelines (hybrid only; default 2).
         global_batch_size: examples per step over all replicas; default 256.
         optimizer: "adam" (2 slots per weight, the default) or "sgd" (none).
         dtype: compute dtype of the activations: "float32" (default),
@@ -141,11 +144,27 @@ def estimate_memory(
     Raises:
         ValueError: an unknown model, strategy, optimizer, dtype or partition
             method, a batch that does not split over replicas (and
-            micro-batches), or a device count that does not fit the strategy.
+            micro-batches), a device count that does not fit the strategy, or
+            a pipeline setting for a strategy that does not use it.
     """
     from tfmulti import models
 
     models.model_task(model)
+    unused = {"num_stages": num_stages, "num_microbatches": num_microbatches,
+              "num_replicas": num_replicas}
+    if strategy == "pipeline":
+        unused = {"num_replicas": num_replicas}
+    elif strategy == "hybrid":
+        unused = {}
+    for name, value in unused.items():
+        if value is not None and strategy in STRATEGIES:
+            fix = ("strategy='hybrid'" if name == "num_replicas"
+                   else "strategy='pipeline' or 'hybrid'")
+            raise ValueError(f"`{name}` ({value}) does not apply to strategy {strategy!r}; "
+                             f"leave it unset or use {fix}.")
+    num_stages = 2 if num_stages is None else num_stages
+    num_microbatches = 4 if num_microbatches is None else num_microbatches
+    num_replicas = 2 if num_replicas is None else num_replicas
     replicas, stages, batch = _check(strategy, num_devices, num_stages, num_microbatches,
                                      num_replicas, global_batch_size, optimizer, dtype)
     if strategy in ("pipeline", "hybrid") and partition not in ("params", "flops"):
@@ -164,9 +183,10 @@ def estimate_memory(
         from tfmulti.parallel.partition import plan_partition
 
         plan = plan_partition(layers, stages, method=partition, input_shape=input_shape)
+        held = batch * num_microbatches  # GPipe: all M micro-batches until the backward
         for r in range(replicas):
             for s, cut in enumerate(plan.slices):
-                rows.append(_row(layers[cut], out_elements[cut], batch, slots, dtype_bytes,
+                rows.append(_row(layers[cut], out_elements[cut], held, slots, dtype_bytes,
                                  device=r * stages + s, replica=r, stage=s))
     return {
         "model": model, "strategy": strategy, "num_devices": len(rows),
@@ -179,8 +199,9 @@ def estimate_memory(
 
 def format_memory_estimate(estimate: dict) -> str:
     """An `estimate_memory` result as an aligned table in MiB, one row per device."""
-    what = ("micro-batch" if estimate["strategy"] in ("pipeline", "hybrid")
-            else "per-replica batch")
+    what = (f"replica batch ({estimate['num_microbatches']} micro-batches, all held until "
+            f"the backward pass under GPipe)"
+            if estimate["strategy"] in ("pipeline", "hybrid") else "per-replica batch")
     lines = [f"{estimate['model']} under {estimate['strategy']}: {estimate['num_devices']} "
              f"device(s), global batch {estimate['global_batch_size']}, "
              f"{estimate['optimizer']}, activations in {estimate['dtype']} "
