@@ -85,7 +85,8 @@ _LR_SCALING = flags.DEFINE_enum("lr_scaling", "none", ["none", "linear", "sqrt"]
                                 "Scale the learning rate with global/base batch size.")
 _BASE_BATCH_SIZE = flags.DEFINE_integer(
     "base_batch_size", 256, "Batch size --learning_rate was tuned for.", lower_bound=1)
-_WARMUP_EPOCHS = flags.DEFINE_float("warmup_epochs", 0.0, "Linear learning-rate warmup epochs.",
+_WARMUP_EPOCHS = flags.DEFINE_float("warmup_epochs", 0.0, "Epochs of linear learning-rate warmup up to the (scaled) rate: from "
+                                    "--learning_rate when --lr_scaling raises it, else from near 0.",
                                     lower_bound=0.0)
 _OPTIMIZER = flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd"], "Optimizer.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and data order.")

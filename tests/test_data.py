@@ -210,6 +210,11 @@ def test_global_batch_larger_than_training_data(strategy):
         match=r"`global_batch_size` \(64\) exceeds the number of training examples \(40\)",
     ):
         data.distribute(_id_dataset(40), strategy, 64)
+    # The suggestion is a batch the replicas can split and the data can fill.
+    with pytest.raises(ValueError, match=r"use at most 100 \(a multiple of the 4 replicas\)"):
+        data.distribute(_id_dataset(101), strategy, 128)
+    with pytest.raises(ValueError, match=r"fewer examples than the 4 replicas"):
+        data.distribute(_id_dataset(3), strategy, 4)
     # Evaluation accepts it: one partial batch.
     dist = data.distribute(_id_dataset(40), strategy, 64, training=False)
     assert dist.steps_per_epoch == 1
@@ -381,6 +386,20 @@ def test_missing_cifar10_fails_fast(tmp_path):
     assert "download=True" in message
     assert str(tmp_path / "cifar10") in message
     assert "dataset-fashion-mnist" not in message  # that hint is for fashion_mnist only
+
+
+@pytest.mark.parametrize("value", [0, -5, 2.5])
+def test_num_examples_must_be_positive(value):
+    with pytest.raises(ValueError, match=rf"`num_examples` must be a positive integer, "
+                                         rf"got {value}"):
+        data.load("synthetic", num_examples=value)
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_shuffle_buffer_must_be_positive(strategy, value):
+    with pytest.raises(ValueError, match=rf"`shuffle_buffer` must be a positive integer "
+                                         rf"\(examples\), got {value}"):
+        data.distribute(_id_dataset(64), strategy, 16, shuffle_buffer=value)
 
 
 def test_num_examples_only_for_synthetic():

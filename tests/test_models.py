@@ -88,6 +88,18 @@ def test_warmup_schedule_ramps_then_holds():
         "initial": 0.1, "target": 0.4, "warmup_steps": 10}
 
 
+@pytest.mark.parametrize("scaling,batch,target", [("none", 256, 0.1), ("linear", 64, 0.025)])
+def test_warmup_ramps_up_where_scaling_does_not_raise_the_rate(scaling, batch, target):
+    # Without a higher scaled rate to ramp to, warmup starts near 0 (target /
+    # warmup steps) instead of being a no-op or running backwards.
+    model = models.build_model("mlp")
+    models.compile_model(model, learning_rate=0.1, lr_scaling=scaling, global_batch_size=batch,
+                         warmup_epochs=2, steps_per_epoch=5)
+    schedule = model.optimizer._learning_rate
+    values = [float(schedule(s)) for s in (0, 5, 10, 50)]
+    assert values == pytest.approx([target / 10, target * 0.55, target, target])
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"optimizer": "rmsprop"}, r"`optimizer` must be one of \['adam', 'sgd'\]"),
     ({"learning_rate": 0.0}, r"`learning_rate` must be positive"),

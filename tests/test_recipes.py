@@ -74,6 +74,7 @@ def test_train_recipe_pipeline_and_hybrid(tmp_path, strategy, devices, replicas)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["strategy"] == strategy and metrics["num_replicas"] == replicas
+    assert metrics["per_replica_batch_size"] == metrics["global_batch_size"] // replicas
     assert metrics["num_stages"] == 2 and metrics["num_microbatches"] == 4
     assert sum(metrics["partition_sizes"]) == 7 and metrics["partition_balance"] >= 1.0
     assert "balance (max/mean stage cost" in result.stdout  # the partition table

@@ -120,3 +120,16 @@ def test_one_device_with_two_devices():
     with pytest.raises(ValueError, match=r"'one_device' takes exactly one device") as info:
         get_strategy("one_device", devices=["CPU:0", "CPU:1"])
     assert "mirrored" in str(info.value)
+
+
+def test_auto_with_a_cluster_resolver_means_multi_worker():
+    # Naming a cluster under "auto" trains on it (here the name is checked
+    # first, as for "multi_worker"), instead of falling back to this host alone.
+    with pytest.raises(ValueError, match=r"`cluster_resolver` must be one of .*got 'k8s'"):
+        get_strategy("auto", cluster_resolver="k8s")
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "one_device"])
+def test_cluster_resolver_refused_where_it_does_not_apply(kind):
+    with pytest.raises(ValueError, match=rf"applies to 'multi_worker' \(or 'auto'\), not '{kind}'"):
+        get_strategy(kind, cluster_resolver="slurm")

@@ -55,6 +55,18 @@ def test_auto_steps_per_execution_keeps_the_backup_cadence(steps_per_epoch, back
     assert resolve_steps_per_execution(8, steps_per_epoch, backup_every_steps) == 8
 
 
+def test_steps_per_execution_must_tile_the_epoch():
+    # Keras would run whole blocks: 10 steps per epoch in calls of 4 train 12.
+    with pytest.raises(ValueError, match=r"`steps_per_execution` \(4\) must divide the steps "
+                                         r"per epoch \(10\): .* would train 12 steps"):
+        resolve_steps_per_execution(4, 10)
+    from tfmulti import models
+
+    with pytest.raises(ValueError, match=r"`steps_per_execution` \(4\) must divide"):
+        models.compile_model(models.build_model("mlp"), steps_per_execution=4,
+                             steps_per_epoch=10)
+
+
 def test_steps_per_execution_defaults_to_auto():
     assert TrainConfig().steps_per_execution == "auto"
     assert AUTO_STEPS_PER_EXECUTION == 32
@@ -65,3 +77,11 @@ def test_steps_per_execution_refused(value):
     with pytest.raises(ValueError, match=r"`steps_per_execution` must be 'auto' or a positive "
                                          rf"integer, got {re.escape(repr(value))}"):
         TrainConfig(steps_per_execution=value).validate()
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_num_examples_refused(value):
+    # 0 used to mean "the default" (60,000 synthetic examples) silently.
+    with pytest.raises(ValueError, match=rf"`num_examples` must be a positive integer \(or "
+                                         rf"unset\), got {value}"):
+        TrainConfig(dataset="synthetic", num_examples=value).validate()

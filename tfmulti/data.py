@@ -280,6 +280,9 @@ def load(
         DataNotFoundError: the data is not available; the message names every
             source tried and how to provide the data.
     """
+    if num_examples is not None and (isinstance(num_examples, bool) or not isinstance(
+            num_examples, (int, np.integer)) or num_examples < 1):
+        raise ValueError(f"`num_examples` must be a positive integer, got {num_examples!r}.")
     if name in SYNTHETIC_NAMES:
         maker = synthetic if name == "synthetic" else synthetic_regression
         kwargs = {"num_examples": num_examples} if num_examples else {}
@@ -569,13 +572,20 @@ def distribute(
         raise ValueError(
             f"`input_threads` must be a positive integer or None, got {input_threads!r}."
         )
+    if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, (int, np.integer)) \
+            or shuffle_buffer < 1:
+        raise ValueError(
+            f"`shuffle_buffer` must be a positive integer (examples), got {shuffle_buffer!r}.")
     make = dataset if callable(dataset) else (lambda: dataset)
     steps = steps_per_epoch(make(), global_batch_size, training=training)
     if training and steps == 0:
         size = int(make().cardinality())
+        fits = size - size % num_replicas
         raise ValueError(
             f"`global_batch_size` ({global_batch_size}) exceeds the number of "
-            f"training examples ({size}); use at most {size}."
+            f"training examples ({size}); "
+            + (f"use at most {fits} (a multiple of the {num_replicas} replicas)." if fits
+               else f"the data has fewer examples than the {num_replicas} replicas.")
         )
 
     if repeat is None:

@@ -189,8 +189,10 @@ def compile_model(
             `global_batch_size / base_batch_size`.
         global_batch_size: needed unless `lr_scaling` is "none".
         base_batch_size: the batch `learning_rate` was tuned for (default 256).
-        warmup_epochs: ramp linearly from `learning_rate` to the scaled rate
-            over this many epochs (needs `steps_per_epoch`); 0 disables it.
+        warmup_epochs: ramp the rate linearly up to the scaled rate over this
+            many epochs (needs `steps_per_epoch`): from `learning_rate` when
+            the scaling raises it, else from scaled rate / warmup steps; 0
+            disables it.
         steps_per_epoch: steps per epoch, for the warmup length and for
             `steps_per_execution="auto"` (e.g. `DistributedInput.steps_per_epoch`).
         task: "classification" (sparse categorical cross-entropy on logits and
@@ -237,10 +239,13 @@ def compile_model(
     target = scaled_learning_rate(
         learning_rate, global_batch_size or base_batch_size, base_batch_size, lr_scaling
     )
-    rate = (
-        WarmupSchedule(learning_rate, target, round(warmup_epochs * steps_per_epoch))
-        if warmup_epochs > 0 else target
-    )
+    rate = target
+    if warmup_epochs > 0:
+        warmup_steps = max(1, round(warmup_epochs * steps_per_epoch))
+        # From the tuned rate up to the scaled one (Goyal et al.); where scaling
+        # does not raise the rate, from target / warmup steps up to it.
+        start = learning_rate if target > learning_rate else target / warmup_steps
+        rate = WarmupSchedule(start, target, warmup_steps)
     with _scope(strategy):
         opt = (optimizers.fused_adam(rate) if optimizer == "adam"
                else keras.optimizers.SGD(rate))

@@ -188,7 +188,8 @@ def get_strategy(
             (SIGKILL; TensorFlow's C++ runtime cannot be interrupted from
             Python) after a message naming the peers it waited for.
         cluster_resolver: "multi_worker": "tf_config" (default), "slurm", or a
-            `tf.distribute.cluster_resolver.ClusterResolver`.
+            `tf.distribute.cluster_resolver.ClusterResolver`; with "auto",
+            naming one means "multi_worker"; other kinds refuse it.
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -204,10 +205,16 @@ def get_strategy(
         raise ValueError(
             f"unknown strategy kind {kind!r}; valid kinds: {list(STRATEGY_KINDS)}."
         )
-    if kind == "auto" and cluster_resolver is None:
-        config = cluster.from_environ()
-        if config is not None and cluster.num_tasks(config) >= 2:
+    if cluster_resolver is not None and kind not in ("auto", "multi_worker"):
+        raise ValueError(f"`cluster_resolver` applies to 'multi_worker' (or 'auto'), not "
+                         f"{kind!r}; drop it or use kind='multi_worker'.")
+    if kind == "auto":
+        if cluster_resolver is not None:  # a cluster was named: train on it
             kind = "multi_worker"
+        else:
+            config = cluster.from_environ()
+            if config is not None and cluster.num_tasks(config) >= 2:
+                kind = "multi_worker"
     if kind == "multi_worker":
         if devices is not None:
             raise ValueError("`devices` does not apply to 'multi_worker'; each worker uses "

@@ -10,7 +10,7 @@ Example:
     ...                             epochs=1, global_batch_size=64,
     ...                             model_dir="/tmp/tfmulti_run"))
     >>> sorted(metrics)[:3]
-    ['epochs_completed', 'examples_per_second', 'global_batch_size']
+    ['dataset', 'epoch_seconds', 'epochs_completed']
 """
 
 from __future__ import annotations
@@ -56,6 +56,12 @@ def resolve_steps_per_execution(value, steps_per_epoch: int | None,
     end of a call); 1 when the epoch length is unknown."""
     value = parse_steps_per_execution(value)
     if value != "auto":
+        if steps_per_epoch and steps_per_epoch % value:
+            raise ValueError(
+                f"`steps_per_execution` ({value}) must divide the steps per epoch "
+                f"({steps_per_epoch}): Keras runs whole blocks of steps, so an epoch would "
+                f"train {-(-steps_per_epoch // value) * value} steps; use a divisor of "
+                f"{steps_per_epoch}, 'auto', or another number of steps per epoch.")
         return value
     if not steps_per_epoch:
         return 1
@@ -132,6 +138,10 @@ class TrainConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
         parse_steps_per_execution(self.steps_per_execution)
+        if self.num_examples is not None and (
+                not isinstance(self.num_examples, int) or self.num_examples < 1):
+            raise ValueError(f"`num_examples` must be a positive integer (or unset), got "
+                             f"{self.num_examples!r}.")
         if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
             raise ValueError(
                 f"`steps_per_epoch` must be positive (or unset for full epochs), "
@@ -327,12 +337,6 @@ def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
     steps_per_epoch = config.steps_per_epoch or train_input.steps_per_epoch
     spe = resolve_steps_per_execution(config.steps_per_execution, steps_per_epoch,
                                       config.backup_every_steps)
-    if steps_per_epoch and steps_per_epoch % spe:
-        raise ValueError(
-            f"`steps_per_execution` ({spe}) must divide the steps per epoch "
-            f"({steps_per_epoch}): Keras runs whole blocks of steps, so an epoch would train "
-            f"{-(-steps_per_epoch // spe) * spe} steps; use a divisor of {steps_per_epoch}, "
-            f"'auto', or set --steps_per_epoch.")
     model = models.build_model(
         config.model, strategy=None if model_parallel else strategy,
         input_shape=info["input_shape"], num_classes=info["num_classes"] or 1,
@@ -417,7 +421,8 @@ def _train(config: TrainConfig, chief: bool, extra_callbacks: list) -> dict:
         "dataset": config.dataset,
         "model": config.model,
         "global_batch_size": config.global_batch_size,
-        "per_replica_batch_size": train_input.per_replica_batch_size,
+        "per_replica_batch_size": (config.global_batch_size // model.num_replicas
+                                   if model_parallel else train_input.per_replica_batch_size),
         "learning_rate": models.scaled_learning_rate(
             config.learning_rate, config.global_batch_size, config.base_batch_size,
             config.lr_scaling),
