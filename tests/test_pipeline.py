@@ -168,6 +168,19 @@ def test_variables_and_optimizer_slots_live_on_their_stage_device(optimizer):
     assert slot_count == (2 * len(stage_of) if optimizer == "adam" else 0)
 
 
+def test_unbuilt_layers_are_built_on_the_host():
+    # The whole model first exists unsplit: built under the caller's device
+    # scope it would all land on one device, which a model too big for one
+    # accelerator does not fit. The originals are built on CPU:0, the copies
+    # on their stages.
+    layers = _layers()
+    with tf.device("/CPU:3"):
+        pipeline = PipelineModel(layers, input_shape=(12,), num_stages=2)
+    assert {v.value.device[-5:] for l in layers for v in l.weights} == {"CPU:0"}
+    assert [row["variable_devices"][0][-5:] for row in pipeline.placement()] == ["CPU:0",
+                                                                                  "CPU:1"]
+
+
 def test_hybrid_places_replicas_on_their_own_devices():
     pipeline = PipelineModel(_layers(), input_shape=(12,), num_stages=2, num_replicas=2,
                              num_microbatches=2)

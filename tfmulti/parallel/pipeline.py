@@ -132,7 +132,9 @@ class PipelineModel(keras.Model):
 
     Args:
         layers: a `keras.Sequential` or a list of layers (a stack: each layer
-            feeds the next).
+            feeds the next). Unbuilt layers are built in host memory before
+            their copies are placed; for a model too big for one accelerator,
+            build it under `tf.device("/CPU:0")` (or leave it unbuilt).
         input_shape: per-example input shape; needed unless `layers` is a
             built `keras.Sequential`.
         devices: R*S device names, replica-major (replica 0's stages first);
@@ -197,10 +199,13 @@ class PipelineModel(keras.Model):
         self.remat = remat
         self.stage_devices = [device_names[r * num_stages:(r + 1) * num_stages]
                               for r in range(num_replicas)]
-        # Plan the cut on the given layers (built where they are), then build a
-        # copy of each stage on its device: Keras creates variables when a layer
-        # is built, under the device scope active then.
-        _build_stack(layers, self._input_shape_arg)
+        # Plan the cut on the given layers, then build a copy of each stage on
+        # its device: Keras creates variables when a layer is built, under the
+        # device scope active then. Unbuilt layers are built in host memory
+        # (the model may not fit one accelerator, which is why it is split);
+        # layers built before keep their variables where they are.
+        with tf.device("/CPU:0"):
+            _build_stack(layers, self._input_shape_arg)
         self.plan = partition_lib.plan_partition(
             layers, num_stages, method=partition, input_shape=self._input_shape_arg)
         self.replicas = []
