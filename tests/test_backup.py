@@ -242,6 +242,93 @@ def test_resumes_in_process(tmp_path, strategy):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
+def _xy():
+    x = np.random.default_rng(0).random((256, 8), dtype=np.float32)
+    return x, (x.sum(axis=1) > 4).astype(np.int32)
+
+
+def _stream(step):
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices(_xy()).batch(32).repeat().skip(step)
+
+
+class _CrashAt:
+    """A callback raising RuntimeError once the optimizer reaches `iteration`."""
+
+    def __new__(cls, iteration):
+        import keras
+
+        class Crash(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if int(self.model.optimizer.iterations) == iteration:
+                    raise RuntimeError("simulated crash")
+
+        return Crash()
+
+
+@pytest.mark.parametrize("with_input", [True, False])
+def test_resumes_a_model_made_outside_any_strategy_scope(tmp_path, with_input):
+    """Keras builds such a model (and its optimizer) only when its first step
+    is traced, after the restore: Adam's moments and iteration count, or for a
+    model without an Input its weights, must still be restored."""
+    import keras
+
+    def model():
+        keras.utils.set_random_seed(1)
+        m = keras.Sequential(([keras.Input((8,))] if with_input else [])
+                             + [keras.layers.Dense(2)])
+        m.compile(keras.optimizers.Adam(0.05),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    def run(directory, callbacks=()):
+        m = model()
+        result = backup.fit(m, _stream, epochs=2, steps_per_epoch=8, save_every_steps=4,
+                            backup_dir=str(tmp_path / directory), callbacks=list(callbacks),
+                            verbose=0)
+        return m, result
+
+    reference, _ = run("a")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run("b", [_CrashAt(14)])
+    resumed, result = run("b")
+    assert result.resumed_step == 12
+    assert int(resumed.optimizer.iterations) == 16
+    for a, b in zip(resumed.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_a_callback_that_stops_the_resumed_epoch_stops_the_run(tmp_path):
+    import keras
+
+    class StopAfterSecondEpoch(keras.callbacks.Callback):  # as EarlyStopping would
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                self.model.stop_training = True
+
+    def run(callbacks):
+        m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+        m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        backup.fit(m, _stream, epochs=4, steps_per_epoch=8, save_every_steps=4,
+                   backup_dir=str(tmp_path), callbacks=callbacks, verbose=0)
+        return int(m.optimizer.iterations)
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run([_CrashAt(14)])
+    # Resumed at step 12 (the restored iteration count): the rest of epoch 2,
+    # 4 steps, then stopped, as the uninterrupted run stops after 16 steps.
+    assert run([StopAfterSecondEpoch()]) == 16
+
+
+def test_fit_refuses_a_steps_per_execution_the_model_does_not_run(tmp_path):
+    m = _small_model(0.0)  # compiled with steps_per_execution 1
+    with pytest.raises(ValueError, match=r"`steps_per_execution` \(5\) differs from the "
+                                         r"model's \(1\)"):
+        backup.fit(m, _stream, epochs=1, steps_per_epoch=10, steps_per_execution=5,
+                   backup_dir=str(tmp_path))
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 

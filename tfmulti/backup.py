@@ -489,6 +489,29 @@ def _callback_class():
     return BackupCallback
 
 
+def _build_for_restore(model, dataset) -> None:
+    """Creates the model's, optimizer's and metrics' variables, so that a
+    restore has them to fill.
+
+    Keras builds a model made under a strategy's scope at the start of `fit`,
+    before the callbacks' `on_train_begin` (where the backup is restored);
+    one made outside any scope only when its first step is traced, after it:
+    a restore then found no optimizer slots (Adam resumed with fresh moments
+    and iteration count) or, for a model without an `Input`, no weights at
+    all. Built here from the data's element spec, nothing is read.
+    """
+    if getattr(model, "_distribute_strategy", None) is not None:
+        return  # Keras builds it before the callbacks run
+    spec = getattr(dataset, "element_spec", None)
+    if spec is None or not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
+        raise ValueError(
+            f"cannot build the model to restore its backup from data of type "
+            f"{type(dataset).__name__}: pass a tf.data.Dataset from `dataset_from`, or "
+            f"build the model (and `model.optimizer.build(model.trainable_variables)`) "
+            f"before calling fit.")
+    model._symbolic_build(data_batch=spec)
+
+
 def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_epoch: int,
         backup_dir: str, save_every_steps: int | None = None, save_every_epoch: bool = True,
         keep: int = 2, delete_on_success: bool = True, preemption: bool = True,
@@ -512,7 +535,8 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
             (a SystemExit with code 75).
         callbacks, verbose, fit_kwargs: passed to `model.fit`; `verbose=0` also
             silences the line printed at each backup.
-        steps_per_execution: default: the model's.
+        steps_per_execution: the model's (`fit` runs the compiled value);
+            another value is refused.
 
     Returns:
         A `FitResult`: the merged `history.history` of the (one or two) `fit`
@@ -531,7 +555,11 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
                                          or save_every_steps < 1):
         raise ValueError(f"`save_every_steps` must be a positive integer or None, got "
                          f"{save_every_steps!r}.")
-    block = steps_per_execution or getattr(model, "steps_per_execution", 1) or 1
+    block = getattr(model, "steps_per_execution", 1) or 1
+    if steps_per_execution is not None and steps_per_execution != block:
+        raise ValueError(f"`steps_per_execution` ({steps_per_execution}) differs from the "
+                         f"model's ({block}), which is what `fit` runs; compile the model "
+                         f"with steps_per_execution={steps_per_execution} or leave it unset.")
     if steps_per_epoch % block:
         raise ValueError(f"steps per execution ({block}) must divide `steps_per_epoch` "
                          f"({steps_per_epoch}) for step-exact resumes.")
@@ -566,11 +594,15 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
     if first_epoch < epochs:
         phases.append((first_epoch, epochs, steps_per_epoch, first_epoch * steps_per_epoch, 0))
     fit_kwargs.setdefault("shuffle", False)  # the data comes positioned: never reorder
+    if point.path:
+        _build_for_restore(model, dataset_from(phases[0][3] if phases else point.step))
     watcher.install()
     try:
         if not phases:  # the backup is the finished run: only the weights matter
             backup.restore_weights(point)
         for i, (initial, end, steps, skip, phase_offset) in enumerate(phases):
+            if i and model.stop_training:  # a callback stopped the resumed epoch
+                break
             callback = callback_cls(backup, point, steps_per_epoch, save_every_steps,
                                     save_every_epoch, watcher, phase_offset, restore=i == 0,
                                     start_step=skip, quiet=verbose == 0)
