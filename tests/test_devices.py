@@ -174,3 +174,17 @@ def test_resolve_devices_duplicates():
 def test_resolve_devices_empty(empty):
     with pytest.raises(ValueError, match=r"`devices` is empty"):
         devices.resolve_devices(empty)
+
+
+def test_nvidia_smi_rows_without_a_memory_figure(tmp_path, monkeypatch):
+    # Unified-memory GPUs (e.g. GB10) report memory.total as "[N/A]": the
+    # environment report keeps the GPU and leaves its memory unknown.
+    from tfmulti import environment
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\necho "0, NVIDIA GB10, [N/A]"\necho "1, NVIDIA H200, 143771"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert environment._nvidia_smi_gpus() == [
+        {"index": 0, "name": "NVIDIA GB10", "memory_mib": None},
+        {"index": 1, "name": "NVIDIA H200", "memory_mib": 143771}]

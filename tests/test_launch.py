@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._util import REPO
+from tests._util import REPO, run_python
 from tfmulti import launch
 
 LAUNCH_TIMEOUT = 60
@@ -425,3 +425,27 @@ def test_notebook_launcher_rejects_what_workers_cannot_receive():
         launch.notebook_launcher(lambda: weights.numpy())
     with pytest.raises(ValueError, match=r"args\[0\] is a TensorFlow/Keras object"):
         launch.notebook_launcher(lambda t: None, args=(tf.constant(1.0),))
+
+
+def test_notebook_worker_puts_the_kernels_path_first(tmp_path):
+    # A kernel that put a local checkout first (sys.path.insert(0, ...)) must
+    # have its workers import the same copy, not the installed one.
+    import pickle
+
+    import cloudpickle
+
+    local = tmp_path / "checkout"
+    (local / "absl").mkdir(parents=True)
+    (local / "absl" / "__init__.py").write_text("LOCAL = True\n")
+    payload = tmp_path / "payload"
+    with open(payload, "wb") as f:
+        pickle.dump([str(local)], f)
+        f.write(cloudpickle.dumps((lambda: getattr(__import__("absl"), "LOCAL", False), ())))
+    results = tmp_path / "results"
+    results.mkdir()
+    env = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["localhost:1"]},
+                                    "task": {"type": "worker", "index": 0}})}
+    done = run_python(["-m", "tfmulti._notebook_worker", str(payload), str(results)],
+                      timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert pickle.loads((results / "result-0.pkl").read_bytes()) is True

@@ -43,7 +43,9 @@ def main(argv: list[str]) -> int:
     try:
         with open(payload_path, "rb") as f:
             kernel_path = pickle.load(f)
-            sys.path.extend(p for p in kernel_path if p not in sys.path)
+            # The kernel's order: its own entries (e.g. a local checkout put
+            # first with sys.path.insert(0, ...)) before site-packages.
+            sys.path[:0] = [p for p in kernel_path if p not in sys.path]
             function, args = pickle.load(f)
         value = function(*args)
     except Exception:

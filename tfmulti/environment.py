@@ -43,7 +43,11 @@ def _nvidia_smi_gpus(timeout_s: float = 10.0) -> list[dict]:
     gpus = []
     for line in out.strip().splitlines():
         index, name, mem = (part.strip() for part in line.split(","))
-        gpus.append({"index": int(index), "name": name, "memory_mib": int(float(mem))})
+        try:
+            memory_mib = int(float(mem))
+        except ValueError:  # "[N/A]" on unified-memory GPUs
+            memory_mib = None
+        gpus.append({"index": int(index), "name": name, "memory_mib": memory_mib})
     return gpus
 
 
