@@ -133,3 +133,13 @@ def test_auto_with_a_cluster_resolver_means_multi_worker():
 def test_cluster_resolver_refused_where_it_does_not_apply(kind):
     with pytest.raises(ValueError, match=rf"applies to 'multi_worker' \(or 'auto'\), not '{kind}'"):
         get_strategy(kind, cluster_resolver="slurm")
+
+
+def test_resolver_peers_name_the_other_tasks():
+    # What the startup watchdog names when a cluster from SLURM or a custom
+    # resolver does not form (TF_CONFIG's are named the same way).
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": ["h1:2222", "h2:2222", "h3:2222"]}),
+        task_type="worker", task_id=1)
+    assert strategy_lib._resolver_peers(resolver) == (["h1:2222", "h3:2222"], "h2:2222")
+    assert strategy_lib._resolver_peers(object()) == ([], None)

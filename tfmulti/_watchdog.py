@@ -38,8 +38,8 @@ def main(argv: list[str]) -> int:
     sys.stderr.write(
         f"tfmulti: error: the multi-worker cluster did not form within {timeout_s:g} s; "
         f"task {task} waited for peers {waited_for}"
-        f"{' (not reachable)' if missing else ''}. Start every task listed in TF_CONFIG "
-        "(e.g. with `tfmulti launch`), check addresses and firewalls, or raise the startup "
+        f"{' (not reachable)' if missing else ''}. Start every task of the cluster "
+        "(TF_CONFIG, SLURM or the cluster resolver's list; e.g. with `tfmulti launch`), check addresses and firewalls, or raise the startup "
         "timeout (startup_timeout_s, TFMULTI_STARTUP_TIMEOUT, or `tfmulti launch "
         "--startup_timeout`). Stopping this process.\n")
     sys.stderr.flush()

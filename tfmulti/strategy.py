@@ -98,6 +98,19 @@ def slurm_cluster_resolver(port_base: int = 8888):
     return keras_fixes.slurm_cluster_resolver(port_base)
 
 
+def _resolver_peers(resolver) -> tuple[list[str], str | None]:
+    """(the other tasks' addresses, this task's) from a cluster resolver, as
+    from TF_CONFIG; ([], None) when it cannot say."""
+    try:
+        spec = resolver.cluster_spec().as_dict()
+        config = {"cluster": {job: list(tasks.values()) if isinstance(tasks, dict) else
+                              list(tasks) for job, tasks in spec.items()},
+                  "task": {"type": resolver.task_type, "index": int(resolver.task_id)}}
+        return cluster.peers(config), cluster.task_address(config)
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        return [], None
+
+
 def _multi_worker(communication: str, collective_timeout_s: float | None,
                   startup_timeout_s: float | None, cluster_resolver):
     if communication not in COMMUNICATIONS:
@@ -130,6 +143,8 @@ def _multi_worker(communication: str, collective_timeout_s: float | None,
         raise ValueError(f"`cluster_resolver` must be one of {list(CLUSTER_RESOLVERS)} or a "
                          f"tf.distribute.cluster_resolver.ClusterResolver, got "
                          f"{cluster_resolver!r}.")
+    if me is None:  # SLURM or a custom resolver: name its peers if the watchdog fires
+        peers, me = _resolver_peers(resolver)
     keras_fixes.apply_multi_worker_fixes()
     keras_fixes.apply_multi_step_fix()
     keras_fixes.apply_empty_batch_conv_fix()
