@@ -436,6 +436,17 @@ def main(argv):
         "suites": {},
     }
     results["suite_seconds"] = {}
+    results["complete"] = False
+
+    def write_json():
+        # After every suite, atomically: a suite that fails later (a timeout
+        # an hour in) leaves the finished ones on disk, never a torn file.
+        os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
+        tmp = _OUTPUT.value + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=2)
+        os.replace(tmp, _OUTPUT.value)
+
     for name in suites:
         repeats = _REPEATS.value
         suite_start = time.monotonic()
@@ -447,10 +458,10 @@ def main(argv):
             "streaming": utilization_suites.streaming_suite,
         }[name](repeats)
         results["suite_seconds"][name] = time.monotonic() - suite_start
-    results["seconds"] = time.monotonic() - start
-    os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
-    with open(_OUTPUT.value, "w") as f:
-        json.dump(results, f, indent=2)
+        results["seconds"] = time.monotonic() - start
+        write_json()
+    results["complete"] = True
+    write_json()
     png = os.path.splitext(_OUTPUT.value)[0] + ".png"
     plot(results, png)
     for name, r in results["suites"].items():
