@@ -32,8 +32,8 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def run(main) -> None:
-    """`app.run(main)`, with user errors (ValueError, FileNotFoundError,
-    RuntimeError from device set-up) as one line and exit code 2."""
+    """`app.run(main)`, with user errors (ValueError, FileNotFoundError) as
+    one line and exit code 2."""
 
     def guarded(argv):
         if len(argv) > 1:

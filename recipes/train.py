@@ -68,7 +68,7 @@ _CROSS_DEVICE_OPS = flags.DEFINE_enum(
     "Gradient all-reduce implementation for --strategy=mirrored.")
 _DATASET = flags.DEFINE_string(
     "dataset", "fashion_mnist", "TFDS name, or synthetic / synthetic_regression.")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data dir (default ~/tensorflow_datasets).")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data dir (default $TFDS_DATA_DIR, else ~/tensorflow_datasets).")
 _DOWNLOAD = flags.DEFINE_boolean(
     "download", False, "Allow a TFDS download if the data is not prepared (needs internet).")
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None, "Synthetic data: training examples.",
