@@ -11,8 +11,8 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = ("backup", "cluster", "data", "devices", "diagnose", "environment", "keras_fixes",
-               "launch", "memory", "models", "notebook", "optimizers", "strategy", "training",
-               "utilization")
+               "launch", "memory", "models", "notebook", "optimizers", "parallel", "strategy",
+               "training", "utilization")
 _FUNCTIONS = {
     "configure_virtual_devices": "tfmulti.devices",
     "get_strategy": "tfmulti.strategy",

@@ -4,7 +4,8 @@
     tfmulti prepare-data [--dataset fashion_mnist] [--data_dir DIR] [--source_dir DIR]
     tfmulti estimate-memory [--model mlp] [--strategy one_device] [--num_devices N]
                             [--num_stages S --num_microbatches M --num_replicas R]
-                            [--global_batch_size B] [--optimizer adam] [--dtype float32] [--json]
+                            [--global_batch_size B] [--optimizer adam] [--dtype float32]
+                            [--partition params] [--json]
     tfmulti launch --num_workers N [--pin_cpus] [--port P] [--startup_timeout S]
                    [--no_isolate] [--grace_period S] [--max_restarts K] -- COMMAND ...
     tfmulti diagnose [recipes/train.py flags] [--no_prefetch] [--no_cache] [--seconds S]

@@ -183,8 +183,10 @@ def get_strategy(
           first, see `tfmulti.cluster`), or SLURM; Keras 3 `fit`/`evaluate`/
           `predict` work under it through `tfmulti.keras_fixes`.
         * "auto" (default): "multi_worker" when TF_CONFIG lists 2 or more
-          tasks, else "mirrored" over the GPUs when there are 2 or more, else
-          over the logical CPUs when 2 or more were configured (see
+          tasks (or a `cluster_resolver` is given); else, on a host with
+          GPUs, "mirrored" over them when there are 2 or more and
+          "one_device" on the one; without GPUs, "mirrored" over the logical
+          CPUs when 2 or more were configured (see
           `configure_virtual_devices`), else "one_device".
 
     Args:
