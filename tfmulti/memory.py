@@ -35,6 +35,10 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OPTIMIZER_SLOTS = {"adam": 2, "sgd": 0}
 VARIABLE_BYTES = 4  # float32 variables, also under mixed precision
 COLUMNS = ("parameters", "gradients", "optimizer_slots", "activations", "total")
+# The pipeline settings each strategy uses, and their defaults.
+PIPELINE_SETTINGS = {"pipeline": ("num_stages", "num_microbatches"),
+                     "hybrid": ("num_stages", "num_microbatches", "num_replicas")}
+PIPELINE_DEFAULTS = {"num_stages": 2, "num_microbatches": 4, "num_replicas": 2}
 
 
 def _check(strategy, num_devices, num_stages, num_microbatches, num_replicas,
@@ -150,21 +154,17 @@ def estimate_memory(
     from tfmulti import models
 
     models.model_task(model)
-    unused = {"num_stages": num_stages, "num_microbatches": num_microbatches,
-              "num_replicas": num_replicas}
-    if strategy == "pipeline":
-        unused = {"num_replicas": num_replicas}
-    elif strategy == "hybrid":
-        unused = {}
-    for name, value in unused.items():
-        if value is not None and strategy in STRATEGIES:
+    given = {"num_stages": num_stages, "num_microbatches": num_microbatches,
+             "num_replicas": num_replicas}
+    for name, value in given.items():
+        if value is not None and strategy in STRATEGIES \
+                and name not in PIPELINE_SETTINGS.get(strategy, ()):
             fix = ("strategy='hybrid'" if name == "num_replicas"
                    else "strategy='pipeline' or 'hybrid'")
             raise ValueError(f"`{name}` ({value}) does not apply to strategy {strategy!r}; "
                              f"leave it unset or use {fix}.")
-    num_stages = 2 if num_stages is None else num_stages
-    num_microbatches = 4 if num_microbatches is None else num_microbatches
-    num_replicas = 2 if num_replicas is None else num_replicas
+    num_stages, num_microbatches, num_replicas = (
+        PIPELINE_DEFAULTS[name] if value is None else value for name, value in given.items())
     replicas, stages, batch = _check(strategy, num_devices, num_stages, num_microbatches,
                                      num_replicas, global_batch_size, optimizer, dtype)
     if strategy in ("pipeline", "hybrid") and partition not in ("params", "flops"):

@@ -99,8 +99,8 @@ def slurm_cluster_resolver(port_base: int = 8888):
 
 
 def _resolver_peers(resolver) -> tuple[list[str], str | None]:
-    """(the other tasks' addresses, this task's) from a cluster resolver, as
-    from TF_CONFIG; ([], None) when it cannot say."""
+    """(the other tasks' addresses, this task's) from a cluster resolver
+    (TF_CONFIG's, SLURM's or the caller's); ([], None) when it cannot say."""
     try:
         spec = resolver.cluster_spec().as_dict()
         config = {"cluster": {job: list(tasks.values()) if isinstance(tasks, dict) else
@@ -125,7 +125,6 @@ def _multi_worker(communication: str, collective_timeout_s: float | None,
                                                  DEFAULT_STARTUP_TIMEOUT_S))
     if startup_timeout_s <= 0:
         raise ValueError(f"`startup_timeout_s` must be positive, got {startup_timeout_s}.")
-    peers, me = [], None
     if cluster_resolver in (None, "tf_config"):
         config = cluster.from_environ()
         if config is None:
@@ -133,7 +132,6 @@ def _multi_worker(communication: str, collective_timeout_s: float | None,
                 "kind='multi_worker' needs TF_CONFIG describing the cluster; start the "
                 "workers with `tfmulti launch --num_workers N -- python ...`, set "
                 "TF_CONFIG on each host, or pass cluster_resolver='slurm'.")
-        peers, me = cluster.peers(config), cluster.task_address(config)
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     elif cluster_resolver == "slurm":
         resolver = slurm_cluster_resolver()
@@ -143,8 +141,7 @@ def _multi_worker(communication: str, collective_timeout_s: float | None,
         raise ValueError(f"`cluster_resolver` must be one of {list(CLUSTER_RESOLVERS)} or a "
                          f"tf.distribute.cluster_resolver.ClusterResolver, got "
                          f"{cluster_resolver!r}.")
-    if me is None:  # SLURM or a custom resolver: name its peers if the watchdog fires
-        peers, me = _resolver_peers(resolver)
+    peers, me = _resolver_peers(resolver)  # named if the cluster does not form
     keras_fixes.apply_multi_worker_fixes()
     keras_fixes.apply_multi_step_fix()
     keras_fixes.apply_empty_batch_conv_fix()

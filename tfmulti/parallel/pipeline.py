@@ -103,13 +103,9 @@ def _clone(layer):
 
 
 def _split(tensor, num: int):
-    """`num` equal slices along axis 0 (the caller checks divisibility)."""
-    return tf.split(tensor, num, axis=0)
-
-
-def _split_uneven(tensor, num: int):
-    """`num` slices along axis 0 of ceil(size / num) rows, the last ones
-    shorter (or empty): for inference and a partial last batch."""
+    """`num` slices along axis 0 of ceil(size / num) rows: equal when `num`
+    divides the size (training checks that), else the last ones shorter or
+    empty (inference, a partial last batch)."""
     if num == 1:
         return [tensor]
     step = (tf.shape(tensor)[0] + num - 1) // num
@@ -256,7 +252,7 @@ class PipelineModel(keras.Model):
     def call(self, inputs, training=False):
         """Forward pass: the batch splits over replicas, then micro-batches,
         flowing stage to stage (placed); outputs are concatenated in order."""
-        shards = _split_uneven(inputs, self.num_replicas)
+        shards = _split(inputs, self.num_replicas)
         outputs = []
         for r, x in enumerate(shards):
             outputs.extend(self._forward(r, x, training))
@@ -280,7 +276,7 @@ class PipelineModel(keras.Model):
     def _forward(self, r, x, training):
         # Micro-batches of uneven size are allowed here (inference, evaluation
         # of a partial last batch).
-        activations = _split_uneven(x, self.num_microbatches)
+        activations = _split(x, self.num_microbatches)
         for stage, device in zip(self.replicas[r], self.stage_devices[r]):
             with tf.device(device):
                 activations = [stage(a, training=training) for a in activations]
