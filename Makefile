@@ -1,6 +1,8 @@
 # The two commands of the README:
 #   make demo   set up (.venv, package, data) and run the main job
-#   make test   set up, then run the whole test suite
+#   make test   set up, then run the whole test suite (what CI runs)
+# and the inner loop:
+#   make test-fast   the tests that start no process and run no notebook
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,7 +10,7 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo test install data clean
+.PHONY: demo test test-fast install data clean
 
 install: $(STAMP)
 
@@ -29,12 +31,19 @@ data: $(STAMP)
 	$(VENV)/bin/tfmulti prepare-data --dataset fashion_mnist
 
 demo: data
-	$(PY) recipes/train.py --strategy=mirrored --num_virtual_devices=4 \
+	$(PY) recipes/train.py --distribution=mirrored --num_virtual_devices=4 \
 	  --dataset=fashion_mnist --model=mlp --epochs=5 --global_batch_size=256 \
 	  --model_dir=$(DEMO_DIR)
 
+# One pytest worker per core (pytest-xdist); a file's tests share a worker, so
+# its module fixtures are made once.
+PYTEST := $(PY) -m pytest -q -n auto --dist loadfile
+
 test: data
-	$(PY) -m pytest -q --durations=15
+	$(PYTEST) --durations=15
+
+test-fast: data
+	$(PYTEST) --durations=10 -m "not cluster and not notebook and not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache build *.egg-info

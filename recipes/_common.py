@@ -1,5 +1,6 @@
 """What every recipe shares: flag parsing that turns bad input into one line
-and exit code 2, and quieter TensorFlow start-up logs."""
+and exit code 2 (library errors restated in flag names), and quieter
+TensorFlow start-up logs."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
-EXIT_USAGE = 2
+from tfmulti import config_flags  # noqa: E402  (no TensorFlow)
+from tfmulti.cluster.exit_codes import USAGE  # noqa: E402
 
 
 def usage_error(message: str) -> None:
     """Prints `<program>: error: <message>` and exits with code 2."""
     prog = os.path.basename(sys.argv[0] or "recipe")
     print(f"{prog}: error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
+    sys.exit(USAGE)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -33,7 +35,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def run(main) -> None:
     """`app.run(main)`, with user errors (ValueError, FileNotFoundError) as
-    one line and exit code 2."""
+    one line in flag names and exit code 2."""
 
     def guarded(argv):
         if len(argv) > 1:
@@ -41,6 +43,6 @@ def run(main) -> None:
         try:
             return main(argv)
         except (ValueError, FileNotFoundError) as e:
-            usage_error(str(e))
+            usage_error(config_flags.flag_message(str(e), extra_names=flags.FLAGS))
 
     app.run(guarded, flags_parser=parse_flags)

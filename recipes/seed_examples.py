@@ -110,8 +110,9 @@ def model_parallel(train, batch: int) -> None:
                           num_microbatches=4, partition=[2, 1], name="seed003")
     model.compile(optimizer="adam", metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    train_input = data.distribute(train, __import__("tensorflow").distribute.get_strategy(),
-                                  batch, seed=0)
+    import tensorflow as tf
+
+    train_input = data.distribute(train, tf.distribute.get_strategy(), batch, seed=0)
     history = model.fit(**train_input.fit_kwargs(), epochs=_EPOCHS.value, verbose=2)
     for row in model.placement():
         print(f"stage {row['stage']}: {row['layers']} -> variables on "
@@ -153,7 +154,8 @@ def main(argv):
     for optimizer, rate in (("adam", 1e-3), ("sgd", 0.1)):
         model = models.build_model("mlp", strategy=strategy, seed=0)
         model.set_weights(init)
-        models.compile_model(model, strategy=strategy, optimizer=optimizer, learning_rate=rate)
+        models.compile_model(model, task="classification", strategy=strategy,
+                             optimizer=optimizer, learning_rate=rate)
         history = model.fit(**train_input.fit_kwargs(), epochs=_EPOCHS.value, verbose=0)
         accuracy = model.evaluate(**test_input.evaluate_kwargs(), return_dict=True,
                                   verbose=0)["accuracy"]

@@ -2,8 +2,8 @@
 dead peers.
 
 The end-to-end tests train the same small deterministic run (synthetic data,
-SGD, no dropout, 3 epochs x 16 steps, a backup every 4 steps) with
-tests/workers/resumable.py, kill it in the middle of an epoch after a backup
+SGD, no dropout, 3 epochs x 16 steps, a backup every 4 steps:
+tests/workers/resumable.py), kill it in the middle of an epoch after a backup
 exists, let it resume, and compare the final weights with an uninterrupted
 run's. Every subprocess has a timeout; the launcher reaps its workers.
 """
@@ -11,7 +11,6 @@ run's. Every subprocess has a timeout; the launcher reaps its workers.
 from __future__ import annotations
 
 import glob
-import io
 import json
 import os
 import re
@@ -24,12 +23,13 @@ import time
 import numpy as np
 import pytest
 
-from tfmulti import backup, launch
-from tests._util import REPO, run_python
+from tests._util import REPO, WORKERS, launch_python, run_python
+from tests.workers import resumable
+from tfmulti import backup
+from tfmulti.cluster import exit_codes, tf_config
 
-WORKER = str(REPO / "tests" / "workers" / "resumable.py")
+WORKER = str(WORKERS / "resumable.py")
 TOTAL_STEPS = 3 * 16
-KILL_AT = 22  # epoch 2, step 6: after the backup at step 20, mid-epoch
 
 
 def _final(out_dir) -> tuple[int, list[np.ndarray]]:
@@ -54,55 +54,77 @@ def _scratch_dirs(out_dir) -> list[str]:
     return glob.glob(probe._scratch_dir())  # pylint: disable=protected-access
 
 
-def _launch(args: list[str], **kwargs) -> tuple[int, str]:
-    out = io.StringIO()
-    code = launch.launch([sys.executable, WORKER, *args], num_workers=2, output=out,
-                         startup_timeout=120, **kwargs)
-    return code, out.getvalue()
+def _resumed(out_dir, step: int) -> str:
+    return f"resuming from {os.path.join(out_dir, 'backup', f'ckpt-{step}')}: global step {step}"
+
+
+class _Keep:
+    """A callback keeping the final weights and step count."""
+
+    def __new__(cls):
+        import keras
+
+        class Keep(keras.callbacks.Callback):
+            def on_train_end(self, logs=None):
+                self.weights = [np.array(w) for w in self.model.get_weights()]
+                self.iterations = int(self.model.optimizer.iterations.numpy())
+
+        return Keep()
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The reference: MirroredStrategy over 2 devices (equal to 2 workers x 1
-    device within 1e-5, tests/test_multi_worker.py), never interrupted."""
+    device within 1e-5, tests/test_strategy.py), never interrupted;
+    trained in this process (2 of the 4 virtual CPUs)."""
+    from tfmulti.config import TrainConfig
+    from tfmulti.training import train
+
     out = tmp_path_factory.mktemp("uninterrupted")
-    result = run_python([WORKER, str(out), "mirrored", "--config",
-                         json.dumps({"num_virtual_devices": 2})], timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
+    keep = _Keep()
+    train(TrainConfig(**{**resumable.FIELDS, "verbose": 0}, distribution="mirrored",
+                      devices=("CPU:0", "CPU:1"), backup_dir=str(out / "backup")),
+          callbacks=[keep])
     assert not (out / "backup").exists()  # deleted after a clean end
-    return _final(out)
+    return keep.iterations, keep.weights
 
 
 # ----------------------------------------------------------------------------- end to end
 
 
-@pytest.mark.parametrize("victim", [0, 1])
-def test_multi_worker_sigkill_restarts_and_matches_uninterrupted(tmp_path, uninterrupted,
-                                                                 victim):
-    code, output = _launch([str(tmp_path), "multi_worker", "--kill_at_step", str(KILL_AT),
-                            "--kill_worker", str(victim)], max_restarts=1, grace_period=5)
+@pytest.mark.cluster
+def test_multi_worker_sigkill_restarts_and_matches_uninterrupted(tmp_path, uninterrupted):
+    """Each worker SIGKILLed once in one launch (merges the old [victim=1] and
+    [victim=0] cases): worker 1 at step 22 (after the backup at 20), then the
+    chief at step 30 (after the backup at 28); each restart resumes from the
+    last backup and the result is the uninterrupted run's."""
+    code, output = launch_python([WORKER, str(tmp_path), "multi_worker", "--kill", "22:1",
+                                  "--kill", "30:0"], max_restarts=2, grace_period=5)
     assert code == 0, output[-4000:]
-    assert f"worker {victim} failed with exit code 137 (killed by SIGKILL)" in output, \
-        output[-4000:]
-    assert "restart 1 of 1" in output
-    assert "resuming from" in output and "ckpt-20" in output  # the last backup before 22
+    for victim in (1, 0):
+        assert f"worker {victim} failed with exit code 137 (killed by SIGKILL)" in output, \
+            output[-4000:]
+    assert "restart 1 of 2" in output and "restart 2 of 2" in output
+    first, second = _resumed(tmp_path, 20), _resumed(tmp_path, 28)  # the last backups
+    assert first in output and second in output, output[-4000:]
+    assert output.index(first) < output.index(second)
     _assert_same_weights(tmp_path, uninterrupted)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["resumed_from_step"] == 20 and metrics["epochs_completed"] == 3
+    assert metrics["resumed_from_step"] == 28 and metrics["epochs_completed"] == 3
     assert not (tmp_path / "backup").exists()  # deleted when training ended cleanly
     assert _scratch_dirs(tmp_path) == []  # no worker's temporary dir left
 
 
+@pytest.mark.cluster
 def test_multi_worker_sigterm_saves_at_agreed_step(tmp_path, uninterrupted):
-    code, output = _launch([str(tmp_path), "multi_worker", "--kill_at_step", str(KILL_AT),
-                            "--kill_worker", "1", "--signal", "TERM",
-                            "--config", json.dumps({"keep_backup": True})],
-                           max_restarts=1, grace_period=30)
+    code, output = launch_python([WORKER, str(tmp_path), "multi_worker", "--kill", "22:1:TERM",
+                                  "--config", json.dumps({"keep_backup": True})],
+                                 max_restarts=1, grace_period=30)
     assert code == 0, output[-4000:]
     assert "exit code 75 (preempted" in output, output[-4000:]
     # Worker 1 got SIGTERM at step 22; both saved at the next boundary, 23.
     assert "backup at global step 23 (preempted)" in output, output[-4000:]
-    assert "resuming from" in output and "ckpt-23" in output
+    assert _resumed(tmp_path, 23) in output
     _assert_same_weights(tmp_path, uninterrupted)
     # keep_backup: only the chief's directory exists, with the newest 2 checkpoints.
     kept = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "backup" / "*.index")))
@@ -110,6 +132,7 @@ def test_multi_worker_sigterm_saves_at_agreed_step(tmp_path, uninterrupted):
     assert _scratch_dirs(tmp_path) == []
 
 
+@pytest.mark.cluster
 def test_sigterm_to_the_launcher_saves_on_all_workers_and_does_not_restart(tmp_path):
     """What a scheduler does (Kubernetes, SLURM): SIGTERM to the launcher. Every
     worker saves at the same step, the launcher exits 128 + 15 without restarting."""
@@ -117,7 +140,7 @@ def test_sigterm_to_the_launcher_saves_on_all_workers_and_does_not_restart(tmp_p
         [sys.executable, "-m", "tfmulti.cli", "launch", "--num_workers", "2", "--max_restarts",
          "2", "--grace_period", "30", "--", sys.executable, WORKER, str(tmp_path),
          "multi_worker", "--config", json.dumps({"epochs": 100})],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     lines = []
     try:
@@ -126,7 +149,7 @@ def test_sigterm_to_the_launcher_saves_on_all_workers_and_does_not_restart(tmp_p
             if "backup at global step 8 " in line:
                 proc.send_signal(signal.SIGTERM)
                 break
-        lines += proc.communicate(timeout=120)[0].splitlines()
+        lines += proc.communicate(timeout=180)[0].splitlines()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -140,23 +163,47 @@ def test_sigterm_to_the_launcher_saves_on_all_workers_and_does_not_restart(tmp_p
     assert backup.latest_valid(str(tmp_path / "backup")).step == saved.pop()
 
 
-@pytest.mark.parametrize("sig, steps_per_execution", [("KILL", 1), ("TERM", 1), ("KILL", 4)])
-def test_mirrored_killed_then_rerun_resumes(tmp_path, uninterrupted, sig, steps_per_execution):
-    args = [WORKER, str(tmp_path), "mirrored", "--kill_at_step", str(KILL_AT), "--signal", sig,
-            "--config", json.dumps({"num_virtual_devices": 2,
-                                    "steps_per_execution": steps_per_execution})]
-    first = run_python(args, timeout=240)
-    if sig == "KILL":  # with 4 steps per call the kill comes at 24, before its backup
-        assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
-        resumed_at = 20
-    else:  # one process: saves at the boundary where it sees the signal
-        assert first.returncode == backup.PREEMPTED_EXIT_CODE, first.stderr[-3000:]
-        assert "preempted: saved a backup at global step 22" in first.stderr
-        resumed_at = 22
-    second = run_python(args, timeout=240)  # the same command again
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resuming from {tmp_path / 'backup' / f'ckpt-{resumed_at}'}" in second.stdout
+@pytest.mark.slow
+def test_mirrored_killed_then_rerun_resumes(tmp_path, uninterrupted):
+    """One process per interruption, each rerun of the run resuming the last
+    (merges the old [KILL-1], [TERM-1] and [KILL-4] cases: 4 processes, not 6):
+
+    1. 1 step per call, SIGKILL at step 22: resumes from the backup at 20;
+    2. 1 step per call, SIGTERM at 24: saves at that boundary, exits 75;
+    3. 4 steps per call from 24, SIGKILL past 26: it comes at 28, the end of a
+       call, before that call's backup, so the run resumes from 24;
+    4. 4 steps per call to the end: the uninterrupted run's weights.
+    """
+    backup_dir = tmp_path / "backup"
+
+    def run(steps_per_execution, *kill):
+        args = [WORKER, str(tmp_path), "mirrored", *(["--kill", kill[0]] if kill else []),
+                "--config", json.dumps({"num_virtual_devices": 2,
+                                        "steps_per_execution": steps_per_execution})]
+        return run_python(args, timeout=300)
+
+    killed = run(1, "22:0:KILL")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert backup.latest_valid(str(backup_dir)).step == 20
+
+    preempted = run(1, "24:0:TERM")
+    assert preempted.returncode == exit_codes.PREEMPTED, preempted.stderr[-3000:]
+    assert _resumed(tmp_path, 20) in preempted.stdout
+    # One process: it saves at the boundary where it sees the signal.
+    assert "preempted: saved a backup at global step 24" in preempted.stderr
+
+    killed_in_a_call = run(4, "26:0:KILL")
+    assert killed_in_a_call.returncode == -signal.SIGKILL, killed_in_a_call.stderr[-3000:]
+    assert _resumed(tmp_path, 24) in killed_in_a_call.stdout
+    assert "sends itself SIGKILL at step 28" in killed_in_a_call.stdout
+
+    finished = run(4)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert _resumed(tmp_path, 24) in finished.stdout  # 28's backup never happened
     _assert_same_weights(tmp_path, uninterrupted)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["resumed_from_step"] == 24 and metrics["epochs_completed"] == 3
+    assert not backup_dir.exists()
 
 
 def _free_port() -> int:
@@ -165,24 +212,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("victim", [0, 1])
 def test_dead_peer_fails_the_survivor_within_60s(tmp_path, victim):
     """Without the launcher (as on separate hosts): TensorFlow's coordination
     service notices the missing heartbeats and aborts the survivor's collectives."""
-    ports = [_free_port(), _free_port()]
+    addresses = [f"localhost:{_free_port()}", f"localhost:{_free_port()}"]
     procs = []
     try:
         for index in range(2):
-            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": json.dumps({
-                "cluster": {"worker": [f"localhost:{p}" for p in ports]},
-                "task": {"type": "worker", "index": index}})}
+            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+                   "TF_CONFIG": json.dumps(tf_config.build_tf_config(addresses, index))}
             procs.append(subprocess.Popen(
                 [sys.executable, WORKER, str(tmp_path), "multi_worker", "--config",
                  json.dumps({"epochs": 1000, "num_examples": 4096})],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 start_new_session=True))
         chief_lines = []
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 240
         for line in procs[0].stdout:  # wait until training is under way
             chief_lines.append(line)
             if "backup at global step" in line or time.monotonic() > deadline:
@@ -202,6 +249,7 @@ def test_dead_peer_fails_the_survivor_within_60s(tmp_path, victim):
             p.wait(timeout=10)
 
 
+@pytest.mark.slow  # trains for seconds
 @pytest.mark.parametrize("strategy", ["pipeline", "one_device"])
 def test_resumes_in_process(tmp_path, strategy):
     """A PipelineModel (2 stages on 2 virtual CPUs), or one device, crashed
@@ -209,22 +257,18 @@ def test_resumes_in_process(tmp_path, strategy):
     weights as without the crash."""
     import keras
 
-    from tfmulti.training import TrainConfig, train
+    from tfmulti.config import TrainConfig
+    from tfmulti.training import train
 
     class Crash(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if int(self.model.optimizer.iterations.numpy()) == 10:
                 raise RuntimeError("simulated crash")
 
-    class Keep(keras.callbacks.Callback):
-        def on_train_end(self, logs=None):
-            self.weights = [np.array(w) for w in self.model.get_weights()]
-            self.iterations = int(self.model.optimizer.iterations.numpy())
-
     def run(backup_dir, callbacks):
-        keep = Keep()
+        keep = _Keep()
         devices = ("CPU:0", "CPU:1") if strategy == "pipeline" else None
-        train(TrainConfig(strategy=strategy, devices=devices, num_stages=2,
+        train(TrainConfig(distribution=strategy, devices=devices, num_stages=2,
                           num_microbatches=2, dataset="synthetic", num_examples=512,
                           global_batch_size=64, epochs=2, optimizer="sgd",
                           learning_rate=0.05, dropout=0.0, seed=0, backup_dir=backup_dir,
@@ -383,11 +427,12 @@ def test_damaged_latest_falls_back_with_a_warning(tmp_path, damage):
     assert all(np.all(np.asarray(v) == 8.0) for v in m.variables)
 
 
+@pytest.mark.slow
 def test_a_crash_during_a_save_leaves_a_consistent_backup(tmp_path):
     """SIGKILL a process that saves ~32 MB checkpoints back to back, at 3
     random points in time: each time, the newest valid checkpoint is complete and
     consistent (every value equals its step), and saving resumes after it."""
-    worker = str(REPO / "tests" / "workers" / "save_loop.py")
+    worker = str(WORKERS / "save_loop.py")
     rng = np.random.default_rng(0)
     steps = []
     for _ in range(3):
@@ -412,26 +457,13 @@ def test_a_crash_during_a_save_leaves_a_consistent_backup(tmp_path):
     assert steps == sorted(steps) and steps[-1] > steps[0]  # each run went on from the last
 
 
-def test_data_skip_continues_the_uninterrupted_stream():
-    import tensorflow as tf
-
-    from tfmulti import data, strategy as strategy_lib
-
-    ds = tf.data.Dataset.from_tensor_slices(np.arange(40, dtype=np.int64))
-    one = strategy_lib.get_strategy("one_device")
-    full = data.distribute(ds, one, 8, training=True, seed=3)
-    resumed = data.distribute(ds, one, 8, training=True, seed=3, skip_steps=7)
-    full_batches = [b.numpy().tolist() for b, _ in zip(full.dataset, range(15))]
-    resumed_batches = [b.numpy().tolist() for b, _ in zip(resumed.dataset, range(8))]
-    assert resumed_batches == full_batches[7:]
-    assert full_batches[:5] != full_batches[5:10]  # epochs are reshuffled
-
-
 # ----------------------------------------------------------------------------- bad input
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"keep": 0}, r"`keep` must be an integer >= 1"),
+    ({"keep": 0}, r"`keep` must be a positive integer, got 0; use 2 so a damaged newest "
+                  r"checkpoint has a fallback"),
+    ({"keep": True}, r"`keep` must be a positive integer, got True"),
     ({"backup_dir": ""}, r"`backup_dir` must be a directory path"),
 ])
 def test_backup_bad_arguments(tmp_path, kwargs, match):
@@ -447,18 +479,6 @@ def test_backup_dir_that_is_a_file(tmp_path):
         backup.Backup(str(path), None)
 
 
-@pytest.mark.parametrize("fields, match", [
-    ({"backup_dir": "/tmp/x", "seed": None}, r"`backup_dir` needs a fixed `seed`"),
-    ({"backup_every_steps": 5}, r"`backup_every_steps` needs `backup_dir`"),
-    ({"backup_dir": "/tmp/x", "backup_every_steps": 0}, r"must be a positive integer"),
-])
-def test_train_config_backup_checks(fields, match):
-    from tfmulti.training import TrainConfig
-
-    with pytest.raises(ValueError, match=match):
-        TrainConfig(**fields).validate()
-
-
 def test_fit_refuses_a_backup_beyond_the_run(tmp_path):
     _saved_backups(tmp_path)  # at step 12
     m = _small_model(0.0)
@@ -466,24 +486,29 @@ def test_fit_refuses_a_backup_beyond_the_run(tmp_path):
         backup.fit(m, lambda step: None, epochs=1, steps_per_epoch=8, backup_dir=str(tmp_path))
 
 
-def test_launcher_reports_each_restart_and_gives_up():
-    out = io.StringIO()
-    code = launch.launch([sys.executable, "-c", "import sys; sys.exit(3)"], num_workers=2,
-                         output=out, max_restarts=2, grace_period=1)
-    text = out.getvalue()
-    assert code == 3, text
-    assert "restart 1 of 2" in text and "restart 2 of 2" in text, text
-    assert "giving up after 2 restart(s); exit status 3" in text
-    assert text.count("failed with exit code 3") == 3
+@pytest.mark.parametrize("kwargs, match", [
+    ({"epochs": 0}, r"`epochs` must be a positive integer, got 0"),
+    ({"steps_per_epoch": True}, r"`steps_per_epoch` must be a positive integer, got True"),
+    ({"save_every_steps": 0}, r"`save_every_steps` must be a positive integer \(or None\)"),
+])
+def test_fit_bad_arguments(tmp_path, kwargs, match):
+    args = {"epochs": 1, "steps_per_epoch": 8, "backup_dir": str(tmp_path), **kwargs}
+    with pytest.raises(ValueError, match=match):
+        backup.fit(_small_model(0.0), _stream, **args)
+    assert os.listdir(tmp_path) == []
 
 
-def test_launcher_max_restarts_must_be_non_negative():
-    with pytest.raises(ValueError, match=r"`max_restarts` \(-1\) must be an integer >= 0"):
-        launch.make_plan(["python"], max_restarts=-1)
+def test_fit_needs_whole_calls_of_steps(tmp_path):
+    import keras
 
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    m.compile("sgd", "mse", steps_per_execution=3)
+    with pytest.raises(ValueError, match=r"the model's steps per execution \(3\) must divide "
+                                         r"`steps_per_epoch` \(8\) for step-exact resumes"):
+        backup.fit(m, _stream, epochs=1, steps_per_epoch=8, backup_dir=str(tmp_path))
+    _saved_backups(tmp_path)  # at step 12
+    m.compile("sgd", "mse", steps_per_execution=8)
+    with pytest.raises(ValueError, match=r"global step 12, not a multiple of the steps per "
+                                         r"execution \(8\)"):
+        backup.fit(m, _stream, epochs=2, steps_per_epoch=16, backup_dir=str(tmp_path))
 
-def test_module_examples():
-    import doctest
-
-    result = doctest.testmod(backup, verbose=False)
-    assert result.attempted > 0 and result.failed == 0

@@ -84,7 +84,7 @@ def test_per_replica_batch_size_not_divisible():
     assert "e.g. 8 or 12" in str(info.value)
 
 
-@pytest.mark.parametrize("global_batch", [0, -4, 2.5, "8", None])
+@pytest.mark.parametrize("global_batch", [0, -4, 2.5, "8", None, True])
 def test_per_replica_batch_size_not_positive_int(global_batch):
     with pytest.raises(ValueError, match=r"`global_batch_size` must be a positive integer"):
         data.per_replica_batch_size(global_batch, 4)
@@ -98,7 +98,7 @@ def test_training_divisible_every_id_exactly_once(strategy):
     n, batch = 64, 16
     dist = data.distribute(_id_dataset(n), strategy, batch, seed=0)
     assert dist.steps_per_epoch == 4
-    assert dist.repeats is True
+    assert dist.repeat is True
     assert dist.per_replica_batch_size == 4 and dist.num_replicas == NUM_DEVICES
     steps = _take_steps(strategy, dist, dist.steps_per_epoch)
     ids = _ids(steps)
@@ -110,9 +110,9 @@ def test_training_with_remainder_uses_full_batches_only(strategy, repeat):
     n, batch = 50, 16
     dist = data.distribute(_id_dataset(n), strategy, batch, seed=3, repeat=repeat)
     assert dist.steps_per_epoch == n // batch == 3
-    assert dist.repeats is (repeat is None)
+    assert dist.repeat is (repeat is None)
     # Without repeat, the iterator ends by itself after one pass.
-    steps = _take_steps(strategy, dist, dist.steps_per_epoch if dist.repeats else None)
+    steps = _take_steps(strategy, dist, dist.steps_per_epoch if dist.repeat else None)
     assert len(steps) == 3
     for step in steps:
         for x, y, _ in step:
@@ -136,7 +136,7 @@ def test_training_with_remainder_second_epoch_also_distinct(strategy):
 def test_evaluation_every_id_exactly_once(strategy, n, batch):
     dist = data.distribute(_id_dataset(n), strategy, batch, training=False)
     assert dist.steps_per_epoch == math.ceil(n / batch)
-    assert dist.repeats is False
+    assert dist.repeat is False
     steps = _take_steps(strategy, dist)
     assert len(steps) == dist.steps_per_epoch
     ids = _ids(steps)
@@ -226,14 +226,37 @@ def test_distribute_refuses_indivisible_batch(strategy):
 
 
 def test_distribute_refuses_bad_prefetch(strategy):
-    with pytest.raises(ValueError, match=r"`prefetch_per_replica` must be at least 1"):
+    with pytest.raises(ValueError, match=r"`prefetch_per_replica` must be a positive integer, "
+                                         r"got 0"):
         data.distribute(_id_dataset(64), strategy, 16, prefetch_per_replica=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"skip_steps": -1}, r"`skip_steps` must be an integer >= 0, got -1"),
+    ({"skip_steps": True}, r"`skip_steps` must be an integer >= 0, got True"),
+    ({"skip_steps": 2, "training": False}, r"`skip_steps` applies to training data only"),
+    ({"input_threads": 0}, r"`input_threads` must be a positive integer \(or None\), got 0"),
+])
+def test_distribute_refuses_bad_skip_and_threads(strategy, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        data.distribute(_id_dataset(64), strategy, 16, **kwargs)
+
+
+def test_skip_steps_continues_the_uninterrupted_stream():
+    ds = tf.data.Dataset.from_tensor_slices(np.arange(40, dtype=np.int64))
+    one = get_strategy("one_device")
+    full = data.distribute(ds, one, 8, training=True, seed=3)
+    resumed = data.distribute(ds, one, 8, training=True, seed=3, skip_steps=7)
+    full_batches = [b.numpy().tolist() for b, _ in zip(full.dataset, range(15))]
+    resumed_batches = [b.numpy().tolist() for b, _ in zip(resumed.dataset, range(8))]
+    assert resumed_batches == full_batches[7:]
+    assert full_batches[:5] != full_batches[5:10]  # epochs are reshuffled
 
 
 def test_unknown_size_has_no_steps(strategy):
     ds = _id_dataset(64).filter(lambda x, y: y >= 0)  # cardinality unknown
     dist = data.distribute(ds, strategy, 16, seed=0)
-    assert dist.steps_per_epoch is None and dist.repeats is False
+    assert dist.steps_per_epoch is None and dist.repeat is False
     ids = _ids(_take_steps(strategy, dist))
     assert sorted(ids) == list(range(64))
 
@@ -388,17 +411,17 @@ def test_missing_cifar10_fails_fast(tmp_path):
     assert "dataset-fashion-mnist" not in message  # that hint is for fashion_mnist only
 
 
-@pytest.mark.parametrize("value", [0, -5, 2.5])
+@pytest.mark.parametrize("value", [0, -5, 2.5, True])
 def test_num_examples_must_be_positive(value):
-    with pytest.raises(ValueError, match=rf"`num_examples` must be a positive integer, "
-                                         rf"got {value}"):
+    with pytest.raises(ValueError, match=rf"`num_examples` must be a positive integer \(or "
+                                         rf"None\), got {value}"):
         data.load("synthetic", num_examples=value)
 
 
 @pytest.mark.parametrize("value", [0, -3])
 def test_shuffle_buffer_must_be_positive(strategy, value):
-    with pytest.raises(ValueError, match=rf"`shuffle_buffer` must be a positive integer "
-                                         rf"\(examples\), got {value}"):
+    with pytest.raises(ValueError, match=rf"`shuffle_buffer` must be a positive integer, got "
+                                         rf"{value}; a number of examples"):
         data.distribute(_id_dataset(64), strategy, 16, shuffle_buffer=value)
 
 
@@ -520,3 +543,18 @@ def test_synthetic_bad_split():
 ])
 def test_dataset_info_synthetic(name, expected):
     assert data.dataset_info(name) == expected
+
+
+def test_batch_map_runs_after_the_cache_every_epoch():
+    calls = []
+
+    def count(x, y):
+        return tf.py_function(lambda t: calls.append(1) or t, [x], x.dtype), y
+
+    strategy = get_strategy("one_device")
+    dist = data.distribute(data.load("synthetic", num_examples=64), strategy, 16, seed=0,
+                           batch_map_fn=count)
+    iterator = iter(dist.dataset)
+    for _ in range(2 * dist.steps_per_epoch):  # two epochs
+        next(iterator)
+    assert len(calls) >= 2 * dist.steps_per_epoch

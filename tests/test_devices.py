@@ -1,7 +1,7 @@
 """Tests for tfmulti.devices: virtual devices, name canonicalization, lookup.
 
-conftest.py has configured 4 logical CPU devices in this process; tests that
-need a fresh TensorFlow runtime run in a subprocess.
+conftest.py has configured 4 logical CPU devices in this process; the test
+that needs a fresh TensorFlow runtime runs in a subprocess (marked slow).
 """
 
 from __future__ import annotations
@@ -38,45 +38,42 @@ def test_logical_devices_lists_the_four_cpus():
     assert [devices.canonical_device_name(n) for n in names] == FOUR_CPUS
 
 
-def _run_code(code: str, timeout: float = 120):
-    result = run_python(["-c", textwrap.dedent(code)], timeout=timeout)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result.stdout
-
-
-def test_configure_after_runtime_start_raises_with_restart_hint():
-    out = _run_code("""
+@pytest.mark.slow
+def test_fresh_process_splits_the_cpu_then_refuses_more_with_a_restart_hint():
+    """In a fresh runtime (merges test_fresh_process_really_splits_the_cpu and
+    test_configure_after_runtime_start_raises_with_restart_hint: one process)."""
+    code = textwrap.dedent("""
         import tensorflow as tf
-        import tfmulti
-        tf.constant(1.0)  # starts the runtime with 1 logical CPU
-        try:
-            tfmulti.configure_virtual_devices(2)
-        except RuntimeError as e:
-            print("RUNTIMEERROR:", e)
-        else:
-            print("NO ERROR")
-        print("CPUS:", len(tf.config.list_logical_devices("CPU")))
-    """)
-    assert "NO ERROR" not in out
-    line = next(ln for ln in out.splitlines() if ln.startswith("RUNTIMEERROR:"))
-    assert "cannot create 2 logical CPU devices" in line
-    assert "before any tensor" in line and "strategy" in line
-    assert "restart the kernel" in line
-    assert "CPUS: 1" in out
-
-
-def test_fresh_process_really_splits_the_cpu():
-    out = _run_code("""
         import tfmulti
         names = tfmulti.configure_virtual_devices(3)
         print("NAMES:", names)
         print("LOGICAL:", len(tfmulti.devices.logical_devices("CPU")))
         strategy = tfmulti.get_strategy("mirrored")
         print("REPLICAS:", strategy.num_replicas_in_sync)
+        tf.constant(1.0)  # the runtime runs with 3 logical CPUs
+        print("AGAIN:", tfmulti.configure_virtual_devices(2))  # enough: a no-op
+        try:
+            tfmulti.configure_virtual_devices(5)
+        except RuntimeError as e:
+            print("RUNTIMEERROR:", e)
+        else:
+            print("NO ERROR")
+        print("CPUS:", len(tf.config.list_logical_devices("CPU")))
     """)
+    result = run_python(["-c", code], timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = result.stdout
     assert "NAMES: ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2']" in out
     assert "LOGICAL: 3" in out
     assert "REPLICAS: 3" in out
+    assert "AGAIN: ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2']" in out
+    assert "NO ERROR" not in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("RUNTIMEERROR:"))
+    assert "cannot create 5 logical CPU devices" in line
+    assert "already started with 3" in line
+    assert "before any tensor" in line and "strategy" in line
+    assert "restart the kernel" in line
+    assert "CPUS: 3" in out  # the refused call changed nothing
 
 
 @pytest.mark.parametrize("num_devices", [0, -1, "2", 2.0, True, None])
@@ -174,17 +171,3 @@ def test_resolve_devices_duplicates():
 def test_resolve_devices_empty(empty):
     with pytest.raises(ValueError, match=r"`devices` is empty"):
         devices.resolve_devices(empty)
-
-
-def test_nvidia_smi_rows_without_a_memory_figure(tmp_path, monkeypatch):
-    # Unified-memory GPUs (e.g. GB10) report memory.total as "[N/A]": the
-    # environment report keeps the GPU and leaves its memory unknown.
-    from tfmulti import environment
-
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text('#!/bin/sh\necho "0, NVIDIA GB10, [N/A]"\necho "1, NVIDIA H200, 143771"\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert environment._nvidia_smi_gpus() == [
-        {"index": 0, "name": "NVIDIA GB10", "memory_mib": None},
-        {"index": 1, "name": "NVIDIA H200", "memory_mib": 143771}]

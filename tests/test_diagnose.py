@@ -1,24 +1,74 @@
-"""Tests for `tfmulti diagnose` (tfmulti.diagnose.diagnose and the CLI) on virtual
+"""Tests for `tfmulti diagnose` (tfmulti.insight.diagnose and the CLI) on virtual
 CPUs: the classification of clearly overhead-bound and clearly input-bound
-configurations, the JSON report, and bad input. Timings are never asserted,
-only which part dominates when one part dominates by far."""
+configurations, the advice as settings / arguments / flags, the oneDNN advice
+and the JSON report. Timings are never asserted, only which part dominates
+when one part dominates by far. The CLI's bad input is checked in-process in
+tests/test_cli.py; the steps-per-execution policy's arithmetic in
+tests/test_config.py."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
 import tensorflow as tf
 
 from tests._util import run_python
-from tfmulti import diagnose
-from tfmulti.training import TrainConfig
+from tfmulti.config import TrainConfig, resolve_steps_per_execution
+from tfmulti.insight import diagnose, timing
 
-SEED_000 = dict(strategy="mirrored", devices=("CPU:0", "CPU:1"), dataset="synthetic",
+SEED_000 = dict(distribution="mirrored", devices=("CPU:0", "CPU:1"), dataset="synthetic",
                 num_examples=4096, global_batch_size=32, steps_per_execution=1)
+SEED_000_STEPS = 4096 // 32  # steps per epoch
 
 
+def test_advice_as_arguments_and_flags():
+    both = diagnose.Advice("both", {"global_batch_size": 256, "steps_per_execution": 26},
+                           2.0, True, "detail")
+    assert both.arguments == "global_batch_size=256, steps_per_execution=26"
+    assert both.flags == "--global_batch_size=256 --steps_per_execution=26"
+    xla = diagnose.Advice("xla", {"jit_compile": True}, None, False, "detail")
+    assert (xla.arguments, xla.flags) == ("jit_compile=True", "--jit_compile")
+    # diagnose's own pipeline switches are flags of their own.
+    prefetch = diagnose.Advice("prefetch", {"prefetch": True}, None, False, "detail")
+    assert (prefetch.arguments, prefetch.flags) == ("prefetch=True", "drop --no_prefetch")
+    assert diagnose.Advice("c", {"cache": False}, None, False, "d").flags == "--no_cache"
+    # A change outside the configuration: `how` says it, in both forms.
+    outside = diagnose.Advice("env", {}, None, False, "detail", how="TF_ENABLE_ONEDNN_OPTS=1")
+    assert outside.arguments == outside.flags == "TF_ENABLE_ONEDNN_OPTS=1"
+
+
+def test_format_shows_arguments_or_flags():
+    """A hand-made overhead-bound diagnosis: no training needed to render it."""
+    advice = diagnose.Advice("more steps per tf.function call", {"steps_per_execution": 32},
+                             1.5, True, "the detail")
+    d = diagnose.Diagnosis(
+        config={}, strategy="mirrored", devices=["/job:localhost/replica:0/task:0/device:CPU:0",
+                                                 "/job:localhost/replica:0/task:0/device:CPU:1"],
+        global_batch_size=32, per_replica_batch_size=16, steps_per_execution=1,
+        times=timing.StepTimes(input_s=0.001, compute_s=0.008, fit_s=0.010,
+                               compute_fixed_s=0.006),
+        per_call_overhead_s=None, advice=[advice], notes=["a note"], elapsed_s=1.0)
+    assert d.bottleneck == "overhead" and d.num_replicas == 2
+    text = d.format()
+    assert "configuration    mirrored on CPU:0, CPU:1" in text
+    assert "BOTTLENECK: per-step overhead" in text
+    assert "1. more steps per tf.function call: steps_per_execution=32  [1.50x measured]" in text
+    assert "--steps_per_execution" not in text
+    assert ("1. more steps per tf.function call: --steps_per_execution=32  [1.50x measured]"
+            in d.format(flags=True))
+    assert "note: a note" in text
+    report = d.to_dict()
+    assert report["advice"][0]["settings"] == {"steps_per_execution": 32}
+    assert report["advice"][0]["arguments"] == "steps_per_execution=32"
+    assert report["advice"][0]["flags"] == "--steps_per_execution=32"
+    assert report["bottleneck"] == "overhead" and report["num_replicas"] == 2
+    json.dumps(report)  # JSON-ready
+
+
+@pytest.mark.slow  # trains for seconds
 def test_seed_000_configuration_is_overhead_bound_and_advice_helps():
     """Seed 000's shape (2 replicas of 16 examples, one step per call): most of
     each step is fixed cost, and fewer/larger steps are the advice."""
@@ -29,14 +79,26 @@ def test_seed_000_configuration_is_overhead_bound_and_advice_helps():
     best = d.advice[0]
     assert best.measured and best.expected_gain >= diagnose.MIN_GAIN
     assert "--global_batch_size" in best.flags or "--steps_per_execution" in best.flags
+    assert set(best.settings) & {"global_batch_size", "steps_per_execution"}, best
     text = d.format()
     assert "BOTTLENECK: per-step overhead" in text and "1. " in text
+    assert best.arguments in text and best.flags in d.format(flags=True)
+    # More steps per call: the one policy's number (advised, or tried without gain).
+    k = resolve_steps_per_execution("auto", SEED_000_STEPS)
+    spe = [a for a in d.advice if a.change == "more steps per tf.function call"]
+    assert ([a.settings for a in spe] == [{"steps_per_execution": k}]
+            or any(f"tried steps_per_execution={k}:" in n for n in d.notes)), d.format()
+
+
+_ONE_AT_A_TIME = threading.Lock()
 
 
 def _slow_batches(x, y):
-    """50 ms of waiting per batch: an input pipeline far slower than the step."""
+    """50 ms of waiting per batch, one batch at a time (tf.data's parallel map
+    would overlap the waits): an input pipeline far slower than the step."""
     def wait(t):
-        time.sleep(0.05)
+        with _ONE_AT_A_TIME:
+            time.sleep(0.05)
         return t
 
     out = tf.py_function(wait, [x], x.dtype)
@@ -44,54 +106,24 @@ def _slow_batches(x, y):
     return out, y
 
 
+@pytest.mark.slow  # trains for seconds
 def test_slow_input_is_input_bound():
     d = diagnose.diagnose(
-        TrainConfig(strategy="one_device", dataset="synthetic", num_examples=2048,
+        TrainConfig(distribution="one_device", dataset="synthetic", num_examples=2048,
                     global_batch_size=64, steps_per_execution=8),
         batch_map_fn=_slow_batches, seconds=0.3, measure_advice=False)
     assert d.bottleneck == "input", d.format()
-    assert any(a.change == "more input parallelism" for a in d.advice)
+    parallelism = [a for a in d.advice if a.change == "more input parallelism"]
+    assert parallelism, d.format()
+    # Outside the configuration: no settings, the advice says how.
+    assert parallelism[0].settings == {} and parallelism[0].flags == parallelism[0].how
     assert "BOTTLENECK: the input pipeline" in d.format()
-
-
-def test_suggest_steps_per_execution_divides_the_epoch():
-    assert diagnose.suggest_steps_per_execution(1875) == 125  # Fashion-MNIST at batch 32
-    assert diagnose.suggest_steps_per_execution(234) == 117  # ... at batch 256
-    assert diagnose.suggest_steps_per_execution(7) == 7
-    assert diagnose.suggest_steps_per_execution(None) == diagnose.MAX_STEPS_PER_EXECUTION
-
-
-def test_cli_diagnose_json(tmp_path):
-    plot, trace = tmp_path / "split.png", tmp_path / "trace"
-    result = run_python([
-        "-m", "tfmulti.cli", "diagnose", "--strategy=mirrored", "--num_virtual_devices=2",
-        "--dataset=synthetic", "--num_examples=4096", "--global_batch_size=32",
-        "--steps_per_execution=1", "--seconds=0.2", "--no_measure", "--json",
-        f"--plot={plot}", f"--profile_dir={trace}"], timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
-    for key in ("bottleneck", "utilization", "examples_per_second", "advice", "notes",
-                "num_replicas", "global_batch_size", "steps_per_execution", "config"):
-        assert key in report, key
-    for key in ("input_s", "compute_s", "compute_fixed_s", "fit_s", "overhead_s", "split"):
-        assert key in report["times"], key
-    assert report["bottleneck"] in ("input", "compute", "overhead")
-    assert report["num_replicas"] == 2
-    assert report["advice"] and all(a["flags"] and a["measured"] is False
-                                    for a in report["advice"])  # --no_measure
-    # oneDNN advice exactly where TensorFlow runs without it on x86 (the
-    # child inherits this process's environment and CPU).
-    assert (any("oneDNN" in a["change"] for a in report["advice"])
-            == diagnose.onednn_would_help())
-    assert "diagnose [1/4]" in result.stderr  # progress goes to stderr
-    assert plot.stat().st_size > 0
-    assert list(trace.rglob("*.xplane.pb"))
 
 
 def test_onednn_advice_only_where_it_is_off_and_not_refused(monkeypatch):
     import platform
 
-    from tfmulti import environment
+    from tfmulti.insight import environment
 
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
@@ -110,15 +142,40 @@ def test_onednn_advice_only_where_it_is_off_and_not_refused(monkeypatch):
     assert not diagnose.onednn_would_help()
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--global_batch_size=0"], "`global_batch_size` must be a positive integer, got 0"),
-    (["--strategy=pipeline"], "strategy 'pipeline' is not supported, use one of"),
-    (["--plot=split.jpg"], "`--plot` takes a .png file name"),
-])
-def test_cli_diagnose_bad_input(flags, message):
-    result = run_python(["-m", "tfmulti.cli", "diagnose", *flags], timeout=60)
-    assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines()
-              if line.startswith("tfmulti diagnose: error:")]
-    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
+@pytest.mark.slow
+def test_cli_diagnose_json(tmp_path):
+    plot, trace = tmp_path / "split.png", tmp_path / "trace"
+    result = run_python([
+        "-m", "tfmulti.cli", "diagnose", "--distribution=mirrored", "--num_virtual_devices=2",
+        "--dataset=synthetic", "--num_examples=4096", "--global_batch_size=32",
+        "--steps_per_execution=1", "--seconds=0.2", "--no_measure", "--json",
+        f"--plot={plot}", f"--profile_dir={trace}"], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    for key in ("bottleneck", "utilization", "examples_per_second", "advice", "notes",
+                "num_replicas", "global_batch_size", "steps_per_execution", "config"):
+        assert key in report, key
+    for key in ("input_s", "compute_s", "compute_fixed_s", "fit_s", "overhead_s", "split"):
+        assert key in report["times"], key
+    assert report["bottleneck"] in ("input", "compute", "overhead")
+    assert report["num_replicas"] == 2
+    assert report["config"]["distribution"] == "mirrored"
+    assert report["advice"] and all(a["flags"] and a["arguments"] and a["measured"] is False
+                                    for a in report["advice"])  # --no_measure
+    for a in report["advice"]:
+        if a["settings"]:  # the flags and arguments spell the settings
+            assert all(f"{k}=" in a["arguments"] for k in a["settings"]), a
+            assert a["flags"].startswith("--") or a["flags"].startswith("drop --"), a
+    # The steps-per-execution advice is the one policy's number.
+    k = resolve_steps_per_execution("auto", SEED_000_STEPS)
+    spe = [a for a in report["advice"] if a["change"] == "more steps per tf.function call"]
+    if spe:
+        assert spe[0]["settings"] == {"steps_per_execution": k}
+        assert spe[0]["flags"] == f"--steps_per_execution={k}"
+    # oneDNN advice exactly where TensorFlow runs without it on x86 (the
+    # child inherits this process's environment and CPU).
+    assert (any("oneDNN" in a["change"] for a in report["advice"])
+            == diagnose.onednn_would_help())
+    assert "diagnose [1/4]" in result.stderr  # progress goes to stderr
+    assert plot.stat().st_size > 0
+    assert list(trace.rglob("*.xplane.pb"))

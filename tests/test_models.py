@@ -1,10 +1,13 @@
-"""Model builders, the compile helper, and data-parallel equivalence."""
+"""Model builders, the compile helper, the mixed-precision policy, and
+data-parallel equivalence."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tensorflow as tf
+
+import keras
 
 from tfmulti import data, models, strategy as strategy_lib
 
@@ -16,7 +19,8 @@ def _train_steps(strategy, init_weights, learning_rate=0.02):
     """SGD for STEPS steps; returns (per-step losses, final weights)."""
     model = models.build_model("mlp", strategy=strategy, dropout=0.0, seed=0)
     model.set_weights(init_weights)
-    models.compile_model(model, strategy=strategy, optimizer="sgd", learning_rate=learning_rate)
+    models.compile_model(model, task="classification", strategy=strategy, optimizer="sgd",
+                         learning_rate=learning_rate)
     train = data.load("synthetic", "train", num_examples=GLOBAL_BATCH * STEPS)
     dist = data.distribute(train, strategy, GLOBAL_BATCH, seed=3)
     # One step per "epoch": History then holds every step's loss.
@@ -24,15 +28,21 @@ def _train_steps(strategy, init_weights, learning_rate=0.02):
     return np.array(history.history["loss"]), model.get_weights()
 
 
-@pytest.mark.parametrize("num_replicas", [2, 4])
-def test_mirrored_matches_one_device(num_replicas):
-    reference = models.build_model("mlp", dropout=0.0, seed=0)
-    init = reference.get_weights()
+@pytest.fixture(scope="module")
+def one_device_reference():
+    """(initial weights, per-step losses, final weights) of the one-device run,
+    trained once for both replica counts."""
+    init = models.build_model("mlp", dropout=0.0, seed=0).get_weights()
     one = strategy_lib.get_strategy("one_device", devices=["CPU:0"])
+    return (init, *_train_steps(one, init))
+
+
+@pytest.mark.parametrize("num_replicas", [2, 4])
+def test_mirrored_matches_one_device(num_replicas, one_device_reference):
+    init, losses_one, weights_one = one_device_reference
     mirrored = strategy_lib.get_strategy(
         "mirrored", devices=[f"CPU:{i}" for i in range(num_replicas)])
     assert mirrored.num_replicas_in_sync == num_replicas
-    losses_one, weights_one = _train_steps(one, init)
     losses_mirrored, weights_mirrored = _train_steps(mirrored, init)
     # Training really moved the weights (so equality below is not vacuous).
     assert max(np.abs(w - w0).max() for w, w0 in zip(weights_one, init)) > 1e-3
@@ -81,8 +91,8 @@ def test_warmup_schedule_ramps_then_holds():
     values = [float(schedule(s)) for s in (0, 5, 10, 50)]
     assert values == pytest.approx([0.1, 0.25, 0.4, 0.4])
     model = models.build_model("mlp")
-    models.compile_model(model, learning_rate=0.1, lr_scaling="linear", global_batch_size=1024,
-                         warmup_epochs=2, steps_per_epoch=5)
+    models.compile_model(model, task="classification", learning_rate=0.1, lr_scaling="linear",
+                         global_batch_size=1024, warmup_epochs=2, steps_per_epoch=5)
     assert isinstance(model.optimizer.learning_rate, tf.Variable) or model.optimizer._learning_rate
     assert model.optimizer._learning_rate.get_config() == {
         "initial": 0.1, "target": 0.4, "warmup_steps": 10}
@@ -93,8 +103,8 @@ def test_warmup_ramps_up_where_scaling_does_not_raise_the_rate(scaling, batch, t
     # Without a higher scaled rate to ramp to, warmup starts near 0 (target /
     # warmup steps) instead of being a no-op or running backwards.
     model = models.build_model("mlp")
-    models.compile_model(model, learning_rate=0.1, lr_scaling=scaling, global_batch_size=batch,
-                         warmup_epochs=2, steps_per_epoch=5)
+    models.compile_model(model, task="classification", learning_rate=0.1, lr_scaling=scaling,
+                         global_batch_size=batch, warmup_epochs=2, steps_per_epoch=5)
     schedule = model.optimizer._learning_rate
     values = [float(schedule(s)) for s in (0, 5, 10, 50)]
     assert values == pytest.approx([target / 10, target * 0.55, target, target])
@@ -102,29 +112,103 @@ def test_warmup_ramps_up_where_scaling_does_not_raise_the_rate(scaling, batch, t
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"optimizer": "rmsprop"}, r"`optimizer` must be one of \['adam', 'sgd'\]"),
-    ({"learning_rate": 0.0}, r"`learning_rate` must be positive"),
+    ({"learning_rate": 0.0}, r"`learning_rate` must be a finite number > 0, got 0.0"),
+    ({"learning_rate": float("nan")}, r"`learning_rate` must be a finite number > 0, got nan"),
+    ({"learning_rate": float("inf")}, r"`learning_rate` must be a finite number > 0, got inf"),
     ({"lr_scaling": "cubic", "global_batch_size": 256}, r"`lr_scaling` must be one of"),
     ({"lr_scaling": "linear"}, r"needs `global_batch_size`"),
     ({"warmup_epochs": 1}, r"needs `steps_per_epoch`"),
-    ({"task": "ranking"}, r"`task` must be"),
+    ({"warmup_epochs": -1}, r"`warmup_epochs` must be a finite number >= 0"),
+    ({"task": "ranking"}, r"`task` must be one of \['classification', 'regression'\], got "
+                          r"'ranking'"),
+    ({"task": "mlp"}, r"`task` must be one of"),  # a model name is not a task
 ])
 def test_compile_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        models.compile_model(models.build_model("mlp"), **kwargs)
+        models.compile_model(models.build_model("mlp"), **{"task": "classification", **kwargs})
+
+
+def test_compile_needs_a_task():
+    model = models.build_model("mlp")
+    with pytest.raises(TypeError, match=r"compile_model\(\) missing 1 required keyword-only "
+                                        r"argument: 'task'"):
+        models.compile_model(model)
+    assert not model.compiled
+
+
+@pytest.mark.parametrize("name, task", [("mlp", "classification"), ("mlp", "regression"),
+                                        ("regression", "regression"),
+                                        ("regression", "classification")])
+def test_the_loss_follows_the_task_not_the_model_name(name, task):
+    loss, metric = {"classification": (keras.losses.SparseCategoricalCrossentropy, "accuracy"),
+                    "regression": (keras.losses.MeanSquaredError, "mae")}[task]
+    model = models.build_model(name)
+    assert model.name == name
+    models.compile_model(model, task=task)
+    assert isinstance(model.loss, loss)
+    x = np.zeros((4, *models.INPUT_SHAPES[name]), "float32")
+    y = np.zeros((4,) if task == "classification" else (4, *model.output_shape[1:]), "float32")
+    assert set(model.evaluate(x, y, verbose=0, return_dict=True)) == {"loss", metric}
 
 
 def test_build_errors():
-    with pytest.raises(ValueError, match=r"unknown model 'resnet'; valid models: \['cnn', 'mlp', 'regression'\]"):
+    with pytest.raises(ValueError, match=r"`model` must be one of \['mlp', 'regression', "
+                                         r"'cnn'\], got 'resnet'"):
         models.build_model("resnet")
     with pytest.raises(ValueError, match=r"`dropout` must be in \[0, 1\)"):
         models.build_model("mlp", dropout=1.5)
 
 
-def test_model_saves_and_loads_with_warmup(tmp_path):
-    import keras
+def test_model_task_and_input_shapes():
+    assert {n: models.model_task(n) for n in models.INPUT_SHAPES} == {
+        "mlp": "classification", "regression": "regression", "cnn": "classification"}
+    assert models.INPUT_SHAPES == {"mlp": (28, 28, 1), "regression": (1024,),
+                                   "cnn": (28, 28, 1)}
 
+
+def test_compile_refuses_steps_per_execution_that_do_not_tile_the_epoch():
+    # (The policy itself: tests/test_config.py.)
+    with pytest.raises(ValueError, match=r"`steps_per_execution` \(4\) must divide"):
+        models.compile_model(models.build_model("mlp"), task="classification",
+                             steps_per_execution=4, steps_per_epoch=10)
+    model = models.compile_model(models.build_model("mlp"), task="classification",
+                                 steps_per_epoch=10)
+    assert model.steps_per_execution == 10  # "auto"
+
+
+@pytest.mark.parametrize("name, policy", [("none", "float32"), ("bfloat16", "mixed_bfloat16")])
+def test_mixed_precision_policy_sets_and_restores(name, policy):
+    before = keras.mixed_precision.global_policy().name
+    with models.mixed_precision_policy(name):
+        assert keras.mixed_precision.global_policy().name == policy
+        model = models.build_model("mlp")
+    assert keras.mixed_precision.global_policy().name == before
+    assert model.layers[1].dtype_policy.name == policy  # fc1
+    assert model.layers[-1].dtype_policy.name == "float32"  # logits stay float32
+    assert all(v.dtype == "float32" for v in model.trainable_variables)
+    with pytest.raises(RuntimeError, match="inside"):
+        with models.mixed_precision_policy(name):
+            raise RuntimeError("inside")
+    assert keras.mixed_precision.global_policy().name == before  # restored on errors too
+
+
+def test_mixed_precision_policy_errors():
+    before = keras.mixed_precision.global_policy().name
+    with pytest.raises(ValueError, match=r"`mixed_precision` must be one of \['none', "
+                                         r"'bfloat16', 'float16'\], got 'int8'"):
+        with models.mixed_precision_policy("int8"):
+            pass
+    if not tf.config.list_physical_devices("GPU"):
+        with pytest.raises(ValueError, match=r"`mixed_precision` 'float16' needs a GPU and none "
+                                             r"was found; use mixed_precision='bfloat16'"):
+            with models.mixed_precision_policy("float16"):
+                pass
+    assert keras.mixed_precision.global_policy().name == before
+
+
+def test_model_saves_and_loads_with_warmup(tmp_path):
     model = models.build_model("mlp")
-    models.compile_model(model, warmup_epochs=1, steps_per_epoch=3)
+    models.compile_model(model, task="classification", warmup_epochs=1, steps_per_epoch=3)
     model.fit(np.zeros((4, 28, 28, 1), "float32"), np.zeros((4,), "int64"), verbose=0)
     path = tmp_path / "m.keras"
     model.save(path)
@@ -138,7 +222,9 @@ def test_xla_refused_with_two_replicas():
     other replica's variables (keras-team/keras#17187). One replica is fine."""
     mirrored = strategy_lib.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
     with pytest.raises(ValueError, match=r"`jit_compile=True` does not work with 2 replicas"):
-        models.compile_model(models.build_model("mlp", strategy=mirrored), strategy=mirrored,
-                             jit_compile=True)
+        models.compile_model(models.build_model("mlp", strategy=mirrored), task="classification",
+                             strategy=mirrored, jit_compile=True)
     one = strategy_lib.get_strategy("one_device")
-    models.compile_model(models.build_model("mlp", strategy=one), strategy=one, jit_compile=True)
+    model = models.compile_model(models.build_model("mlp", strategy=one), task="classification",
+                                 strategy=one, jit_compile=True)
+    assert model.jit_compile is True

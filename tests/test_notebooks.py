@@ -61,6 +61,7 @@ def test_notebooks_found():
     assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"
 
 
+@pytest.mark.notebook
 @pytest.mark.timeout(900)  # whole notebook; each cell has CELL_TIMEOUT_S
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs_in_small_mode(path: Path):
@@ -91,6 +92,7 @@ def test_notebook_runs_in_small_mode(path: Path):
             )
 
 
+@pytest.mark.notebook
 def test_kernel_runs_this_interpreter(tmp_path):
     """The notebooks must run in the same environment as the tests."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(

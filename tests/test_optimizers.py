@@ -115,7 +115,7 @@ def test_compile_model_fuses_adam_and_saves_plain_keras(tmp_path):
     an unfused Adam restores into it; the saved model names Keras' Adam (it
     loads without tfmulti) and loads with the same optimizer state."""
     model = models.build_model("mlp", seed=0)
-    models.compile_model(model, learning_rate=2e-3)
+    models.compile_model(model, task="classification", learning_rate=2e-3)
     assert type(model.optimizer) is keras.optimizers.Adam
     assert optimizers.is_fused(model.optimizer)
     x = np.random.default_rng(0).random((64, 28, 28), dtype=np.float32)

@@ -1,5 +1,6 @@
 """Pipeline and hybrid model parallelism: equivalence with the unpartitioned
-model, placement, BatchNorm/Dropout behaviour, remat, memory view, errors."""
+model, placement, BatchNorm/Dropout behaviour, remat, memory view, errors.
+That the memory view equals `estimate-memory`'s is tests/test_footprint.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.parallel import PipelineModel, format_memory
+from tfmulti.footprint import format_footprint
+from tfmulti.parallel import PipelineModel
 
 LR = 0.1
 BATCH = 32
@@ -219,25 +221,45 @@ def test_dropout_trains_and_is_off_in_inference():
 
 
 def test_memory_report_per_device():
+    # _layers(): 12 -> Dense 24 -> Dense 24 | -> Dense 16 -> Dense 10 (balanced by
+    # parameters: 312 + 600 | 400 + 170); micro-batches of 32 / 4 = 8, float32.
+    f32, micro = 4, BATCH // 4
     pipeline = PipelineModel(_layers(), input_shape=(12,), num_stages=2, num_microbatches=4)
-    pipeline.compile(optimizer="adam", loss=_loss())
+    counted = pipeline.memory_report(batch_size=BATCH, optimizer="adam")  # not compiled
+    assert [r["optimizer_slots"] for r in pipeline.memory_report(BATCH)] == [0, 0]
+    pipeline.compile(optimizer="adam", loss=_loss())  # builds the slots on their devices
     rows = pipeline.memory_report(batch_size=BATCH)
     assert [r["device"] for r in rows] == ["/device:CPU:0", "/device:CPU:1"]
+    assert [(r["replica"], r["stage"]) for r in rows] == [(0, 0), (0, 1)]
     total_params = sum(r["parameters"] for r in rows)
     assert total_params == 4 * pipeline.to_sequential().count_params()
+    assert [r["parameters"] for r in rows] == [(312 + 600) * f32, (400 + 170) * f32]
+    # Stage 0 keeps its outputs; stage 1 also the input it received.
+    assert [r["activations_per_microbatch"] for r in rows] == [
+        (24 + 24) * micro * f32, (24 + 16 + 10) * micro * f32]
     for row in rows:
         assert row["gradients"] == row["parameters"]
         assert row["optimizer_slots"] >= 2 * row["parameters"]  # Adam: 2 slots per weight
+        assert row["optimizer_slots"] == 2 * row["gradients"]  # measured: exactly those
         assert row["activations_per_microbatch"] > 0
         # GPipe holds all 4 micro-batches' activations until the backward pass.
-        assert row["activations_peak"] == 4 * row["activations_per_microbatch"]
+        assert row["activations"] == 4 * row["activations_per_microbatch"]
+        assert row["activation_batch"] == micro
+        assert row["total"] == sum(row[k] for k in ("parameters", "gradients",
+                                                    "optimizer_slots", "activations"))
+    assert counted == rows  # the slots counted before compiling are the measured ones
     remat = PipelineModel(_layers(), input_shape=(12,), num_stages=2, num_microbatches=4,
                           remat=True).memory_report(batch_size=BATCH)
     assert remat[0]["activations_per_microbatch"] < rows[0]["activations_per_microbatch"]
-    assert remat[0]["activations_peak"] < rows[0]["activations_peak"]
+    assert remat[0]["activations"] < rows[0]["activations"]
+    # Stage 0 keeps nothing per micro-batch (its input is the model's) and
+    # recomputes one micro-batch's outputs at a time.
+    assert (remat[0]["activations_per_microbatch"], remat[0]["activations"]) == (
+        0, (24 + 24) * micro * f32)
     # The last stage is not recomputed: it keeps what it keeps without remat.
     assert remat[1]["activations_per_microbatch"] == rows[1]["activations_per_microbatch"]
-    assert "CPU:1" in format_memory(rows)
+    assert remat[1]["activations"] == rows[1]["activations"]
+    assert "CPU:1" in format_footprint(rows)
 
 
 @pytest.mark.parametrize("kwargs,match", [

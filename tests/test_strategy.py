@@ -1,10 +1,17 @@
-"""Tests for tfmulti.strategy.get_strategy on the 4 virtual CPUs of conftest.py."""
+"""Tests for tfmulti.strategy.get_strategy on the 4 virtual CPUs of conftest.py,
+and MultiWorkerMirroredStrategy: its options and cluster resolvers in-process,
+and 2 workers (`tfmulti launch`) matching MirroredStrategy on 2 devices."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+
+import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests._util import WORKERS, launch_python
 from tfmulti import strategy as strategy_lib
 from tfmulti.strategy import get_strategy
 
@@ -97,7 +104,8 @@ def test_unknown_kind_lists_valid_kinds(kind):
 
 @pytest.mark.parametrize("kind", ["auto", "one_device", "mirrored"])
 def test_missing_device_lists_available(kind):
-    with pytest.raises(ValueError, match=r"device\(s\) \['/device:CPU:9'\] do not exist; available: ") as info:
+    with pytest.raises(ValueError, match=r"device\(s\) \['/device:CPU:9'\] do not exist; "
+                                         r"available: ") as info:
         get_strategy(kind, devices=["CPU:9"])
     for name in FOUR_CPUS:
         assert name in str(info.value)
@@ -143,3 +151,105 @@ def test_resolver_peers_name_the_other_tasks():
         task_type="worker", task_id=1)
     assert strategy_lib._resolver_peers(resolver) == (["h1:2222", "h3:2222"], "h2:2222")
     assert strategy_lib._resolver_peers(object()) == ([], None)
+
+
+# --------------------------------------------------------------------------
+# multi_worker: options and resolvers (no cluster)
+# --------------------------------------------------------------------------
+
+def test_multi_worker_without_tf_config(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match=r"needs TF_CONFIG .* `tfmulti launch"):
+        get_strategy("multi_worker")
+
+
+_TWO_TASKS = json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]},
+                         "task": {"type": "worker", "index": 0}})
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"communication": "mpi"}, r"`communication` must be one of \['auto', 'ring', 'nccl'\]"),
+    ({"communication": "nccl"}, r"needs GPUs"),
+    ({"collective_timeout": 0}, r"`collective_timeout` must be a finite number > 0"),
+    ({"startup_timeout": -1}, r"`startup_timeout` must be a finite number > 0"),
+    ({"cluster_resolver": "k8s"}, r"`cluster_resolver` must be one of"),
+    ({"devices": ["CPU:0"]}, r"`devices` does not apply"),
+])
+def test_multi_worker_bad_options(monkeypatch, kwargs, match):
+    monkeypatch.setenv("TF_CONFIG", _TWO_TASKS)
+    with pytest.raises(ValueError, match=match):
+        get_strategy("multi_worker", **kwargs)
+
+
+@pytest.mark.parametrize("text", ["soon", "0", "-5", "inf"])
+def test_startup_timeout_from_the_environment_must_be_a_positive_number(monkeypatch, text):
+    monkeypatch.setenv("TF_CONFIG", _TWO_TASKS)
+    monkeypatch.setenv("TFMULTI_STARTUP_TIMEOUT", text)
+    with pytest.raises(ValueError, match=rf"TFMULTI_STARTUP_TIMEOUT is '{text}'; set it to a "
+                                         r"number of seconds > 0"):
+        get_strategy("multi_worker")
+
+
+def test_slurm_resolver_from_fake_environment(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "node[07-08]")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2)")
+    resolver = strategy_lib.slurm_cluster_resolver(port_base=9000)
+    spec = resolver.cluster_spec().as_dict()
+    assert spec == {"worker": ["node07:9000", "node07:9001", "node08:9000", "node08:9001"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+    monkeypatch.delenv("SLURM_STEP_NODELIST")
+    with pytest.raises(ValueError, match=r"needs SLURM_STEP_NODELIST .* `srun`"):
+        strategy_lib.slurm_cluster_resolver()
+
+
+# --------------------------------------------------------------------------
+# multi_worker: 2 workers on this host
+# --------------------------------------------------------------------------
+
+def _equivalence_worker():
+    """tests/workers/equivalence.py as a module (its `run` makes the reference)."""
+    spec = importlib.util.spec_from_file_location("equivalence_worker",
+                                                  WORKERS / "equivalence.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load(path) -> dict:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+@pytest.mark.cluster
+def test_two_workers_match_mirrored_two_devices(tmp_path):
+    # One cluster checks the tuple and the dict inputs and a plain all-reduce
+    # in the launcher's network namespace; the MirroredStrategy reference
+    # runs in this process.
+    from tfmulti.cluster import launcher
+
+    worker = _equivalence_worker()
+    code, output = launch_python([str(WORKERS / "equivalence.py"), str(tmp_path)],
+                                 startup_timeout=240)
+    assert code == 0, output[-4000:]
+    assert output.count("done") == 2
+    lines = output.splitlines()
+    assert "[worker 0] total=3.0" in lines and "[worker 1] total=3.0" in lines, output[-4000:]
+    if launcher._probe_isolation()[0] is not None:
+        assert "workers are isolated in a private network namespace" in output
+    mirrored = get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    for name, use_dict in worker.VARIANTS.items():
+        a, b = worker.run(mirrored, use_dict), _load(tmp_path / f"{name}.npz")
+        assert np.ptp(a["losses"]) > 1e-4, name  # the steps differ: equality is not vacuous
+        np.testing.assert_allclose(b["losses"], a["losses"], atol=1e-5, rtol=0, err_msg=name)
+        weights = sorted(k for k in a if k.startswith("w"))
+        assert weights and weights == sorted(k for k in b if k.startswith("w")), name
+        for key in weights:
+            np.testing.assert_allclose(b[key], a[key], atol=1e-5, rtol=0,
+                                       err_msg=f"{name} {key}")
+        np.testing.assert_allclose(b["eval_loss"], a["eval_loss"], atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(b["eval_accuracy"], a["eval_accuracy"], atol=1e-6,
+                                   err_msg=name)
+        assert int(b["num_predictions"]) == int(a["num_predictions"]) == 160, name

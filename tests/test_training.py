@@ -1,87 +1,129 @@
-"""TrainConfig validation (no TensorFlow runtime needed)."""
+"""tfmulti.training.train, in-process on the 4 virtual CPUs of tests/conftest.py:
+the metrics it returns and writes, what it writes to model_dir, and that a
+bad configuration writes nothing.
+
+(TrainConfig's own rules are in tests/test_config.py, the recipe around
+train in tests/test_recipes.py, resuming in tests/test_backup.py.)
+"""
 
 from __future__ import annotations
 
-import re
+import json
+import os
+import stat
 
+import keras
 import pytest
 
-from tfmulti.training import (AUTO_STEPS_PER_EXECUTION, TrainConfig,
-                              resolve_steps_per_execution)
+from tfmulti.config import TrainConfig
+from tfmulti.training import train
+
+SYNTHETIC = dict(dataset="synthetic", num_examples=512, global_batch_size=64, seed=0)
 
 
-def test_mixed_precision_unknown_policy():
-    with pytest.raises(ValueError, match=r"`mixed_precision` must be one of \['none', "
-                                         r"'bfloat16', 'float16'\], got 'int8'"):
-        TrainConfig(mixed_precision="int8").validate()
+def _tree(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
 
 
-@pytest.mark.parametrize("strategy", ["pipeline", "hybrid"])
-def test_jit_compile_refused_with_placed_pipelines(strategy):
-    with pytest.raises(ValueError, match="`jit_compile` cannot be used with strategy"):
-        TrainConfig(strategy=strategy, jit_compile=True).validate()
+class _Iterations(keras.callbacks.Callback):
+    def on_train_end(self, logs=None):
+        self.iterations = int(self.model.optimizer.iterations.numpy())
 
 
-@pytest.mark.parametrize("mixed_precision", ["none", "bfloat16", "float16"])
-def test_valid_precision_and_xla_pass(mixed_precision):
-    TrainConfig(strategy="mirrored", mixed_precision=mixed_precision,
-                jit_compile=True).validate()
+def test_train_returns_and_writes_metrics_model_and_logs(tmp_path, capsys):
+    model_dir, backup_dir = tmp_path / "run", tmp_path / "backup"
+    counter = _Iterations()
+    metrics = train(TrainConfig(distribution="mirrored", devices=("CPU:0", "CPU:1"), epochs=2,
+                                model_dir=str(model_dir), backup_dir=str(backup_dir),
+                                verbose=0, **SYNTHETIC), callbacks=[counter])
+    assert counter.iterations == 2 * 8  # the extra callback ran: 512 / 64 steps per epoch
+    assert {k: metrics[k] for k in (
+        "distribution", "num_replicas", "num_workers", "dataset", "model", "global_batch_size",
+        "per_replica_batch_size", "epochs_completed", "resumed_from_step", "steps_per_epoch",
+        "steps_per_execution", "mixed_precision", "jit_compile")} == {
+        "distribution": "MirroredStrategy", "num_replicas": 2, "num_workers": 1,
+        "dataset": "synthetic", "model": "mlp", "global_batch_size": 64,
+        "per_replica_batch_size": 32, "epochs_completed": 2, "resumed_from_step": 0,
+        "steps_per_epoch": 8, "steps_per_execution": 8, "mixed_precision": "none",
+        "jit_compile": False}
+    assert "strategy" not in metrics  # renamed "distribution"
+    assert metrics["learning_rate"] == pytest.approx(1e-3)
+    assert len(metrics["epoch_seconds"]) == 2 and metrics["train_seconds"] > 0
+    assert metrics["examples_per_second"] > 0
+    assert 0 <= metrics["test_accuracy"] <= 1 and 0 <= metrics["train_accuracy"] <= 1
+    assert metrics["test_loss"] > 0 and metrics["train_loss"] > 0
+    assert "test_mae" not in metrics
+    # Written: the same metrics (readable by all), the model, TensorBoard logs; no temporaries.
+    written = model_dir / "metrics.json"
+    assert json.loads(written.read_text()) == metrics
+    assert stat.S_IMODE(written.stat().st_mode) == 0o644
+    loaded = keras.saving.load_model(model_dir / "model.keras")
+    assert loaded.name == "mlp" and loaded.output_shape == (None, 10)
+    assert list((model_dir / "logs").rglob("events.out.tfevents.*"))
+    assert sorted(os.listdir(model_dir)) == ["logs", "metrics.json", "model.keras"]
+    assert not backup_dir.exists()  # deleted after a clean end (keep_backup=False)
+    out = capsys.readouterr().out
+    assert "tfmulti: MirroredStrategy with 2 replica(s)" in out
+    assert "global batch 64 = 2 x 32; 8 steps/epoch, 8 per call" in out
+    assert f"tfmulti: wrote metrics.json, model.keras and logs/ to {model_dir}" in out
 
 
-@pytest.mark.parametrize("value, steps_per_epoch, expected", [
-    ("auto", 234, 26),      # Fashion-MNIST at batch 256: largest divisor of 234 up to 32
-    ("auto", 1875, 25),     # ... at batch 32
-    ("auto", 24, 24),       # a short epoch: one call
-    ("auto", 31 * 37, 31),  # a prime factor under the cap
-    ("auto", 37, 1),        # a prime epoch length over the cap: one step per call
-    ("auto", None, 1),      # unknown epoch length
-    ("AUTO", 8, 8),
-    (4, 8, 4),
-    ("4", 8, 4),            # as given by a flag
+def test_train_regression_with_fewer_steps_and_a_kept_backup(tmp_path, capsys):
+    counter = _Iterations()
+    metrics = train(TrainConfig(distribution="one_device", model="regression",
+                                dataset="synthetic_regression", num_examples=256,
+                                global_batch_size=64, epochs=2, steps_per_epoch=2,
+                                backup_dir=str(tmp_path / "backup"), keep_backup=True),
+                    callbacks=[counter])
+    assert counter.iterations == 4
+    assert metrics["steps_per_epoch"] == 2 and metrics["epochs_completed"] == 2
+    assert metrics["distribution"] == "OneDeviceStrategy" and metrics["num_replicas"] == 1
+    assert metrics["test_mae"] > 0 and metrics["test_loss"] > 0
+    assert "test_accuracy" not in metrics and "train_accuracy" not in metrics
+    assert sorted(p.name for p in (tmp_path / "backup").glob("ckpt-*.index")) == \
+        ["ckpt-2.index", "ckpt-4.index"]  # keep_backup: the newest 2 epoch-end backups
+    out = capsys.readouterr().out
+    assert "Epoch 1/2" in out and "Epoch 2/2" in out  # verbose "auto" off a terminal: 2
+    assert "wrote metrics.json" not in out  # no model_dir: nothing written
+
+
+def test_train_pipeline_saves_a_plain_keras_model(tmp_path, capsys):
+    model_dir = tmp_path / "run"
+    metrics = train(TrainConfig(distribution="pipeline", devices=("CPU:0", "CPU:1"),
+                                num_stages=2, num_microbatches=2, epochs=1,
+                                model_dir=str(model_dir), verbose=0, **SYNTHETIC))
+    assert metrics["distribution"] == "pipeline" and metrics["num_replicas"] == 1
+    assert metrics["num_stages"] == 2 and metrics["num_microbatches"] == 2
+    assert len(metrics["partition_sizes"]) == 2 and sum(metrics["partition_sizes"]) == 4
+    assert metrics["partition_balance"] >= 1.0
+    loaded = keras.saving.load_model(model_dir / "model.keras")
+    assert type(loaded) is keras.Sequential and loaded.name == "mlp"
+    assert [layer.name for layer in loaded.layers] == ["flatten", "fc1", "dropout", "logits"]
+    out = capsys.readouterr().out
+    assert "pipeline: 1 replica(s) x 2 stages on ['/device:CPU:0', '/device:CPU:1']" in out
+    assert "balance (max/mean stage cost, 1.00 is perfect)" in out  # the plan's table
+    assert "replica  stage  parameters  gradients" in out  # and its memory per device
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"global_batch_size": 0}, r"`global_batch_size` must be a positive integer"),
+    ({"model": "regression"}, r"`model` 'regression' does regression but `dataset` "
+                              r"'synthetic' is a classification dataset"),
+    ({"steps_per_execution": 3}, r"`steps_per_execution` \(3\) must divide the steps per "
+                                 r"epoch \(8\)"),
+    ({"distribution": "mirrored", "devices": ("CPU:0", "CPU:9")}, r"do not exist; available"),
+    ({"distribution": "pipeline", "global_batch_size": 30}, r"must split into 1 replica\(s\)"),
 ])
-def test_resolve_steps_per_execution(value, steps_per_epoch, expected):
-    assert resolve_steps_per_execution(value, steps_per_epoch) == expected
-
-
-@pytest.mark.parametrize("steps_per_epoch, backup_every_steps, expected", [
-    (64, 4, 4),     # a backup every 4 steps: calls of 4
-    (64, 100, 4),   # gcd(64, 100) = 4
-    (64, 96, 32),
-    (64, None, 32),
-])
-def test_auto_steps_per_execution_keeps_the_backup_cadence(steps_per_epoch, backup_every_steps,
-                                                           expected):
-    assert resolve_steps_per_execution("auto", steps_per_epoch, backup_every_steps) == expected
-    assert resolve_steps_per_execution(8, steps_per_epoch, backup_every_steps) == 8
-
-
-def test_steps_per_execution_must_tile_the_epoch():
-    # Keras would run whole blocks: 10 steps per epoch in calls of 4 train 12.
-    with pytest.raises(ValueError, match=r"`steps_per_execution` \(4\) must divide the steps "
-                                         r"per epoch \(10\): .* would train 12 steps"):
-        resolve_steps_per_execution(4, 10)
-    from tfmulti import models
-
-    with pytest.raises(ValueError, match=r"`steps_per_execution` \(4\) must divide"):
-        models.compile_model(models.build_model("mlp"), steps_per_execution=4,
-                             steps_per_epoch=10)
-
-
-def test_steps_per_execution_defaults_to_auto():
-    assert TrainConfig().steps_per_execution == "auto"
-    assert AUTO_STEPS_PER_EXECUTION == 32
-
-
-@pytest.mark.parametrize("value", [0, -3, "0", "many", 2.5, True, None])
-def test_steps_per_execution_refused(value):
-    with pytest.raises(ValueError, match=r"`steps_per_execution` must be 'auto' or a positive "
-                                         rf"integer, got {re.escape(repr(value))}"):
-        TrainConfig(steps_per_execution=value).validate()
-
-
-@pytest.mark.parametrize("value", [0, -1])
-def test_num_examples_refused(value):
-    # 0 used to mean "the default" (60,000 synthetic examples) silently.
-    with pytest.raises(ValueError, match=rf"`num_examples` must be a positive integer \(or "
-                                         rf"unset\), got {value}"):
-        TrainConfig(dataset="synthetic", num_examples=value).validate()
+def test_a_bad_configuration_writes_nothing(tmp_path, fields, match):
+    existing, new = tmp_path / "existing", tmp_path / "new"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("previous results")
+    before = _tree(existing)
+    for model_dir in (existing, new):
+        config = TrainConfig(**{**SYNTHETIC, "model_dir": str(model_dir),
+                                "backup_dir": str(tmp_path / "backup"), **fields})
+        with pytest.raises(ValueError, match=match):
+            train(config)
+    assert _tree(existing) == before
+    assert not new.exists() and not (tmp_path / "backup").exists()

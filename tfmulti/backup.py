@@ -29,8 +29,8 @@ boundary. tfmulti's backup is built on `tf.train.Checkpoint` instead:
   skipped. `fit` here trains the rest of the interrupted epoch first, then the
   remaining epochs.
 * **Preemption**: SIGTERM to any worker makes every worker save at the same
-  step boundary (agreed through the coordination service, one block of steps
-  after the signal) and exit with `PREEMPTED_EXIT_CODE` (75). `tfmulti launch
+  step boundary (agreed through the coordination service, one call of steps
+  after the signal) and exit with `exit_codes.PREEMPTED` (75). `tfmulti launch
   --max_restarts K` restarts the cluster, which resumes from the backup.
 * **Clean end**: when training ends normally the backup is deleted (keep it
   with `delete_on_success=False`).
@@ -38,6 +38,7 @@ boundary. tfmulti's backup is built on `tf.train.Checkpoint` instead:
 Example (one device; the same code runs under MirroredStrategy, a
 multi-worker cluster or a PipelineModel):
 
+    >>> import tempfile
     >>> import numpy as np, tensorflow as tf, keras
     >>> from tfmulti import backup
     >>> x = np.random.default_rng(0).random((256, 8), dtype=np.float32)
@@ -48,7 +49,7 @@ multi-worker cluster or a PipelineModel):
     >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
     >>> model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     >>> result = backup.fit(model, dataset_from, epochs=2, steps_per_epoch=8,
-    ...                     backup_dir="/tmp/tfmulti_doctest_backup", verbose=0)
+    ...                     backup_dir=tempfile.mkdtemp(), verbose=0)
     >>> result.resumed_step, len(result.history["loss"]), int(model.optimizer.iterations)
     (0, 2, 16)
 """
@@ -71,7 +72,12 @@ from typing import Callable
 
 import tensorflow as tf
 
-from tfmulti.launch import PREEMPTED_EXIT_CODE  # 75, EX_TEMPFAIL; `tfmulti launch` restarts
+from tfmulti import _checks
+from tfmulti.cluster import exit_codes, tf_config
+
+__all__ = ["Backup", "FitResult", "Preempted", "ResumePoint", "checkpoints", "delete", "fit",
+           "latest_valid", "verify"]
+
 _CHECKPOINT_PREFIX = "ckpt"
 # Coordination-service keys, one set per `fit` call (`run` counts the calls,
 # which every worker makes in the same order), since a key can be set only once.
@@ -84,10 +90,10 @@ _AGREE_TIMEOUT_S = 60.0
 
 
 class Preempted(SystemExit):
-    """Raised after every worker saved on SIGTERM; exits with `PREEMPTED_EXIT_CODE`."""
+    """Raised after every worker saved on SIGTERM; exits with `exit_codes.PREEMPTED`."""
 
     def __init__(self, message: str):
-        super().__init__(PREEMPTED_EXIT_CODE)
+        super().__init__(exit_codes.PREEMPTED)
         self.message = message
 
     def __str__(self) -> str:
@@ -186,15 +192,17 @@ class _Preemption:
     """SIGTERM on any worker -> all workers save at one agreed step boundary.
 
     The worker that gets the signal publishes `target = its boundary + one
-    block` under a coordination-service key and waits until every worker has
+    call of steps` under a coordination-service key and waits until every worker has
     acknowledged it. No worker can pass that boundary before: each step's
     gradient all-reduce needs every worker, and the signalled one only starts
-    its next block after the acknowledgements. Each worker watches the key
+    its next call after the acknowledgements. Each worker watches the key
     from a thread (no per-step cost). Without a cluster the flag is local.
     """
 
-    def __init__(self, task_index: int, num_workers: int, block: int, run: int = 0):
-        self.task_index, self.num_workers, self.block = task_index, num_workers, block
+    def __init__(self, task_index: int, num_workers: int, steps_per_execution: int,
+                 run: int = 0):
+        self.task_index, self.num_workers = task_index, num_workers
+        self.steps_per_execution = steps_per_execution
         self.key = _PREEMPT_KEY.format(run=run)
         self.ack_key = lambda index: _ACK_KEY.format(run=run, index=index)
         self.cluster = num_workers > 1 and _coordination_available()
@@ -245,14 +253,14 @@ class _Preemption:
             pass
 
     def should_save(self, boundary: int) -> bool:
-        """Called at each block boundary (global step `boundary`): True when every
+        """Called at the end of each call of steps (global step `boundary`): True when every
         worker saves here and exits."""
         if not self.cluster:
             return self.own_signal
         if self.own_signal and not self.announced:
             self.announced = True
             try:
-                _kv().set_config_key_value(self.key, str(boundary + self.block))
+                _kv().set_config_key_value(self.key, str(boundary + self.steps_per_execution))
             except Exception:  # pylint: disable=broad-except
                 # Another worker announced first (its step holds, the watcher
                 # thread has it), or training is over ("done"): nothing to add.
@@ -297,23 +305,20 @@ class Backup:
 
     def __init__(self, backup_dir: str, model, *, keep: int = 2, chief: bool | None = None,
                  task_index: int | None = None, run: int = 0):
-        from tfmulti import cluster
-
         if not backup_dir:
             raise ValueError("`backup_dir` must be a directory path, got an empty value.")
         if os.path.exists(backup_dir) and not os.path.isdir(backup_dir):
             raise ValueError(f"`backup_dir` {backup_dir!r} exists and is not a directory; "
                              "pass a directory path.")
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"`keep` must be an integer >= 1, got {keep!r}; use 2 so a "
-                             "damaged newest checkpoint has a fallback.")
-        config = cluster.from_environ()
+        _checks.positive_int("keep", keep, hint="use 2 so a damaged newest checkpoint has a "
+                             "fallback")
+        config = tf_config.from_environ()
         self.backup_dir = backup_dir
         self.keep = keep
-        self.chief = cluster.is_chief(config) if chief is None else chief
+        self.chief = tf_config.is_chief(config) if chief is None else chief
         self.task_index = (int(config["task"]["index"]) if config and "task" in config
                            else 0) if task_index is None else task_index
-        self.num_workers = cluster.num_tasks(config) if config else 1
+        self.num_workers = tf_config.num_tasks(config) if config else 1
         self.model = model
         self.resume_key = _RESUME_KEY.format(run=run)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfmulti_global_step")
@@ -469,7 +474,7 @@ def _callback_class():
                 self._save(step, "preempted")
                 message = (f"preempted: saved a backup at global step {step} in "
                            f"{self.backup.backup_dir}; exiting with code "
-                           f"{PREEMPTED_EXIT_CODE}; rerun to resume")
+                           f"{exit_codes.PREEMPTED}; rerun to resume")
                 print(f"tfmulti: {message}", file=sys.stderr, flush=True)
                 raise Preempted(message)
             if self.every_steps and step // self.every_steps > self.last_saved // self.every_steps:
@@ -547,22 +552,18 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         ValueError: bad arguments, or a resume step that does not fit the run.
         Preempted: after saving on SIGTERM.
     """
-    for name, value in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-    if save_every_steps is not None and (isinstance(save_every_steps, bool) or
-                                         not isinstance(save_every_steps, int)
-                                         or save_every_steps < 1):
-        raise ValueError(f"`save_every_steps` must be a positive integer or None, got "
-                         f"{save_every_steps!r}.")
-    block = getattr(model, "steps_per_execution", 1) or 1
-    if steps_per_execution is not None and steps_per_execution != block:
+    _checks.positive_int("epochs", epochs)
+    _checks.positive_int("steps_per_epoch", steps_per_epoch)
+    _checks.positive_int("save_every_steps", save_every_steps, none_ok=True)
+    compiled = getattr(model, "steps_per_execution", 1) or 1
+    if steps_per_execution is not None and steps_per_execution != compiled:
         raise ValueError(f"`steps_per_execution` ({steps_per_execution}) differs from the "
-                         f"model's ({block}), which is what `fit` runs; compile the model "
+                         f"model's ({compiled}), which is what `fit` runs; compile the model "
                          f"with steps_per_execution={steps_per_execution} or leave it unset.")
-    if steps_per_epoch % block:
-        raise ValueError(f"steps per execution ({block}) must divide `steps_per_epoch` "
-                         f"({steps_per_epoch}) for step-exact resumes.")
+    steps_per_execution = compiled
+    if steps_per_epoch % steps_per_execution:
+        raise ValueError(f"the model's steps per execution ({steps_per_execution}) must divide "
+                         f"`steps_per_epoch` ({steps_per_epoch}) for step-exact resumes.")
     run = next(_runs)
     backup = Backup(backup_dir, model, keep=keep, run=run)
     point = backup.resume_point()
@@ -570,11 +571,11 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
     if point.step > total:
         raise ValueError(f"the backup in {backup_dir} is at global step {point.step}, beyond "
                          f"this run's {epochs} epochs x {steps_per_epoch} steps = {total}; "
-                         "use a new --backup_dir or more epochs.")
-    if point.step % block:
+                         "use a new `backup_dir` or more `epochs`.")
+    if point.step % steps_per_execution:
         raise ValueError(f"the backup in {backup_dir} is at global step {point.step}, not a "
-                         f"multiple of the steps per execution ({block}); resume with the "
-                         "steps per execution it was saved with.")
+                         f"multiple of the steps per execution ({steps_per_execution}); resume "
+                         "with the steps per execution it was saved with.")
     if point.path and point.step == total:
         _say(f"resuming from {point.path}: global step {point.step}, the end of the run; "
              "restoring its weights, nothing left to train")
@@ -582,7 +583,7 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         _say(f"resuming from {point.path}: global step {point.step} = epoch "
              f"{point.epoch(steps_per_epoch) + 1}, step {point.step_in_epoch(steps_per_epoch)}"
              f" of {steps_per_epoch}; the input skips {point.step} batches")
-    watcher = _Preemption(backup.task_index, backup.num_workers, block, run)
+    watcher = _Preemption(backup.task_index, backup.num_workers, steps_per_execution, run)
     callback_cls = _callback_class()
     history: dict[str, list] = {}
     first_epoch, offset = point.epoch(steps_per_epoch), point.step_in_epoch(steps_per_epoch)

@@ -1,15 +1,20 @@
-"""The `tfmulti` console script: thin dispatch to the library modules.
+"""The `tfmulti` console script: parsing, help and exit codes; the work is in the library.
 
-    tfmulti env [--json]
+    tfmulti env [--json] [--num_virtual_devices N]
     tfmulti prepare-data [--dataset fashion_mnist] [--data_dir DIR] [--source_dir DIR]
-    tfmulti estimate-memory [--model mlp] [--strategy one_device] [--num_devices N]
-                            [--num_stages S --num_microbatches M --num_replicas R]
-                            [--global_batch_size B] [--optimizer adam] [--dtype float32]
-                            [--partition params] [--json]
+    tfmulti estimate-memory [--model mlp] [--distribution one_device] [--num_devices N]
+                            [--num_stages S --num_microbatches M --num_replicas R --remat]
+                            [--global_batch_size B] [--optimizer adam]
+                            [--mixed_precision none] [--partition params] [--json]
     tfmulti launch --num_workers N [--pin_cpus] [--port P] [--startup_timeout S]
                    [--no_isolate] [--grace_period S] [--max_restarts K] -- COMMAND ...
     tfmulti diagnose [recipes/train.py flags] [--no_prefetch] [--no_cache] [--seconds S]
                      [--no_measure] [--profile_dir DIR] [--plot FILE.png] [--json]
+
+The training options of `diagnose` and `estimate-memory` are generated from
+`tfmulti.config.TrainConfig` (`tfmulti.config_flags`). Bad input prints one
+line, `tfmulti COMMAND: error: ...`, and exits 2; flags are checked before
+TensorFlow starts.
 """
 
 from __future__ import annotations
@@ -19,13 +24,31 @@ import json
 import os
 import sys
 
+from tfmulti import config_flags
+from tfmulti.config import validate_for_diagnose
+from tfmulti.insight.estimate_args import check_estimate_arguments
+from tfmulti.cluster import exit_codes
 
-def _quiet_tensorflow() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+__all__ = ["build_parser", "main"]
+
+# TrainConfig fields that `diagnose` does not take: it trains no epochs and writes nothing.
+DIAGNOSE_EXCLUDES = ("epochs", "steps_per_epoch", "backup_dir", "backup_every_steps",
+                     "keep_backup", "model_dir", "verbose")
+ESTIMATE_FIELDS = ("model", "distribution", "num_stages", "num_microbatches", "num_replicas",
+                   "remat", "global_batch_size", "optimizer", "mixed_precision", "partition",
+                   "dropout")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (`PROG: error: MESSAGE`) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(exit_codes.USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
-    from tfmulti import devices, environment
+    from tfmulti import devices
+    from tfmulti.insight import environment
 
     if args.num_virtual_devices:
         devices.configure_virtual_devices(args.num_virtual_devices)
@@ -35,15 +58,11 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare_data(args: argparse.Namespace) -> int:
+    if args.dataset != "fashion_mnist":
+        raise ValueError(f"only fashion_mnist is prepared from local files; for "
+                         f"{args.dataset!r} run `tfds build {args.dataset}` with internet access.")
     from tfmulti import data
 
-    if args.dataset != "fashion_mnist":
-        print(
-            f"tfmulti prepare-data: only fashion_mnist is prepared from local files; "
-            f"for {args.dataset!r} run `tfds build {args.dataset}` with internet access.",
-            file=sys.stderr,
-        )
-        return 2
     data_dir = args.data_dir or data.default_data_dir()
     data.prepare_fashion_mnist(data_dir, args.source_dir)
     print(f"fashion_mnist is ready in {os.path.join(data_dir, 'fashion_mnist')}")
@@ -51,59 +70,38 @@ def _cmd_prepare_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_estimate_memory(args: argparse.Namespace) -> int:
-    from tfmulti import memory
+    given = {k: v for k, v in vars(args).items() if k in ESTIMATE_FIELDS}
+    if given.get("remat") is False:
+        given.pop("remat")  # --remat=false: the default, applies to any distribution
+    check_estimate_arguments(num_devices=args.num_devices, **given)  # before TensorFlow
+    from tfmulti.insight import memory
 
-    estimate = memory.estimate_memory(
-        args.model, strategy=args.strategy, num_devices=args.num_devices,
-        num_stages=args.num_stages, num_microbatches=args.num_microbatches,
-        num_replicas=args.num_replicas, global_batch_size=args.global_batch_size,
-        optimizer=args.optimizer, dtype=args.dtype, partition=args.partition)
+    estimate = memory.estimate_memory(num_devices=args.num_devices, **given)
     print(json.dumps(estimate, indent=2) if args.json
           else memory.format_memory_estimate(estimate))
     return 0
 
 
-def _add_batch_and_optimizer(p: argparse.ArgumentParser, batch: int, optimizer: str) -> None:
-    """The flags estimate-memory and diagnose share with recipes/train.py."""
-    p.add_argument("--global_batch_size", type=int, default=batch,
-                   help=f"examples per step over all replicas (default {batch})")
-    p.add_argument("--optimizer", default=optimizer, help=f"adam or sgd (default {optimizer})")
-
-
 def _add_estimate_memory_parser(sub) -> None:
-    # No argparse `choices`: the library checks the values, so a bad one is one
-    # line naming the valid ones, as from Python.
     p = sub.add_parser(
-        "estimate-memory", help="training memory per device for a model and strategy",
+        "estimate-memory", help="training memory per device for a model and distribution",
         description="Parameters, gradients, optimizer slots and activations per device, "
                     "counted from the model's shapes (no devices needed).")
-    p.add_argument("--model", default="mlp", help="mlp, cnn or regression (default mlp)")
-    p.add_argument("--strategy", default="one_device",
-                   help="one_device, mirrored, pipeline or hybrid (default one_device)")
+    config_flags.add_arguments(p, only=ESTIMATE_FIELDS, suppress_defaults=True,
+                               defaults={"distribution": "one_device"})
     p.add_argument("--num_devices", type=int, default=None,
                    help="data-parallel devices (default 1; pipeline/hybrid: replicas x stages)")
-    p.add_argument("--num_stages", type=int, default=None,
-                   help="pipeline stages, pipeline and hybrid only (default 2)")
-    p.add_argument("--num_microbatches", type=int, default=None,
-                   help="micro-batches per replica batch, pipeline and hybrid only (default 4)")
-    p.add_argument("--num_replicas", type=int, default=None,
-                   help="data-parallel pipelines, hybrid only (default 2)")
-    _add_batch_and_optimizer(p, 256, "adam")
-    p.add_argument("--dtype", default="float32",
-                   help="activation dtype: float32, bfloat16 or float16 (default float32)")
-    p.add_argument("--partition", default="params",
-                   help="pipeline stage balancing: params or flops (default params)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_estimate_memory)
+    p.set_defaults(func=_cmd_estimate_memory, parser=p)
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from tfmulti import launch
+    from tfmulti.cluster import launch
 
     command = args.worker_command
     if command[:1] == ["--"]:
         command = command[1:]
-    return launch.launch(
+    return launch(
         command, num_workers=args.num_workers, pin_cpus=args.pin_cpus, port=args.port,
         startup_timeout=args.startup_timeout, isolate=not args.no_isolate,
         grace_period=args.grace_period, max_restarts=args.max_restarts,
@@ -111,7 +109,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _add_launch_parser(sub) -> None:
-    from tfmulti.launch import DEFAULT_GRACE_PERIOD, DEFAULT_STARTUP_TIMEOUT
+    from tfmulti.cluster.plan import DEFAULT_GRACE_PERIOD, DEFAULT_STARTUP_TIMEOUT
 
     p = sub.add_parser(
         "launch", help="run a command as N MultiWorkerMirroredStrategy workers on this host",
@@ -139,28 +137,17 @@ def _add_launch_parser(sub) -> None:
                         "times; a job with --backup_dir resumes from its backup (default 0)")
     p.add_argument("worker_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the worker's command line")
-    p.set_defaults(func=_cmd_launch)
+    p.set_defaults(func=_cmd_launch, parser=p)
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from tfmulti.training import TrainConfig
-
-    config = TrainConfig(
-        strategy=args.strategy, num_virtual_devices=args.num_virtual_devices,
-        devices=tuple(d for d in args.devices.split(",") if d) if args.devices else None,
-        cross_device_ops=args.cross_device_ops, dataset=args.dataset, data_dir=args.data_dir,
-        download=args.download, num_examples=args.num_examples, model=args.model,
-        dropout=args.dropout, global_batch_size=args.global_batch_size,
-        learning_rate=args.learning_rate, lr_scaling=args.lr_scaling,
-        base_batch_size=args.base_batch_size, warmup_epochs=args.warmup_epochs,
-        optimizer=args.optimizer, seed=args.seed, steps_per_execution=args.steps_per_execution,
-        mixed_precision=args.mixed_precision, jit_compile=args.jit_compile)
-    config.validate()  # before TensorFlow loads: bad flags fail in a second
+    config = config_flags.config_from_args(args)
+    validate_for_diagnose(config)  # before TensorFlow loads: bad flags fail at once
     if args.plot and not args.plot.lower().endswith(".png"):
-        raise ValueError(f"`--plot` takes a .png file name, got {args.plot!r}.")
-    from tfmulti import diagnose
+        raise ValueError(f"`plot` takes a .png file name, got {args.plot!r}.")
+    from tfmulti.insight.diagnose import diagnose
 
-    report = diagnose.diagnose(
+    report = diagnose(
         config, prefetch=not args.no_prefetch, cache=False if args.no_cache else None,
         seconds=args.seconds, measure_advice=not args.no_measure,
         profile_dir=args.profile_dir, progress=lambda line: print(line, file=sys.stderr,
@@ -168,48 +155,19 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     if args.plot:
         report.plot(args.plot)
         print(f"tfmulti diagnose: wrote {args.plot}", file=sys.stderr)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format(flags=True))
     return 0
 
 
 def _add_diagnose_parser(sub) -> None:
-    from tfmulti.training import TrainConfig
-
-    d = TrainConfig()
     p = sub.add_parser(
         "diagnose", help="where a training configuration's time goes, and what would help",
         description="Times the input pipeline alone, the train step alone on data already on "
                     "the devices, and both together through fit; names the bottleneck (input, "
                     "compute or per-step overhead), estimates device utilization, and ranks "
                     "the changes that help by their measured gain. Takes the flags of "
-                    "recipes/train.py. Seed 000's configuration: --strategy=mirrored "
-                    "--num_virtual_devices=2 --global_batch_size=32 --steps_per_execution=1.")
-    p.add_argument("--strategy", default=d.strategy, help="auto, one_device or mirrored")
-    p.add_argument("--num_virtual_devices", type=int, default=0,
-                   help="split the CPU into this many logical devices first (0: no split)")
-    p.add_argument("--devices", default=None, help="devices to use, e.g. CPU:0,CPU:1")
-    p.add_argument("--cross_device_ops", default=d.cross_device_ops,
-                   help="auto, nccl, hierarchical_copy or reduce_to_one")
-    p.add_argument("--dataset", default=d.dataset,
-                   help=f"TFDS name or synthetic (default {d.dataset})")
-    p.add_argument("--data_dir", default=None, help="TFDS data dir")
-    p.add_argument("--download", action="store_true", help="allow a TFDS download")
-    p.add_argument("--num_examples", type=int, default=None, help="synthetic data size")
-    p.add_argument("--model", default=d.model, help="mlp, cnn or regression (default mlp)")
-    p.add_argument("--dropout", type=float, default=d.dropout)
-    _add_batch_and_optimizer(p, d.global_batch_size, d.optimizer)
-    p.add_argument("--learning_rate", type=float, default=d.learning_rate)
-    p.add_argument("--lr_scaling", default=d.lr_scaling, help="none, linear or sqrt")
-    p.add_argument("--base_batch_size", type=int, default=d.base_batch_size)
-    p.add_argument("--warmup_epochs", type=float, default=d.warmup_epochs)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--steps_per_execution", default=d.steps_per_execution,
-                   help=f"training steps per tf.function call, or auto (default "
-                        f"{d.steps_per_execution}: the largest divisor of the steps per epoch up "
-                        f"to 32)")
-    p.add_argument("--mixed_precision", default=d.mixed_precision,
-                   help="none, bfloat16 or float16")
-    p.add_argument("--jit_compile", action="store_true", help="compile the step with XLA")
+                    "recipes/train.py (distributions auto, one_device and mirrored).")
+    config_flags.add_arguments(p, exclude=DIAGNOSE_EXCLUDES)
     p.add_argument("--no_prefetch", action="store_true",
                    help="diagnose the input pipeline without prefetching")
     p.add_argument("--no_cache", action="store_true",
@@ -222,38 +180,45 @@ def _add_diagnose_parser(sub) -> None:
                    help="also write a TensorBoard profiler trace of a few fit steps here")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="plot the time split")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=_cmd_diagnose)
+    p.set_defaults(func=_cmd_diagnose, parser=p)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tfmulti", description="Multi-device training for TensorFlow + Keras 3."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="tfmulti", description="Multi-device training for TensorFlow + Keras 3.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     env = sub.add_parser("env", help="report versions, devices, NCCL, CPUs, oneDNN, RAM, TF_CONFIG")
     env.add_argument("--json", action="store_true", help="print JSON")
     env.add_argument("--num_virtual_devices", type=int, default=0,
                      help="split the CPU into this many logical devices first")
-    env.set_defaults(func=_cmd_env)
+    env.set_defaults(func=_cmd_env, parser=env)
     prep = sub.add_parser("prepare-data", help="prepare a dataset offline (fashion_mnist)")
     prep.add_argument("--dataset", default="fashion_mnist")
-    prep.add_argument("--data_dir", default=None, help="TFDS data dir (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)")
+    prep.add_argument("--data_dir", default=None,
+                      help="TFDS data dir (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)")
     prep.add_argument("--source_dir", default=None, help="folder with the IDX files")
-    prep.set_defaults(func=_cmd_prepare_data)
+    prep.set_defaults(func=_cmd_prepare_data, parser=prep)
     _add_estimate_memory_parser(sub)
     _add_launch_parser(sub)
     _add_diagnose_parser(sub)
     return parser
 
 
+# Argument names of the subcommands that are not config fields, for flag_message.
+_EXTRA_FLAGS = ("num_devices", "num_workers", "pin_cpus", "port", "startup_timeout",
+                "grace_period", "max_restarts", "plot", "seconds", "profile_dir")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _quiet_tensorflow()
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # reported by the subcommand, which knows its options
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:
-        print(f"tfmulti {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        message = config_flags.flag_message(str(e), extra_names=_EXTRA_FLAGS)
+        print(f"tfmulti {args.command}: error: {message}", file=sys.stderr)
+        return exit_codes.USAGE
 
 
 if __name__ == "__main__":

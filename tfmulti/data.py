@@ -37,6 +37,12 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from tfmulti import _checks
+
+__all__ = ["DataNotFoundError", "DistributedInput", "dataset_info", "default_data_dir",
+           "distribute", "load", "per_replica_batch_size", "prepare_fashion_mnist", "read_idx",
+           "steps_per_epoch", "synthetic", "synthetic_regression"]
+
 FASHION_MNIST_IDX_DIRS = ("/usr/share/datasets/fashion-mnist",)
 FASHION_MNIST_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -205,7 +211,7 @@ def synthetic_regression(
     num_features: int = 1024,
     seed: int = 0,
 ) -> tf.data.Dataset:
-    """Synthetic regression data (seed 001's 1024-feature task): y = x.w + noise."""
+    """Synthetic regression data (1024 features by default): y = x.w + noise."""
     rng = np.random.default_rng([seed, _split_index(split)])
     w = np.random.default_rng(seed).standard_normal((num_features, 1)).astype(np.float32)
     x = rng.standard_normal((num_examples, num_features), dtype=np.float32)
@@ -280,9 +286,7 @@ def load(
         DataNotFoundError: the data is not available; the message names every
             source tried and how to provide the data.
     """
-    if num_examples is not None and (isinstance(num_examples, bool) or not isinstance(
-            num_examples, (int, np.integer)) or num_examples < 1):
-        raise ValueError(f"`num_examples` must be a positive integer, got {num_examples!r}.")
+    _checks.positive_int("num_examples", num_examples, none_ok=True)
     if name in SYNTHETIC_NAMES:
         maker = synthetic if name == "synthetic" else synthetic_regression
         kwargs = {"num_examples": num_examples} if num_examples else {}
@@ -323,8 +327,8 @@ def load(
     )
     raise DataNotFoundError(
         f"dataset {name!r} not found; tried: {'; '.join(tried)}. To provide it: "
-        f"{hint}point data_dir (--data_dir) at prepared TFDS data, or pass "
-        "download=True (--download) on a machine with internet access."
+        f"{hint}point `data_dir` at prepared TFDS data, or pass "
+        "download=True on a machine with internet access."
     )
 
 
@@ -343,7 +347,7 @@ class DistributedInput:
         num_replicas: replicas in sync.
         steps_per_epoch: global steps in one pass over the data, or None if
             the size is unknown.
-        repeats: True when the dataset repeats (pass `steps_per_epoch` to fit).
+        repeat: True when the dataset repeats (pass `steps_per_epoch` to fit).
     """
 
     dataset: object
@@ -351,7 +355,7 @@ class DistributedInput:
     per_replica_batch_size: int
     num_replicas: int
     steps_per_epoch: int | None
-    repeats: bool
+    repeat: bool
 
     def evaluate_kwargs(self) -> dict:
         """Keyword arguments for `model.evaluate`/`predict`: `x` and `steps`."""
@@ -361,17 +365,14 @@ class DistributedInput:
         """Keyword arguments for `model.fit`: `x` and `steps_per_epoch`."""
         return {
             "x": self.dataset,
-            "steps_per_epoch": self.steps_per_epoch if self.repeats else None,
+            "steps_per_epoch": self.steps_per_epoch if self.repeat else None,
             "shuffle": False,  # the pipeline shuffles; Keras would only warn
         }
 
 
 def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
     """global / replicas, or a ValueError naming both numbers."""
-    if not isinstance(global_batch_size, (int, np.integer)) or global_batch_size < 1:
-        raise ValueError(
-            f"`global_batch_size` must be a positive integer, got {global_batch_size!r}."
-        )
+    _checks.positive_int("global_batch_size", global_batch_size)
     if global_batch_size % num_replicas:
         lower = max(num_replicas, global_batch_size - global_batch_size % num_replicas)
         raise ValueError(
@@ -558,24 +559,13 @@ def distribute(
     """
     num_replicas = strategy.num_replicas_in_sync
     per_replica = per_replica_batch_size(global_batch_size, num_replicas)
-    if prefetch_per_replica < 1:
-        raise ValueError(
-            f"`prefetch_per_replica` must be at least 1, got {prefetch_per_replica}."
-        )
-    if isinstance(skip_steps, bool) or not isinstance(skip_steps, (int, np.integer)) \
-            or skip_steps < 0:
-        raise ValueError(f"`skip_steps` must be an integer >= 0, got {skip_steps!r}.")
+    _checks.positive_int("prefetch_per_replica", prefetch_per_replica)
+    _checks.non_negative_int("skip_steps", skip_steps)
     if skip_steps and not training:
         raise ValueError("`skip_steps` applies to training data only; pass training=True "
                          "or skip_steps=0.")
-    if input_threads is not None and (not isinstance(input_threads, int) or input_threads < 1):
-        raise ValueError(
-            f"`input_threads` must be a positive integer or None, got {input_threads!r}."
-        )
-    if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, (int, np.integer)) \
-            or shuffle_buffer < 1:
-        raise ValueError(
-            f"`shuffle_buffer` must be a positive integer (examples), got {shuffle_buffer!r}.")
+    _checks.positive_int("input_threads", input_threads, none_ok=True)
+    _checks.positive_int("shuffle_buffer", shuffle_buffer, hint="a number of examples")
     make = dataset if callable(dataset) else (lambda: dataset)
     steps = steps_per_epoch(make(), global_batch_size, training=training)
     if training and steps == 0:
@@ -613,5 +603,5 @@ def distribute(
         per_replica_batch_size=per_replica,
         num_replicas=num_replicas,
         steps_per_epoch=steps,
-        repeats=repeat,
+        repeat=repeat,
     )

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfmulti import _checks
+
+__all__ = ["canonical_device_name", "configure_virtual_devices", "logical_devices",
+           "resolve_devices"]
+
 _DEVICE_TYPES = ("CPU", "GPU")
 
 
@@ -60,10 +65,7 @@ def configure_virtual_devices(
         raise ValueError(
             f"`device_type` must be one of {list(_DEVICE_TYPES)}, got {device_type!r}."
         )
-    if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
-        raise ValueError(
-            f"`num_devices` must be a positive integer, got {num_devices!r}."
-        )
+    _checks.positive_int("num_devices", num_devices)
     if device_type == "CPU" and memory_limit_mb is not None:
         raise ValueError(
             "`memory_limit_mb` applies to logical GPUs only; drop it for CPU devices."

@@ -1,14 +1,15 @@
-"""Thin Keras model builders and a compile helper.
+"""Thin Keras model builders, a compile helper and the mixed-precision policy.
 
-Builders create every variable under the strategy's scope (seed 000's example
-built its model outside the scope and fed 28x28x1 images to a Dense layer
-expecting 784 features; here the MLP flattens its input).
+Builders create every variable under the strategy's scope, and the MLP
+flattens its image input.
 
 Example:
     >>> import tfmulti
     >>> strategy = tfmulti.get_strategy("one_device")
     >>> model = tfmulti.models.build_model("mlp", strategy=strategy)
-    >>> tfmulti.models.compile_model(model, strategy=strategy, global_batch_size=256)
+    >>> _ = tfmulti.models.compile_model(model, strategy=strategy, task="classification")
+    >>> model.optimizer.__class__.__name__
+    'Adam'
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import math
 import keras
 import tensorflow as tf
 
-from tfmulti import optimizers
+from tfmulti import _checks, optimizers
+from tfmulti.config import (LR_SCALINGS, MIXED_PRECISION, MODEL_TASKS, OPTIMIZERS, TASKS,
+                            resolve_steps_per_execution)
 
-OPTIMIZERS = ("adam", "sgd")
-LR_SCALINGS = ("none", "linear", "sqrt")
+__all__ = ["INPUT_SHAPES", "WarmupSchedule", "build_model", "compile_model", "model_task",
+           "mixed_precision_policy", "scaled_learning_rate"]
 
 
 def _mlp(input_shape, num_classes, dropout):
@@ -55,23 +58,15 @@ def _cnn(input_shape, num_classes, dropout):
     ]
 
 
-# name -> (layers factory, task, default input shape)
-MODELS = {
-    "mlp": (_mlp, "classification", (28, 28, 1)),
-    "regression": (_regression, "regression", (1024,)),
-    "cnn": (_cnn, "classification", (28, 28, 1)),
-}
+_FACTORIES = {"mlp": _mlp, "regression": _regression, "cnn": _cnn}
+INPUT_SHAPES = {"mlp": (28, 28, 1), "regression": (1024,), "cnn": (28, 28, 1)}
+"""Each built-in model's default per-example input shape."""
 
 
 def model_task(name: str) -> str:
-    """"classification" or "regression" for a builder name."""
-    _check_name(name)
-    return MODELS[name][1]
-
-
-def _check_name(name: str) -> None:
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; valid models: {sorted(MODELS)}.")
+    """"classification" or "regression" for a built-in model name."""
+    _checks.one_of("model", name, MODEL_TASKS)
+    return MODEL_TASKS[name]
 
 
 def _scope(strategy):
@@ -93,8 +88,8 @@ def build_model(
     sees float32 logits.
 
     Models:
-        * "mlp": seed 000's network: Flatten, Dense(512, relu), Dropout, Dense(10).
-        * "regression": seed 001's network: Dense(1024), Dense(1024), Dense(1), for MSE.
+        * "mlp": Flatten, Dense(512, relu), Dropout, Dense(10).
+        * "regression": Dense(1024), Dense(1024), Dense(1), for MSE.
         * "cnn": two conv + pool blocks and a dense head for 28x28 images.
 
     Args:
@@ -111,11 +106,11 @@ def build_model(
     Raises:
         ValueError: an unknown name or a dropout rate outside [0, 1).
     """
-    _check_name(name)
+    model_task(name)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"`dropout` must be in [0, 1), got {dropout}.")
-    factory, _, default_shape = MODELS[name]
-    input_shape = tuple(input_shape or default_shape)
+    factory = _FACTORIES[name]
+    input_shape = tuple(input_shape or INPUT_SHAPES[name])
     if seed is not None:
         keras.utils.set_random_seed(seed)
     with _scope(strategy):
@@ -153,10 +148,8 @@ def scaled_learning_rate(
     "linear" multiplies by global/base (Goyal et al. 2017), "sqrt" by its square
     root (for adaptive optimizers, Hoffer et al. 2017), "none" keeps it.
     """
-    if lr_scaling not in LR_SCALINGS:
-        raise ValueError(f"`lr_scaling` must be one of {list(LR_SCALINGS)}, got {lr_scaling!r}.")
-    if base_batch_size < 1:
-        raise ValueError(f"`base_batch_size` must be positive, got {base_batch_size}.")
+    _checks.one_of("lr_scaling", lr_scaling, LR_SCALINGS)
+    _checks.positive_int("base_batch_size", base_batch_size)
     ratio = global_batch_size / base_batch_size
     factor = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[lr_scaling]
     return learning_rate * factor
@@ -165,6 +158,7 @@ def scaled_learning_rate(
 def compile_model(
     model: keras.Model,
     *,
+    task: str,
     strategy: tf.distribute.Strategy | None = None,
     optimizer: str = "adam",
     learning_rate: float = 1e-3,
@@ -173,7 +167,6 @@ def compile_model(
     base_batch_size: int = 256,
     warmup_epochs: float = 0.0,
     steps_per_epoch: int | None = None,
-    task: str | None = None,
     steps_per_execution: int | str = "auto",
     **compile_kwargs,
 ) -> keras.Model:
@@ -181,7 +174,9 @@ def compile_model(
 
     Args:
         model: a model built by `build_model` (or any Keras model).
-        strategy: the strategy the model was built under; None: current.
+        task: "classification" (sparse categorical cross-entropy on logits and
+            accuracy) or "regression" (mean squared error and MAE).
+        strategy: the strategy the model was built under; None: the current one.
         optimizer: "adam" (`keras.optimizers.Adam` with TensorFlow's fused
             update kernel, `tfmulti.optimizers.fuse`) or "sgd".
         learning_rate: the rate tuned for `base_batch_size`.
@@ -195,30 +190,27 @@ def compile_model(
             disables it.
         steps_per_epoch: steps per epoch, for the warmup length and for
             `steps_per_execution="auto"` (e.g. `DistributedInput.steps_per_epoch`).
-        task: "classification" (sparse categorical cross-entropy on logits and
-            accuracy) or "regression" (MSE and MAE); default from the model name.
         steps_per_execution: training steps per `tf.function` call (works with
-            2+ replicas, `tfmulti.keras_fixes`); "auto" (default): the largest
+            2+ replicas, `tfmulti.workarounds`); "auto" (default): the largest
             divisor of `steps_per_epoch` up to 32, or 1 without `steps_per_epoch`
-            (`tfmulti.training.resolve_steps_per_execution`).
+            (`tfmulti.config.resolve_steps_per_execution`).
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
 
     Returns:
         The model, compiled.
 
     Raises:
-        ValueError: an unknown optimizer, scaling or task, a non-positive
-            learning rate, a missing batch size or steps for scaling/warmup, or
-            `jit_compile=True` with 2 or more replicas (Keras 3 cannot).
+        ValueError: an unknown task, optimizer or scaling, a learning rate
+            that is not a positive finite number, a missing batch size or
+            steps for scaling/warmup, or `jit_compile=True` with 2 or more
+            replicas (Keras 3 cannot).
     """
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"`optimizer` must be one of {list(OPTIMIZERS)}, got {optimizer!r}.")
-    if not learning_rate > 0:
-        raise ValueError(f"`learning_rate` must be positive, got {learning_rate}.")
+    _checks.one_of("task", task, TASKS)
+    _checks.one_of("optimizer", optimizer, OPTIMIZERS)
+    _checks.positive_number("learning_rate", learning_rate)
     if lr_scaling != "none" and global_batch_size is None:
-        raise ValueError(f"`lr_scaling={lr_scaling!r}` needs `global_batch_size`.")
-    if warmup_epochs < 0:
-        raise ValueError(f"`warmup_epochs` must be >= 0, got {warmup_epochs}.")
+        raise ValueError(f"`lr_scaling` ({lr_scaling!r}) needs `global_batch_size`.")
+    _checks.finite_number("warmup_epochs", warmup_epochs, minimum=0)
     if warmup_epochs > 0 and not steps_per_epoch:
         raise ValueError("`warmup_epochs` > 0 needs `steps_per_epoch` to size the warmup.")
     replicas = (strategy or tf.distribute.get_strategy()).num_replicas_in_sync
@@ -229,13 +221,8 @@ def compile_model(
         raise ValueError(
             f"`jit_compile=True` does not work with {replicas} replicas in Keras 3 "
             f"(keras-team/keras#17187, #19005: XLA cannot reach the other replicas' "
-            f"variables); use one device (--strategy=one_device) or drop --jit_compile.")
-    from tfmulti.training import resolve_steps_per_execution
-
-    spe = resolve_steps_per_execution(steps_per_execution, steps_per_epoch)
-    task = task or MODELS.get(model.name, (None, "classification"))[1]
-    if task not in ("classification", "regression"):
-        raise ValueError(f"`task` must be 'classification' or 'regression', got {task!r}.")
+            f"variables); use one device or set jit_compile=False.")
+    steps_per_execution = resolve_steps_per_execution(steps_per_execution, steps_per_epoch)
     target = scaled_learning_rate(
         learning_rate, global_batch_size or base_batch_size, base_batch_size, lr_scaling
     )
@@ -256,5 +243,33 @@ def compile_model(
             loss = keras.losses.MeanSquaredError()
             metrics = [keras.metrics.MeanAbsoluteError(name="mae")]
         compile_kwargs.setdefault("metrics", metrics)
-        model.compile(optimizer=opt, loss=loss, steps_per_execution=spe, **compile_kwargs)
+        model.compile(optimizer=opt, loss=loss, steps_per_execution=steps_per_execution,
+                      **compile_kwargs)
     return model
+
+
+_POLICIES = {"none": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+
+
+@contextlib.contextmanager
+def mixed_precision_policy(mixed_precision: str):
+    """Sets Keras' global dtype policy for the models built inside the block
+    ("none": float32, "bfloat16", "float16"), and restores the previous one.
+
+    Variables stay float32; the builders keep the logits float32. Keras wraps
+    the optimizer in a `LossScaleOptimizer` itself under float16.
+
+    Raises:
+        ValueError: an unknown name, or "float16" without a GPU (CPUs have no
+            fast float16 kernels; bfloat16 instead).
+    """
+    _checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
+    if mixed_precision == "float16" and not tf.config.list_physical_devices("GPU"):
+        raise ValueError("`mixed_precision` 'float16' needs a GPU and none was found; use "
+                         "mixed_precision='bfloat16' on CPUs.")
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(_POLICIES[mixed_precision])
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)

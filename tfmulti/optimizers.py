@@ -23,6 +23,8 @@ import types
 import keras
 import tensorflow as tf
 
+__all__ = ["fuse", "fused_adam", "is_fused"]
+
 _FUSED = "_tfmulti_fused_update"
 
 

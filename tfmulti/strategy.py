@@ -2,8 +2,8 @@
 
 Example:
     >>> import tfmulti
-    >>> tfmulti.configure_virtual_devices(2)
-    >>> strategy = tfmulti.get_strategy("mirrored")
+    >>> _ = tfmulti.configure_virtual_devices(2)  # first, before other TensorFlow work
+    >>> strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
     >>> strategy.num_replicas_in_sync
     2
 """
@@ -17,15 +17,18 @@ import sys
 
 import tensorflow as tf
 
-from tfmulti import cluster
+from tfmulti import _checks, config, workarounds
 from tfmulti import devices as devices_lib
-from tfmulti import keras_fixes
+from tfmulti.cluster import tf_config
+
+__all__ = ["COMMUNICATIONS", "CROSS_DEVICE_OPS", "STRATEGY_KINDS", "describe", "get_strategy",
+           "slurm_cluster_resolver", "strategy_name"]
 
 STRATEGY_KINDS = ("auto", "one_device", "mirrored", "multi_worker")
-CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
+CROSS_DEVICE_OPS = config.CROSS_DEVICE_OPS
 COMMUNICATIONS = ("auto", "ring", "nccl")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
-DEFAULT_STARTUP_TIMEOUT_S = 60.0
+DEFAULT_STARTUP_TIMEOUT = 60.0
 
 
 def _cross_device_ops(name: str, device_names: list[str]):
@@ -60,7 +63,7 @@ class _StartupWatchdog:
 
     MultiWorkerMirroredStrategy blocks inside TensorFlow's C++ runtime, holding
     the GIL, until every peer has registered (for an hour by default), so the
-    watchdog is a small separate process (`tfmulti._watchdog`): it names the
+    watchdog is a small separate process (`tfmulti.cluster.watchdog`): it names the
     peers that are not reachable and kills this process.
     """
 
@@ -69,7 +72,7 @@ class _StartupWatchdog:
 
     def __enter__(self):
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tfmulti._watchdog", *self._args],
+            [sys.executable, "-m", "tfmulti.cluster.watchdog", *self._args],
             stdin=subprocess.PIPE)
         return self
 
@@ -84,7 +87,7 @@ class _StartupWatchdog:
 
 def slurm_cluster_resolver(port_base: int = 8888):
     """TensorFlow's `SlurmClusterResolver` (CPU-only nodes too: see
-    `keras_fixes.slurm_cluster_resolver`).
+    `workarounds.slurm_cluster_resolver`).
 
     Raises:
         ValueError: not inside a SLURM job step (a SLURM_* variable is missing).
@@ -95,7 +98,7 @@ def slurm_cluster_resolver(port_base: int = 8888):
             raise ValueError(
                 f"cluster_resolver='slurm' needs {var} in the environment; run the "
                 "script under `srun` inside a SLURM allocation.")
-    return keras_fixes.slurm_cluster_resolver(port_base)
+    return workarounds.slurm_cluster_resolver(port_base)
 
 
 def _resolver_peers(resolver) -> tuple[list[str], str | None]:
@@ -106,27 +109,38 @@ def _resolver_peers(resolver) -> tuple[list[str], str | None]:
         config = {"cluster": {job: list(tasks.values()) if isinstance(tasks, dict) else
                               list(tasks) for job, tasks in spec.items()},
                   "task": {"type": resolver.task_type, "index": int(resolver.task_id)}}
-        return cluster.peers(config), cluster.task_address(config)
+        return tf_config.peers(config), tf_config.task_address(config)
     except (AttributeError, KeyError, IndexError, TypeError, ValueError):
         return [], None
 
 
-def _multi_worker(communication: str, collective_timeout_s: float | None,
-                  startup_timeout_s: float | None, cluster_resolver):
+def _startup_timeout_from_environ() -> float:
+    text = os.environ.get("TFMULTI_STARTUP_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_STARTUP_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not value > 0 or value == float("inf"):
+        raise ValueError(f"TFMULTI_STARTUP_TIMEOUT is {text!r}; set it to a number of seconds "
+                         f"> 0, e.g. {DEFAULT_STARTUP_TIMEOUT:g}, or unset it.")
+    return value
+
+
+def _multi_worker(communication: str, collective_timeout: float | None,
+                  startup_timeout: float | None, cluster_resolver):
     if communication not in COMMUNICATIONS:
         raise ValueError(f"`communication` must be one of {list(COMMUNICATIONS)}, "
                          f"got {communication!r}.")
     if communication == "nccl" and not tf.config.list_physical_devices("GPU"):
         raise ValueError("`communication='nccl'` needs GPUs; use 'ring' or 'auto' on CPUs.")
-    if collective_timeout_s is not None and collective_timeout_s <= 0:
-        raise ValueError(f"`collective_timeout_s` must be positive, got {collective_timeout_s}.")
-    if startup_timeout_s is None:
-        startup_timeout_s = float(os.environ.get("TFMULTI_STARTUP_TIMEOUT",
-                                                 DEFAULT_STARTUP_TIMEOUT_S))
-    if startup_timeout_s <= 0:
-        raise ValueError(f"`startup_timeout_s` must be positive, got {startup_timeout_s}.")
+    _checks.positive_number("collective_timeout", collective_timeout, none_ok=True)
+    if startup_timeout is None:
+        startup_timeout = _startup_timeout_from_environ()
+    _checks.positive_number("startup_timeout", startup_timeout)
     if cluster_resolver in (None, "tf_config"):
-        config = cluster.from_environ()
+        config = tf_config.from_environ()
         if config is None:
             raise ValueError(
                 "kind='multi_worker' needs TF_CONFIG describing the cluster; start the "
@@ -142,18 +156,18 @@ def _multi_worker(communication: str, collective_timeout_s: float | None,
                          f"tf.distribute.cluster_resolver.ClusterResolver, got "
                          f"{cluster_resolver!r}.")
     peers, me = _resolver_peers(resolver)  # named if the cluster does not form
-    keras_fixes.apply_multi_worker_fixes()
-    keras_fixes.apply_multi_step_fix()
-    keras_fixes.apply_empty_batch_conv_fix()
+    workarounds.apply_multi_worker_fixes()
+    workarounds.apply_multi_step_fix()
+    workarounds.apply_empty_batch_conv_fix()
     options = tf.distribute.experimental.CommunicationOptions(
         implementation={
             "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
             "ring": tf.distribute.experimental.CommunicationImplementation.RING,
             "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
         }[communication],
-        timeout_seconds=collective_timeout_s,
+        timeout_seconds=collective_timeout,
     )
-    with _StartupWatchdog(startup_timeout_s, peers, me):
+    with _StartupWatchdog(startup_timeout, peers, me):
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver, communication_options=options)
 
@@ -164,8 +178,8 @@ def get_strategy(
     cross_device_ops: str = "auto",
     *,
     communication: str = "auto",
-    collective_timeout_s: float | None = None,
-    startup_timeout_s: float | None = None,
+    collective_timeout: float | None = None,
+    startup_timeout: float | None = None,
     cluster_resolver=None,
 ) -> tf.distribute.Strategy:
     """Creates a distribution strategy by name.
@@ -178,7 +192,7 @@ def get_strategy(
         * "multi_worker": `MultiWorkerMirroredStrategy` (synchronous data
           parallelism over processes or hosts) from TF_CONFIG (validated
           first, see `tfmulti.cluster`), or SLURM; Keras 3 `fit`/`evaluate`/
-          `predict` work under it through `tfmulti.keras_fixes`.
+          `predict` work under it through `tfmulti.workarounds`.
         * "auto" (default): "multi_worker" when TF_CONFIG lists 2 or more
           tasks (or a `cluster_resolver` is given); else, on a host with
           GPUs, "mirrored" over them when there are 2 or more and
@@ -194,9 +208,9 @@ def get_strategy(
             or "reduce_to_one" (any device).
         communication: "multi_worker" all-reduce: "auto" (default), "ring"
             (gRPC, any device) or "nccl" (GPUs).
-        collective_timeout_s: "multi_worker": fail a collective that waits
+        collective_timeout: "multi_worker": fail a collective that waits
             longer than this (default: no limit).
-        startup_timeout_s: "multi_worker": give up if the peers have not all
+        startup_timeout: "multi_worker": give up if the peers have not all
             joined within this many seconds (default $TFMULTI_STARTUP_TIMEOUT
             or 60; TensorFlow's own is an hour): the process is then stopped
             (SIGKILL; TensorFlow's C++ runtime cannot be interrupted from
@@ -226,14 +240,14 @@ def get_strategy(
         if cluster_resolver is not None:  # a cluster was named: train on it
             kind = "multi_worker"
         else:
-            config = cluster.from_environ()
-            if config is not None and cluster.num_tasks(config) >= 2:
+            config = tf_config.from_environ()
+            if config is not None and tf_config.num_tasks(config) >= 2:
                 kind = "multi_worker"
     if kind == "multi_worker":
         if devices is not None:
             raise ValueError("`devices` does not apply to 'multi_worker'; each worker uses "
                              "its local GPUs, else its CPU.")
-        return _multi_worker(communication, collective_timeout_s, startup_timeout_s,
+        return _multi_worker(communication, collective_timeout, startup_timeout,
                              cluster_resolver)
     if cross_device_ops not in CROSS_DEVICE_OPS:
         raise ValueError(
@@ -253,9 +267,9 @@ def get_strategy(
         device = names[0] if names else _default_mirrored_devices()[0]
         return tf.distribute.OneDeviceStrategy(device)
     names = names or _default_mirrored_devices()
-    keras_fixes.apply_multi_step_fix()
-    keras_fixes.apply_empty_batch_conv_fix()
-    return keras_fixes.mirrored_strategy(
+    workarounds.apply_multi_step_fix()
+    workarounds.apply_empty_batch_conv_fix()
+    return workarounds.mirrored_strategy(
         devices=names, cross_device_ops=_cross_device_ops(cross_device_ops, names)
     )
 

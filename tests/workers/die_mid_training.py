@@ -12,14 +12,15 @@ import keras  # noqa: E402
 
 import tfmulti  # noqa: E402
 from tfmulti import data, models  # noqa: E402
+from tfmulti.cluster import tf_config  # noqa: E402
 
 pid_dir = sys.argv[1]
-rank = tfmulti.cluster.from_environ()["task"]["index"]
+rank = tf_config.from_environ()["task"]["index"]
 with open(os.path.join(pid_dir, f"worker-{rank}.pid"), "w") as f:
     f.write(str(os.getpid()))
 strategy = tfmulti.get_strategy("multi_worker")
 model = models.build_model("mlp", strategy=strategy, seed=0)
-models.compile_model(model, strategy=strategy)
+models.compile_model(model, task="classification", strategy=strategy)
 train = data.distribute(data.load("synthetic", num_examples=4096), strategy, 64, seed=0)
 
 

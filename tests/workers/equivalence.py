@@ -1,10 +1,15 @@
-"""Trains a few SGD steps and saves per-step losses and final weights.
+"""Trains a few SGD steps and records per-step losses, final weights and what
+evaluate and predict return, for tuple and for dict inputs, on one strategy.
 
-    python equivalence.py OUT.npz [--dict]           # MirroredStrategy, 2 virtual CPUs
-    tfmulti launch --num_workers 2 -- python equivalence.py OUT.npz [--dict]
-                                                     # MultiWorkerMirroredStrategy, 2 x 1
+    tfmulti launch --num_workers 2 -- python equivalence.py OUT_DIR
+        # MultiWorkerMirroredStrategy, 2 x 1: the chief writes OUT_DIR/tuple.npz
+        # and OUT_DIR/dict.npz; every worker prints `total=3.0` (an all-reduce
+        # of rank + 1) and `done`
+    python equivalence.py OUT_DIR
+        # MirroredStrategy over 2 virtual CPUs, the same files
 
-Also runs evaluate and predict, and records what they return.
+The test compares the two: `run(strategy, use_dict)` is also called in-process
+with a MirroredStrategy over 2 devices.
 """
 
 import os
@@ -15,9 +20,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 import tfmulti  # noqa: E402
-from tfmulti import cluster, data, models  # noqa: E402
+from tfmulti import data, models  # noqa: E402
+from tfmulti.cluster import tf_config  # noqa: E402
 
 STEPS, GLOBAL_BATCH, NUM_EXAMPLES = 5, 32, 160
+VARIANTS = {"tuple": False, "dict": True}
 
 
 def build(use_dict: bool):
@@ -33,11 +40,8 @@ def build(use_dict: bool):
     return keras.Model({"pixels": pixels, "scale": scale}, logits, name="dict_model")
 
 
-def main(out: str, use_dict: bool) -> None:
-    multi = cluster.from_environ() is not None
-    if not multi:
-        tfmulti.configure_virtual_devices(2)
-    strategy = tfmulti.get_strategy("multi_worker" if multi else "mirrored")
+def run(strategy, use_dict: bool) -> dict:
+    """Fits STEPS steps on `strategy`, evaluates and predicts: the arrays to compare."""
     assert strategy.num_replicas_in_sync == 2, strategy.num_replicas_in_sync
     with strategy.scope():
         model = build(use_dict)
@@ -52,13 +56,34 @@ def main(out: str, use_dict: bool) -> None:
                         shuffle=False)
     evaluation = model.evaluate(**test.evaluate_kwargs(), return_dict=True, verbose=0)
     predictions = model.predict(**test.evaluate_kwargs(), verbose=0)
-    if cluster.is_chief(cluster.from_environ()):
-        np.savez(out, losses=np.array(history.history["loss"]),
-                 eval_loss=evaluation["loss"], eval_accuracy=evaluation["accuracy"],
-                 num_predictions=len(predictions),
-                 **{f"w{i}": w for i, w in enumerate(model.get_weights())})
+    return dict(losses=np.array(history.history["loss"]),
+                eval_loss=np.array(evaluation["loss"]),
+                eval_accuracy=np.array(evaluation["accuracy"]),
+                num_predictions=np.array(len(predictions)),
+                **{f"w{i}": w for i, w in enumerate(model.get_weights())})
+
+
+def all_reduce_ranks(strategy, rank: int) -> float:
+    """The SUM over the workers of rank + 1 (3.0 for 2 workers)."""
+    import tensorflow as tf
+
+    value = strategy.run(lambda: tf.constant(float(rank + 1)))
+    return float(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None))
+
+
+def main(out_dir: str) -> None:
+    config = tf_config.from_environ()
+    if config is None:
+        tfmulti.configure_virtual_devices(2)
+    strategy = tfmulti.get_strategy("multi_worker" if config else "mirrored")
+    if config is not None:
+        print(f"total={all_reduce_ranks(strategy, config['task']['index'])}", flush=True)
+    for name, use_dict in VARIANTS.items():
+        arrays = run(strategy, use_dict)
+        if tf_config.is_chief(config):
+            np.savez(os.path.join(out_dir, f"{name}.npz"), **arrays)
     print("done", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--dict" in sys.argv[2:])
+    main(sys.argv[1])

@@ -1,7 +1,18 @@
 """Keras 3 `fit` under a plain MultiWorkerMirroredStrategy, with a chosen set of
 tfmulti's fixes, to show which upstream bug each fix covers.
 
-    tfmulti launch --num_workers 2 -- python keras_upstream.py none|build|all
+    tfmulti launch --num_workers 2 -- python keras_upstream.py MODE [MODE ...]
+
+Each MODE (in this order; "none" first, before any fix is installed) fits a
+fresh model on one shared strategy and prints `MODE: fit ok` or
+`MODE: fit failed: ERROR`:
+
+    none    no fix (keras-team/keras#20585: the symbolic build)
+    build   fixes 2 and 3 installed, then fix 3 undone (tensorflow/tensorflow#72388)
+    all     fixes 2 and 3
+
+The failures are raised while Keras builds its functions, before any
+collective runs, so the cluster stays usable for the next mode.
 """
 
 import os
@@ -13,24 +24,55 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfmulti import keras_fixes  # noqa: E402
+from tfmulti import workarounds  # noqa: E402
 
-mode = sys.argv[1]
-if mode != "none":
-    keras_fixes.apply_multi_worker_fixes()
-    if mode == "build":  # undo fix 3 only
-        from keras.src.backend.tensorflow import trainer
+MODES = ("none", "build", "all")
 
-        trainer.reduce_per_replica = trainer.reduce_per_replica.__wrapped__
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
-with strategy.scope():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
-    model.compile(optimizer="sgd", metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-rng = np.random.default_rng(0)
-ds = tf.data.Dataset.from_tensor_slices(
-    (rng.random((32, 4), dtype=np.float32), rng.integers(0, 3, 32))).batch(8)
-options = tf.data.Options()
-options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-model.fit(ds.with_options(options), epochs=1, verbose=0)
-print("fit ok", flush=True)
+
+def set_fixes(mode: str) -> None:
+    from keras.src.backend.tensorflow import trainer
+
+    if mode == "none":
+        assert not workarounds._applied & {"symbolic_build", "reduce_per_replica"}, \
+            "mode 'none' must come first, before any fix is installed"
+        return
+    workarounds.apply_multi_worker_fixes()  # idempotent
+    patched = getattr(set_fixes, "patched", None) or trainer.reduce_per_replica
+    set_fixes.patched = patched
+    # "build": undo fix 3 only; "all": fix 3 back in place.
+    trainer.reduce_per_replica = patched.__wrapped__ if mode == "build" else patched
+
+
+def fit(strategy) -> None:
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        model.compile(optimizer="sgd", metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    ds = tf.data.Dataset.from_tensor_slices(
+        (rng.random((32, 4), dtype=np.float32), rng.integers(0, 3, 32))).batch(8)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = \
+        tf.data.experimental.AutoShardPolicy.DATA
+    model.fit(ds.with_options(options), epochs=1, verbose=0)
+
+
+def main(modes: list[str]) -> None:
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        sys.exit(f"usage: keras_upstream.py MODE [MODE ...], MODE in {list(MODES)}; "
+                 f"got {modes}")
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    for mode in modes:
+        set_fixes(mode)
+        try:
+            fit(strategy)
+        except Exception as e:  # the upstream bugs raise several types
+            print(f"{mode}: fit failed: {type(e).__name__}: {e}".replace("\n", " | "),
+                  flush=True)
+        else:
+            print(f"{mode}: fit ok", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,16 +1,17 @@
-"""Model parallelism: manual placement, pipeline, partitioner, hybrid.
+"""Model parallelism by manual device placement: the GPipe pipeline (and the
+data x pipeline hybrid), the stage partitioner and the schedule tables.
 
-`PipelineModel` loads lazily (it imports TensorFlow); the schedule helpers and
-`tfmulti.parallel.partition` are pure Python.
+`PipelineModel` loads lazily (it imports TensorFlow); the schedule helpers
+and `tfmulti.parallel.partition`'s numeric core are pure Python.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 _LAZY = {
     "PipelineModel": "tfmulti.parallel.pipeline",
-    "format_memory": "tfmulti.parallel.pipeline",
     "plan_partition": "tfmulti.parallel.partition",
     "gpipe": "tfmulti.parallel.schedule",
     "one_f_one_b": "tfmulti.parallel.schedule",
@@ -18,10 +19,20 @@ _LAZY = {
     "measured_bubble": "tfmulti.parallel.schedule",
     "max_in_flight": "tfmulti.parallel.schedule",
 }
-__all__ = list(_LAZY)
+__all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:
+    from tfmulti.parallel.partition import plan_partition
+    from tfmulti.parallel.pipeline import PipelineModel
+    from tfmulti.parallel.schedule import (bubble_fraction, gpipe, max_in_flight,
+                                           measured_bubble, one_f_one_b)
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'tfmulti.parallel' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

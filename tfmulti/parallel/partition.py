@@ -36,10 +36,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import re
 import statistics
 import time
 from collections.abc import Sequence
+
+from tfmulti import _checks
+from tfmulti._tables import format_table, human_bytes
+from tfmulti.footprint import variables_bytes
+
+__all__ = ["COST_METHODS", "PartitionPlan", "StagePlan", "balance_ratio", "layer_costs",
+           "partition_costs", "plan_partition", "validate_sizes"]
 
 COST_METHODS = ("params", "flops", "time")
 """Valid string values of `method` in `layer_costs` and `plan_partition`."""
@@ -58,15 +64,8 @@ _REL_TOL = 1e-9  # ties in the secondary criterion, for float costs
 
 
 def _check_num_stages(num_stages) -> int:
-    if isinstance(num_stages, bool) or not isinstance(num_stages, numbers.Integral):
-        raise ValueError(
-            f"num_stages must be an integer >= 1; received {num_stages!r} "
-            f"({type(num_stages).__name__}); pass e.g. num_stages=2.")
-    num_stages = int(num_stages)
-    if num_stages < 1:
-        raise ValueError(
-            f"num_stages ({num_stages}) must be >= 1; use 1 for a single stage (no pipeline).")
-    return num_stages
+    return _checks.positive_int("num_stages", num_stages,
+                                hint="pass e.g. num_stages=2 (1: a single stage, no pipeline)")
 
 
 def _check_costs(costs, what: str = "costs") -> list[float]:
@@ -224,7 +223,7 @@ def validate_sizes(sizes: Sequence[int], num_layers: int, num_stages: int) -> li
             f"got {len(sizes)} stage sizes {tuple(sizes)} for num_stages={num_stages}; "
             "give exactly one size per stage.")
     for i, size in enumerate(sizes):
-        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+        if not _checks.is_int(size):
             raise ValueError(
                 f"sizes[{i}] must be an integer number of layers; "
                 f"received {size!r} ({type(size).__name__}).")
@@ -261,7 +260,7 @@ def balance_ratio(stage_costs: Sequence[float]) -> float:
 
 
 def _per_example_shape(input_shape) -> tuple:
-    if isinstance(input_shape, numbers.Integral) and not isinstance(input_shape, bool):
+    if _checks.is_int(input_shape):
         input_shape = (int(input_shape),)
     try:
         shape = tuple(None if d is None else int(d) for d in input_shape)
@@ -432,9 +431,7 @@ def _layer_times(stack: list, input_shape: tuple, batch_size: int) -> list[float
     import keras
     import numpy as np
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
-            or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1; received {batch_size!r}.")
+    _checks.positive_int("batch_size", batch_size)
     rng = np.random.default_rng(0)
     shape = (int(batch_size), *input_shape)
     if isinstance(stack[0], keras.layers.Embedding):
@@ -515,32 +512,6 @@ def _costs(stack: list, method: str, shape: tuple | None, batch_size: int) -> li
 # ---------------------------------------------------------------------------
 
 
-def _dtype_bytes(dtype) -> int:
-    import numpy as np
-
-    name = getattr(dtype, "name", None) or str(dtype)
-    try:
-        return np.dtype(name).itemsize
-    except TypeError:
-        if name == "bool":
-            return 1
-        match = re.search(r"(\d+)", name)  # bfloat16, float8_e4m3fn, ...
-        if not match:
-            raise ValueError(f"cannot tell the size of dtype {name!r}.") from None
-        return max(1, int(match.group(1)) // 8)
-
-
-def _param_bytes(layers: list) -> int:
-    seen, total = set(), 0
-    for layer in layers:
-        for variable in layer.weights:
-            if id(variable) in seen:
-                continue
-            seen.add(id(variable))
-            total += math.prod(variable.shape) * _dtype_bytes(variable.dtype)
-    return total
-
-
 @dataclasses.dataclass(frozen=True)
 class StagePlan:
     """One pipeline stage: a contiguous run of layers.
@@ -612,31 +583,13 @@ class PartitionPlan:
             span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
             share = f"{100 * stage.cost / total:.1f}%" if total > 0 else "-"
             rows.append((str(i), span, str(len(names)), f"{stage.num_params:,}",
-                         _human_bytes(stage.param_bytes), _format_cost(stage.cost), share))
-        widths = [max(len(row[k]) for row in [header, *rows]) for k in range(len(header))]
-        left = {0, 1}
-
-        def line(row):
-            cells = [cell.ljust(w) if k in left else cell.rjust(w)
-                     for k, (cell, w) in enumerate(zip(row, widths))]
-            return "  ".join(cells).rstrip()
-
-        lines = [line(header), *(line(row) for row in rows)]
-        lines.append(f"balance (max/mean stage cost, 1.00 is perfect): {self.balance:.2f}")
-        return "\n".join(lines)
+                         human_bytes(stage.param_bytes), _format_cost(stage.cost), share))
+        return (format_table(header, rows, left=(0, 1))
+                + f"\nbalance (max/mean stage cost, 1.00 is perfect): {self.balance:.2f}")
 
     def __repr__(self) -> str:
         return (f"PartitionPlan(method={self.method!r}, sizes={self.sizes}, "
                 f"balance={self.balance:.2f})")
-
-
-def _human_bytes(num: int) -> str:
-    value = float(num)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _format_cost(cost: float) -> str:
@@ -703,7 +656,7 @@ def plan_partition(layers, num_stages: int, method="params", input_shape=None,
         stages.append(StagePlan(
             layer_names=tuple(layer.name for layer in group),
             num_params=sum(int(layer.count_params()) for layer in group),
-            param_bytes=_param_bytes(group),
+            param_bytes=variables_bytes(v for layer in group for v in layer.weights),
             cost=math.fsum(costs[start:start + size]),
         ))
         start += size

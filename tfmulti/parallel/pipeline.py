@@ -38,7 +38,7 @@ it removes.
 
 Example:
     >>> import keras, tfmulti
-    >>> tfmulti.configure_virtual_devices(2)
+    >>> _ = tfmulti.configure_virtual_devices(2)
     >>> from tfmulti.parallel import PipelineModel
     >>> layers = [keras.layers.Dense(64, activation="relu") for _ in range(4)]
     >>> layers.append(keras.layers.Dense(10))
@@ -49,14 +49,16 @@ Example:
 
 from __future__ import annotations
 
-import math
 
 import keras
 import tensorflow as tf
 from keras.src.trainers import data_adapters
 
+from tfmulti import _checks, footprint
 from tfmulti import devices as devices_lib
 from tfmulti.parallel import partition as partition_lib
+
+__all__ = ["PipelineModel", "check_remat"]
 
 # Layers whose training-time call updates state (moving statistics): remat,
 # which calls each stage twice per micro-batch, would update it twice.
@@ -65,6 +67,28 @@ _RANDOM_LAYERS = (keras.layers.Dropout, keras.layers.GaussianNoise,
                   keras.layers.GaussianDropout, keras.layers.SpatialDropout1D,
                   keras.layers.SpatialDropout2D, keras.layers.SpatialDropout3D,
                   keras.layers.AlphaDropout)
+
+
+def check_remat(layers) -> None:
+    """Refuses rematerialization for layers whose recomputation would differ:
+    random layers that draw (Dropout with a rate > 0, ...) would redraw their
+    masks, stateful ones (BatchNorm) would update their statistics twice.
+
+    Raises:
+        ValueError: naming the layers.
+    """
+    random_layers = [l.name for l in layers if isinstance(l, _RANDOM_LAYERS)
+                     and getattr(l, "rate", getattr(l, "stddev", 1)) != 0]
+    if random_layers:
+        raise ValueError(
+            f"`remat=True` recomputes activations, which would redraw the random "
+            f"masks of {random_layers}; remove them (or set their rate to 0, e.g. "
+            f"dropout=0) or use remat=False.")
+    stateful = [l.name for l in layers if isinstance(l, _STATEFUL_LAYERS)]
+    if stateful:
+        raise ValueError(
+            f"`remat=True` recomputes activations, which would update the moving "
+            f"statistics of {stateful} twice per micro-batch; use remat=False.")
 
 
 def _layers_of(model_or_layers) -> list:
@@ -161,12 +185,8 @@ class PipelineModel(keras.Model):
                  remat: bool = False, name: str = "pipeline", **kwargs):
         super().__init__(name=name, **kwargs)
         layers = _layers_of(layers)
-        if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
-            raise ValueError(f"`num_replicas` must be a positive integer, got {num_replicas!r}.")
-        if (isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int)
-                or num_microbatches < 1):
-            raise ValueError(
-                f"`num_microbatches` must be a positive integer, got {num_microbatches!r}.")
+        _checks.positive_int("num_replicas", num_replicas)
+        _checks.positive_int("num_microbatches", num_microbatches)
         if input_shape is None:
             try:
                 input_shape = tuple(layers[0].input.shape[1:])
@@ -179,16 +199,7 @@ class PipelineModel(keras.Model):
         num_stages = len(device_names) // num_replicas
         _check_stage_count(num_stages, len(layers), device_names)  # derived from `devices`
         if remat:
-            random_layers = [l.name for l in layers if isinstance(l, _RANDOM_LAYERS)]
-            if random_layers:
-                raise ValueError(
-                    f"`remat=True` recomputes activations, which would redraw the random "
-                    f"masks of {random_layers}; remove them or use remat=False.")
-            stateful = [l.name for l in layers if isinstance(l, _STATEFUL_LAYERS)]
-            if stateful:
-                raise ValueError(
-                    f"`remat=True` recomputes activations, which would update the moving "
-                    f"statistics of {stateful} twice per micro-batch; use remat=False.")
+            check_remat(layers)
         self.num_stages = num_stages
         self.num_replicas = num_replicas
         self.num_microbatches = num_microbatches
@@ -444,49 +455,40 @@ class PipelineModel(keras.Model):
             copy.set_weights(original.get_weights())
         return model
 
-    def memory_report(self, batch_size: int) -> list[dict]:
-        """Bytes per device: parameters, gradients, optimizer slots, and the
-        activations kept for the backward pass, of one micro-batch and at the
-        step's peak.
+    def memory_report(self, batch_size: int, optimizer: str | None = None) -> list[dict]:
+        """Bytes per device, by the memory model `tfmulti estimate-memory` uses
+        (`tfmulti.footprint.stack_footprint`): parameters, gradients,
+        optimizer slots, and the activations kept for the backward pass, per
+        micro-batch and at the step's peak (GPipe keeps all M micro-batches'
+        until the backward pass starts; with remat only the stage inputs,
+        plus one micro-batch's recomputed outputs).
 
         Args:
             batch_size: the global batch (split over replicas, then micro-batches).
-
-        Activations are estimated from each layer's output shape (float32):
-        all layer outputs of the stage without remat, only the stage input with
-        remat (the rest is recomputed in the backward pass; the last stage is
-        never recomputed, so it keeps its outputs). `activations_peak`: GPipe
-        keeps all M micro-batches' until the backward pass starts, plus, with
-        remat, one micro-batch's recomputed outputs.
+            optimizer: the optimizer's name ("adam", "sgd") when the model is
+                not compiled yet; a compiled model's built optimizer slots are
+                measured instead.
         """
         micro = max(batch_size // (self.num_replicas * self.num_microbatches), 1)
-        slots: dict[str, int] = {}
-        optimizer = getattr(self, "optimizer", None)
-        if optimizer is not None and optimizer.built:
-            for v in optimizer.variables:
-                device = devices_lib.canonical_device_name(v.value.device)
-                slots[device] = slots.get(device, 0) + _nbytes(v)
-        from tfmulti.memory import output_elements
-
+        opt = getattr(self, "optimizer", None)
+        measured = (footprint.slot_bytes_by_device(opt, devices_lib.canonical_device_name)
+                    if opt is not None and opt.built else None)
+        slots = footprint.OPTIMIZER_SLOTS.get(optimizer or "", 0)
         rows = []
         for r, stages in enumerate(self.replicas):
-            shape = tuple(self._input_shape_arg)
+            shape, received = tuple(self._input_shape_arg), None
             for s, stage in enumerate(stages):
                 device = devices_lib.canonical_device_name(self.stage_devices[r][s])
-                kept = math.prod(shape) * micro * 4
-                stage_outputs = sum(output_elements(stage.layers, shape)) * micro * 4
+                rows.append({"device": device, "replica": r, "stage": s,
+                             **footprint.stack_footprint(
+                                 stage.layers, shape, micro_batch=micro,
+                                 num_microbatches=self.num_microbatches,
+                                 optimizer_slots=slots,
+                                 slot_bytes=None if measured is None else measured.get(device, 0),
+                                 receives_input=s > 0, input_dtype=received,
+                                 remat=self.remat and s < self.num_stages - 1)})
                 shape = tuple(stage.compute_output_shape((None, *shape))[1:])
-                recomputed = self.remat and s < self.num_stages - 1
-                per_micro = kept if recomputed else kept + stage_outputs
-                rows.append({
-                    "device": device, "replica": r, "stage": s,
-                    "parameters": sum(_nbytes(v) for v in stage.weights),
-                    "gradients": sum(_nbytes(v) for v in stage.trainable_weights),
-                    "optimizer_slots": slots.get(device, 0),
-                    "activations_per_microbatch": per_micro,
-                    "activations_peak": (self.num_microbatches * per_micro
-                                         + (stage_outputs if recomputed else 0)),
-                })
+                received = stage.layers[-1].compute_dtype
         return rows
 
     def placement(self) -> list[dict]:
@@ -500,22 +502,6 @@ class PipelineModel(keras.Model):
                     "variable_devices": sorted({v.value.device for v in stage.weights}),
                 })
         return rows
-
-
-def _nbytes(variable) -> int:
-    return int(tf.size(variable.value)) * tf.as_dtype(variable.dtype).size
-
-
-def format_memory(rows: list[dict]) -> str:
-    """`memory_report` rows as an aligned table in MiB."""
-    keys = ("parameters", "gradients", "optimizer_slots", "activations_per_microbatch",
-            "activations_peak")
-    head = f"{'device':<16}{'replica':>8}{'stage':>6}" + "".join(f"{k:>28}" for k in keys)
-    lines = [head]
-    for row in rows:
-        lines.append(f"{row['device']:<16}{row['replica']:>8}{row['stage']:>6}" + "".join(
-            f"{row[k] / 2**20:>24.2f} MiB" for k in keys))
-    return "\n".join(lines)
 
 
 def _build_stack(layers, input_shape) -> None:

@@ -38,7 +38,11 @@ Example:
 
 from __future__ import annotations
 
-import numbers
+
+from tfmulti import _checks
+
+__all__ = ["bubble_fraction", "format_table", "gpipe", "max_in_flight", "measured_bubble",
+           "one_f_one_b", "plot"]
 
 FORWARD = "F"
 BACKWARD = "B"
@@ -48,10 +52,7 @@ IDLE_COLOR = "#EEEEEE"
 
 
 def _check_positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}; "
-                         f"pass e.g. {name}=4.")
-    return int(value)
+    return _checks.positive_int(name, value, hint=f"pass e.g. {name}=4")
 
 
 def _simulate(orders: list[list[tuple[str, int]]]) -> list[list[tuple[str, int] | None]]:

@@ -1,0 +1,425 @@
+"""The benchmark package (`tfmulti.bench`): its registry and harness, the core
+placement, the fixtures, and the workers at toy sizes. No benchmark figure is
+asserted (the figures go in BENCHMARKS.md, from `recipes/benchmark.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests._util import REPO, run_python
+from tfmulti import bench, data, models
+from tfmulti.bench import _harness, cpus, fixtures, scaling, worker
+from tfmulti.insight import timing
+from tfmulti.strategy import get_strategy
+
+BENCHMARK = str(REPO / "recipes" / "benchmark.py")
+two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                               reason="needs 2 cores: the step and the input get one each")
+
+
+# ---------------------------------------------------------------- registry and harness
+
+
+def test_suites_registry_lists_every_suite_module_in_order():
+    assert list(bench.SUITES) == ["scaling", "pipeline", "baseline", "overhead", "streaming"]
+    for name, module in bench.SUITES.items():
+        assert module.__name__ == f"tfmulti.bench.{name}"
+        for attribute in ("run", "check", "summarize", "plot"):
+            assert callable(getattr(module, attribute)), (name, attribute)
+        assert all(hasattr(module, n) for n in module.__all__), name
+        assert module.__doc__.startswith(f"{name}: "), name
+
+
+def test_every_worker_kind_resolves_to_a_function():
+    for kind, target in worker.WORKERS.items():
+        module, function = target.split(":")
+        assert callable(getattr(__import__(module, fromlist=[function]), function)), kind
+
+
+def test_worker_main_refuses_bad_arguments(capsys):
+    assert worker.main([]) == 2
+    assert worker.main(["bogus"]) == 2
+    assert "`kind` must be one of ['machine'" in capsys.readouterr().err
+    assert worker.main(["machine", "[1]"]) == 2
+    assert "CONFIG_JSON must be a JSON object" in capsys.readouterr().err
+    assert worker.main(["machine", "{not json"]) == 2
+
+
+def test_run_suite_refuses_an_unknown_suite_and_bad_repeats():
+    with pytest.raises(ValueError, match=r"`suite` must be one of \['scaling', 'pipeline'"):
+        bench.run_suite("bogus", 1)
+    with pytest.raises(ValueError, match=r"`repeats` must be a positive integer, got True"):
+        bench.run_suite("overhead", True)
+    with pytest.raises(TypeError):
+        bench.SUITES["overhead"].check(steps_per_execution=4)  # the suite has no options
+
+
+def test_summary_and_fmt():
+    s = _harness.summary([3.0, 1.0, 2.0])
+    assert s == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert _harness.fmt(s) == "2.00x (min 1.00, max 3.00, 3 repeats)"
+    assert _harness.fmt(s, "", 3) == "2.000 (min 1.000, max 3.000, 3 repeats)"
+
+
+def test_worker_command_runs_the_worker_module():
+    command = _harness.worker_command("pipeline", repeats=2)
+    assert command[:4] == [sys.executable, "-m", "tfmulti.bench.worker", "pipeline"]
+    assert json.loads(command[4]) == {"repeats": 2}
+
+
+def test_write_json_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    path = str(tmp_path / "sub" / "out.json")
+    _harness.write_json_atomic(path, {"a": 1})
+    _harness.write_json_atomic(path, {"a": 2})
+    assert json.loads(open(path).read()) == {"a": 2}
+    assert os.listdir(tmp_path / "sub") == ["out.json"]
+
+
+def _fake_suite(name: str, output: str, seen: list):
+    def run(repeats, **options):
+        # The file on disk already holds every suite finished before this one.
+        if os.path.exists(output):
+            with open(output) as f:
+                on_disk = json.load(f)
+            seen.append((name, sorted(on_disk["suites"]), on_disk["complete"]))
+        else:
+            seen.append((name, None, None))
+        return {"value": _harness.summary([float(repeats)] * repeats), "options": options}
+
+    def plot(record, ax):
+        ax.bar(["x"], [record["value"]["median"]])
+
+    return types.SimpleNamespace(
+        run=run, check=lambda **options: None, plot=plot,
+        summarize=lambda record: [f"{name}: value {_harness.fmt(record['value'])}"])
+
+
+def test_run_benchmark_writes_the_json_after_every_suite_then_complete(tmp_path, monkeypatch,
+                                                                      capsys):
+    output = str(tmp_path / "out" / "bench.json")
+    seen = []
+    monkeypatch.setattr(bench, "SUITES", {"first": _fake_suite("first", output, seen),
+                                          "second": _fake_suite("second", output, seen)})
+    machine = {"cpu_model": "Test CPU", "onednn": None, "cpu_count": 2, "tensorflow": "2.21",
+               "keras": "3", "platform": "test"}
+    monkeypatch.setattr(_harness, "run_worker", lambda kind, **kw: dict(machine))
+    results = bench.run_benchmark(["first", "second"], 2, output,
+                                  options={"second": {"size": 3}}, command="python bench")
+    assert seen == [("first", None, None), ("second", ["first"], False)]
+    with open(output) as f:
+        on_disk = json.load(f)
+    assert on_disk == json.loads(json.dumps(results))
+    assert on_disk["complete"] is True and on_disk["command"] == "python bench"
+    assert on_disk["machine"] == machine and on_disk["repeats"] == 2
+    assert list(on_disk["suites"]) == ["first", "second"]
+    assert on_disk["suites"]["second"]["options"] == {"size": 3}
+    assert set(on_disk["suite_seconds"]) == {"first", "second"} and on_disk["seconds"] >= 0
+    assert sorted(os.listdir(tmp_path / "out")) == ["bench.json", "bench.png"]
+    out = capsys.readouterr().out
+    assert "machine: Test CPU, 2 cores, oneDNN unknown" in out
+    assert "first: value 2.00x (min 2.00, max 2.00, 2 repeats)" in out
+    assert f"wrote {output} and {output[:-5]}.png" in out
+
+
+def test_run_benchmark_checks_every_suites_options_before_running_any(tmp_path, monkeypatch):
+    def no_worker(*args, **kwargs):
+        raise AssertionError("nothing may run before the options are checked")
+
+    monkeypatch.setattr(_harness, "run_worker", no_worker)
+    output = tmp_path / "bench.json"
+    with pytest.raises(ValueError, match=r"baseline suite's steps per execution \(100; "
+                                         r"--baseline_steps_per_execution.*must divide 625"):
+        bench.run_benchmark(["overhead", "baseline"], 1, str(output),
+                            options={"baseline": {"steps_per_execution": 100}})
+    with pytest.raises(ValueError, match=r"`options` must be one of"):
+        bench.run_benchmark(["overhead"], 1, str(output), options={"bogus": {}})
+    with pytest.raises(ValueError, match=r"`names` is empty"):
+        bench.run_benchmark([], 1, str(output))
+    assert not output.exists()
+
+
+def test_scaling_launches_train_py_with_the_distribution_flag():
+    command = scaling.launch_command(2, "/tmp/run")
+    assert command[:6] == [sys.executable, "-m", "tfmulti.cli", "launch", "--num_workers=2",
+                           "--pin_cpus"]
+    assert command[6:8] == ["--", sys.executable]
+    assert command[8] == scaling.TRAIN_RECIPE and os.path.isfile(scaling.TRAIN_RECIPE)
+    assert command[9:] == ["--distribution=multi_worker", "--model=cnn", "--dataset=synthetic",
+                           "--num_examples=12288", "--epochs=4", "--global_batch_size=1024",
+                           "--steps_per_execution=12", "--model_dir=/tmp/run"]
+    assert "--global_batch_size=256" in scaling.launch_command(1, "/tmp/run",
+                                                               per_worker_batch=256)
+
+
+def test_scaling_checks_its_options():
+    scaling.check()  # the defaults: 24 and 12 steps per epoch, 12 per call
+    with pytest.raises(ValueError, match=r"must divide the steps per epoch of 1 and of 2 "
+                                         r"workers \(24 and 12\); use a common divisor such "
+                                         r"as 12"):
+        scaling.check(steps_per_execution=8)
+    with pytest.raises(ValueError, match=r"`epochs` must be an integer >= 2"):
+        scaling.check(epochs=1)
+    with pytest.raises(ValueError, match=r"`per_worker_batch` must be a positive integer"):
+        scaling.check(per_worker_batch=0)
+
+
+# ---------------------------------------------------------------- core placement
+
+
+class _Sleeper:
+    """A thread that waits until told to stop; `tid` is its Linux thread id."""
+
+    def __init__(self):
+        self._ready, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _run(self):
+        self.tid = threading.get_native_id()
+        self._ready.set()
+        self._stop.wait(30)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(10)
+
+
+@two_cores
+def test_device_core_pins_later_threads_to_the_input_core_and_restores():
+    every = os.sched_getaffinity(0)
+    device = cpus.DeviceCore()  # this thread (and pytest's) are the step's
+    assert device.step_core != device.input_core
+    before = _Sleeper()  # started after DeviceCore: an input thread
+    try:
+        with device:
+            assert os.sched_getaffinity(0) == device.step_core
+            assert os.sched_getaffinity(before.tid) == device.input_core
+            during = _Sleeper()  # started inside: inherits the step's core ...
+            try:
+                for _ in range(100):  # ... until the keeper moves it (every 20 ms)
+                    if os.sched_getaffinity(during.tid) == device.input_core:
+                        break
+                    time.sleep(0.02)
+                assert os.sched_getaffinity(during.tid) == device.input_core
+            finally:
+                during.stop()
+        assert os.sched_getaffinity(0) == every
+        assert os.sched_getaffinity(before.tid) == every
+    finally:
+        before.stop()
+        os.sched_setaffinity(0, every)
+
+
+def test_device_core_refuses_a_single_core(monkeypatch):
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: {3})
+    with pytest.raises(ValueError, match=r"needs 2 cores.*may use 1"):
+        cpus.DeviceCore()
+
+
+@two_cores
+def test_one_core_confines_every_thread_then_frees_them():
+    every = os.sched_getaffinity(0)
+    other = _Sleeper()
+    try:
+        with cpus.one_core():
+            assert os.sched_getaffinity(0) == {min(every)}
+            assert os.sched_getaffinity(other.tid) == {min(every)}
+        assert os.sched_getaffinity(0) == every
+        assert os.sched_getaffinity(other.tid) == every
+    finally:
+        other.stop()
+        os.sched_setaffinity(0, every)
+
+
+@pytest.mark.slow
+@two_cores
+def test_hardware_ceiling_compares_2_spinning_processes_with_1():
+    ceiling = cpus.hardware_ceiling(0.2)
+    assert 0 < ceiling < 2.5
+    with pytest.raises(ValueError, match=r"`seconds` must be a finite number > 0, got 0"):
+        cpus.hardware_ceiling(0)
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+def test_custom_loop_and_fit_reach_the_same_weights():
+    """The overhead benchmark's reference loop does exactly fit's work: same
+    data order, loss scaling and all-reduce give the same SGD weights."""
+    strategy = get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    batch, k, calls = 64, 4, 3
+    dist = data.distribute(data.load("synthetic", num_examples=1024), strategy, batch, seed=0)
+    fitted = models.build_model("mlp", strategy=strategy, dropout=0.0, seed=0)
+    looped = models.build_model("mlp", strategy=strategy, dropout=0.0, seed=0)
+    looped.set_weights(fitted.get_weights())
+    models.compile_model(fitted, task="classification", strategy=strategy, optimizer="sgd",
+                         learning_rate=0.1, steps_per_execution=k)
+    fitted.fit(dist.dataset, steps_per_epoch=k * calls, epochs=1, verbose=0, shuffle=False)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+    loop = fixtures.CustomLoop(looped, strategy, optimizer, batch, k)
+    assert "steps_per_execution=4" in repr(loop)
+    loss = loop.train(iter(dist.dataset), calls)
+    assert np.isfinite(loss)
+    initial = models.build_model("mlp", dropout=0.0, seed=0).get_weights()
+    for a, b, w0 in zip(fitted.get_weights(), looped.get_weights(), initial):
+        assert np.abs(a - w0).max() > 1e-4  # both trained
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_custom_loop_refuses_a_bad_steps_per_execution():
+    strategy = get_strategy("one_device")
+    model = models.build_model("mlp", strategy=strategy)
+    with pytest.raises(ValueError, match=r"`steps_per_execution` must be a positive integer, "
+                                         r"got 0"):
+        fixtures.CustomLoop(model, strategy, keras.optimizers.SGD(0.1), 64, 0)
+
+
+def test_costly_batch_map_keeps_shape_dtype_and_is_deterministic():
+    x = tf.random.stateless_uniform((8, 28, 28, 1), seed=(1, 2))
+    y = tf.range(8)
+    fn = fixtures.costly_batch_map(3)
+    out, labels = fn(x, y)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert labels is y
+    np.testing.assert_array_equal(out.numpy(), fn(x, y)[0].numpy())
+    assert not np.allclose(out.numpy(), x.numpy())
+    identity, _ = fixtures.costly_batch_map(0)(x, y)
+    assert identity is x
+    with pytest.raises(ValueError, match=r"`rounds` must be an integer >= 0, got -1"):
+        fixtures.costly_batch_map(-1)
+    with pytest.raises(ValueError, match=r"`rounds` must be an integer >= 0, got True"):
+        fixtures.costly_batch_map(True)
+
+
+def _tiny_run(steps_per_execution: int = 2):
+    strategy = get_strategy("one_device")
+    dist = data.distribute(data.load("synthetic", num_examples=256), strategy, 32, seed=0)
+    model = models.build_model("mlp", strategy=strategy, seed=0)
+    models.compile_model(model, task="classification", strategy=strategy,
+                         steps_per_execution=steps_per_execution)
+    return strategy, dist, model
+
+
+@pytest.mark.slow  # trains for seconds
+def test_interleaved_clock_runs_the_work_after_every_epoch_untimed():
+    _, dist, model = _tiny_run()
+    calls = []
+
+    def work():
+        calls.append(time.perf_counter())
+        time.sleep(0.3)  # would dominate the 4-step epochs if it were timed
+
+    seconds = timing.time_fit(model, dist, 4, epochs=3, clock=fixtures.InterleavedClock(work))
+    assert len(calls) == 3 and len(seconds) == 2
+    assert all(0 < s < 0.3 / 4 for s in seconds)
+    with pytest.raises(ValueError, match="`work` must be callable"):
+        fixtures.InterleavedClock(None)
+
+
+def test_epoch_step_timer_and_time_to_accuracy_stop_at_the_target():
+    _, dist, model = _tiny_run()
+    accuracies = iter([0.5, 0.9, 0.95])
+    race = fixtures.TimeToAccuracy(0.87)
+    with pytest.raises(RuntimeError, match="needs start"):
+        race.callback(lambda logs: 1.0)
+    race.start()
+    timer = fixtures.EpochStepTimer(4)
+    model.fit(dist.dataset, steps_per_epoch=4, epochs=5, verbose=0, shuffle=False,
+              callbacks=[timer, race.callback(lambda logs: next(accuracies))])
+    assert len(timer.seconds_per_step) == 2 and min(timer.seconds_per_step) > 0
+    result = race.result(examples_per_epoch=128)
+    assert result["accuracy_per_epoch"] == [0.5, 0.9]  # stopped at the first crossing
+    assert result["epochs_to_accuracy"] == 2
+    assert result["time_to_accuracy"] == result["wall_seconds_per_epoch"][1] > 0
+    assert len(result["train_seconds_per_epoch"]) == 2
+    assert result["examples_per_second"] == pytest.approx(
+        128 / result["train_seconds_per_epoch"][1])
+
+
+def test_time_to_accuracy_counts_training_up_to_fits_own_validation():
+    # The seed side evaluates through fit's validation_data: training time
+    # ends where the validation begins, once per epoch.
+    _, dist, model = _tiny_run()
+    test = data.distribute(data.load("synthetic", "test", num_examples=64),
+                           get_strategy("one_device"), 32, training=False)
+    race = fixtures.TimeToAccuracy(0.0)
+    race.start()
+    model.fit(dist.dataset, steps_per_epoch=4, epochs=3, verbose=0, shuffle=False,
+              validation_data=test.dataset, validation_steps=test.steps_per_epoch,
+              callbacks=[race.callback(lambda logs: logs["val_accuracy"])])
+    result = race.result(examples_per_epoch=128)
+    assert result["epochs_to_accuracy"] == 1 and len(result["train_seconds_per_epoch"]) == 1
+    assert 0 < result["train_seconds_per_epoch"][0] < result["time_to_accuracy"]
+    assert result["examples_per_second"] is None  # no epoch 2 trained
+
+
+# ---------------------------------------------------------------- workers and the recipe
+
+
+@pytest.mark.slow
+def test_importing_the_package_starts_no_tensorflow():
+    # The benchmark's parent process and a worker before its set-up stay free of
+    # TensorFlow: virtual devices and thread counts must come first.
+    result = run_python(["-c", "import sys, tfmulti.bench, tfmulti.bench.worker; "
+                               "print(sorted(m for m in ('tensorflow', 'keras') "
+                               "if m in sys.modules))"], timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_machine_worker_records_the_machine():
+    # BENCHMARKS.md compares runs across machines: each run's JSON says which.
+    result = run_python(["-m", "tfmulti.bench.worker", "machine"], timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    machine = json.loads(result.stdout.strip().splitlines()[-1])
+    assert machine["cpu_count"] == os.cpu_count()
+    assert machine["onednn"] in (True, False)
+    assert machine["cpu_model"] and machine["tensorflow"].startswith("2.21")
+
+
+@pytest.mark.slow
+def test_pipeline_worker_times_each_configuration():
+    # The pipeline suite's worker at a toy shape: every configuration timed
+    # once per repeat, and the matmul rate measured at every row count.
+    config = {"microbatches": {"naive": 1, "M=2": 2}, "inter_op": 0, "repeats": 2,
+              "width": 64, "batch": 64, "steps": 1, "matmul_rows": True}
+    out = _harness.run_worker("pipeline", timeout=300, **config)
+    assert set(out["step_seconds"]) == {"naive", "M=2"}
+    assert all(len(t) == 2 and min(t) > 0 for t in out["step_seconds"].values())
+    assert list(out["matmul_gflops_by_rows"]) == ["64", "128", "256", "384", "512", "1024"]
+    assert min(out["matmul_gflops_by_rows"].values()) > 0
+
+
+@pytest.mark.slow
+def test_run_worker_reports_a_failed_worker():
+    with pytest.raises(RuntimeError, match=r"benchmark worker pipeline \{'bogus': 1\} failed"):
+        _harness.run_worker("pipeline", timeout=120, bogus=1)
+
+
+@pytest.mark.slow
+def test_benchmark_recipe_refuses_bad_options_before_running_anything(tmp_path):
+    output = tmp_path / "bench.json"
+    result = run_python([BENCHMARK, "--suite=baseline", "--baseline_steps_per_execution=100",
+                         f"--output={output}"], timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    error_lines = [line for line in result.stderr.splitlines()
+                   if line.startswith("benchmark.py: error:")]
+    assert len(error_lines) == 1, result.stderr
+    assert "--baseline_steps_per_execution of recipes/benchmark.py) must divide 625" \
+        in error_lines[0]
+    assert "machine:" not in result.stdout and not output.exists()
+    result = run_python([BENCHMARK, "--suite=bogus"], timeout=60)
+    assert result.returncode == 2 and "flag --suite=bogus" in result.stderr

@@ -1,0 +1,85 @@
+"""Tests of tfmulti.cluster.notebook_launcher (and its worker,
+tfmulti.cluster._notebook_worker): the chief's value comes back, a worker's
+traceback is raised, and what cannot reach fresh worker processes is refused
+before anything starts."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+
+import pytest
+
+from tests._util import run_python
+from tfmulti.cluster.notebook_launcher import notebook_launcher
+
+
+@pytest.mark.cluster
+def test_notebook_launcher_returns_the_chiefs_value(capsys):
+    offset = 40
+
+    def train(scale):
+        import json
+        import os
+
+        rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        print(f"hello from rank {rank}")
+        return {"rank": rank, "value": offset + scale * rank}
+
+    assert notebook_launcher(train, args=(2,), num_workers=2) == {"rank": 0, "value": 40}
+    out = capsys.readouterr().out
+    assert "[worker 0] hello from rank 0" in out and "[worker 1] hello from rank 1" in out
+
+
+@pytest.mark.cluster
+def test_notebook_launcher_raises_with_the_workers_traceback():
+    def train():
+        import json
+        import os
+
+        if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+            raise ValueError("boom in rank 1")
+        return "chief"
+
+    with pytest.raises(RuntimeError, match=r"(?s)worker 1 failed:.*ValueError: boom in rank 1"):
+        notebook_launcher(train, num_workers=2, isolate=False)
+
+
+def test_notebook_launcher_rejects_what_workers_cannot_receive():
+    # Refused before any process starts (the fast tier would fail otherwise).
+    import tensorflow as tf
+
+    with pytest.raises(ValueError, match=r"cannot pickle `function` or `args` .*lock.*create "
+                                         r"TensorFlow objects, locks"):
+        notebook_launcher(lambda lock: None, args=(threading.Lock(),))
+
+    weights = tf.Variable(1.0)
+    with pytest.raises(ValueError, match=r"captured variable `weights` is a TensorFlow/Keras "
+                                         r"object .*create models, tensors"):
+        notebook_launcher(lambda: weights.numpy())
+    with pytest.raises(ValueError, match=r"args\[0\] is a TensorFlow/Keras object"):
+        notebook_launcher(lambda t: None, args=(tf.constant(1.0),))
+
+
+@pytest.mark.slow
+def test_notebook_worker_puts_the_kernels_path_first(tmp_path):
+    # A kernel that put a local checkout first (sys.path.insert(0, ...)) must
+    # have its workers import the same copy, not the installed one.
+    import cloudpickle
+
+    local = tmp_path / "checkout"
+    (local / "absl").mkdir(parents=True)
+    (local / "absl" / "__init__.py").write_text("LOCAL = True\n")
+    payload = tmp_path / "payload"
+    with open(payload, "wb") as f:
+        pickle.dump([str(local)], f)
+        f.write(cloudpickle.dumps((lambda: getattr(__import__("absl"), "LOCAL", False), ())))
+    results = tmp_path / "results"
+    results.mkdir()
+    env = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["localhost:1"]},
+                                    "task": {"type": "worker", "index": 0}})}
+    done = run_python(["-m", "tfmulti.cluster._notebook_worker", str(payload), str(results)],
+                      timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert pickle.loads((results / "result-0.pkl").read_bytes()) is True

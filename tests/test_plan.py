@@ -1,0 +1,80 @@
+"""Tests of tfmulti.cluster.plan: what a launch starts, computed by pure
+functions (ports, cores, worker environments, the supervisor's command line,
+argument validation). No processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tfmulti.cluster import plan as plan_lib
+from tfmulti.cluster import tf_config
+
+
+def test_port_range_and_its_errors():
+    assert plan_lib.port_range(20000, 3) == [20000, 20001, 20002]
+    assert plan_lib.port_range(65534, 2) == [65534, 65535]
+    for bad in (0, 65535, "20000"):
+        with pytest.raises(ValueError, match=r"`port` \(.*\) must be an integer from 1 to 65534"):
+            plan_lib.port_range(bad, 2)
+
+
+def test_worker_env_sets_tf_config_and_launcher_settings():
+    env = plan_lib.worker_env({"PATH": "/bin", "TF_CONFIG": "stale"}, [3000, 3001], 0,
+                              startup_timeout=30)
+    assert env["PATH"] == "/bin"
+    assert json.loads(env["TF_CONFIG"]) == tf_config.build_tf_config(
+        ["localhost:3000", "localhost:3001"], 0)
+    assert env["TFMULTI_STARTUP_TIMEOUT"] == "30"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert "TF_NUM_INTRAOP_THREADS" not in env
+
+    pinned = plan_lib.worker_env({}, [3000, 3001], 1, startup_timeout=2.5, cpus=(2, 3, 4))
+    assert json.loads(pinned["TF_CONFIG"])["task"]["index"] == 1
+    assert pinned["TFMULTI_STARTUP_TIMEOUT"] == "2.5"
+    for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
+        assert pinned[name] == "3"
+
+
+def test_split_cpus_into_contiguous_chunks():
+    assert plan_lib.split_cpus([3, 0, 1, 2], 2) == ((0, 1), (2, 3))
+    assert plan_lib.split_cpus(range(5), 2) == ((0, 1, 2), (3, 4))
+    assert plan_lib.split_cpus([4, 7], 2) == ((4,), (7,))
+    with pytest.raises(ValueError, match=r"`pin_cpus` needs one core per worker, but 3 "
+                                         r"workers .* only 2 cores .* --num_workers 2"):
+        plan_lib.split_cpus([0, 1], 3)
+
+
+def test_make_plan_validates_and_round_trips_through_json():
+    plan = plan_lib.make_plan(["python", "t.py"], 2, pin_cpus=True, port=20000,
+                              available_cpus={0, 1, 2, 3})
+    assert plan.cpu_sets == ((0, 1), (2, 3))
+    assert plan_lib.LaunchPlan.from_json(plan.to_json()) == plan
+    with pytest.raises(ValueError, match="no command to launch"):
+        plan_lib.make_plan([], 2)
+    with pytest.raises(ValueError, match="must be a list of arguments"):
+        plan_lib.make_plan("python t.py", 2)
+    with pytest.raises(ValueError, match=r"`num_workers` must be a positive integer, got 0; e.g. 2"):
+        plan_lib.make_plan(["true"], 0)
+    with pytest.raises(ValueError, match=r"`startup_timeout` must be a finite number > 0, got 0; seconds"):
+        plan_lib.make_plan(["true"], 2, startup_timeout=0)
+
+
+def test_launcher_max_restarts_must_be_non_negative():
+    # From tests/test_backup.py.
+    with pytest.raises(ValueError, match=r"`max_restarts` must be an integer >= 0, got -1; e.g. 3 \(0: never restart\)"):
+        plan_lib.make_plan(["python"], max_restarts=-1)
+
+
+def test_commands_for_isolated_and_non_isolated_runs():
+    plan = plan_lib.make_plan(["python", "train.py"], 2)
+    supervise = ["/py", "-m", "tfmulti.cluster.supervisor", plan.to_json()]
+    assert plan_lib.supervisor_command(plan, "/py") == supervise
+    assert plan_lib.supervisor_command(plan, "/py", "root") == ["unshare", "--net", "--",
+                                                                *supervise]
+    assert plan_lib.supervisor_command(plan, "/py", "userns") == [
+        "unshare", "--net", "--map-root-user", "--", *supervise]
+    assert plan_lib.LaunchPlan.from_json(supervise[-1]).command == ("python", "train.py")
+    with pytest.raises(ValueError, match=r"isolation `mode` \('pid'\) must be one of"):
+        plan_lib.isolation_prefix("pid")

@@ -1,0 +1,112 @@
+"""What the suites share: worker processes, summaries, the machine record,
+atomic JSON, the figure. Standard library only at import (no TensorFlow).
+
+Every measurement runs in a fresh process (`run_worker`), because virtual
+devices and thread counts must be set before TensorFlow starts; a worker
+(`python -m tfmulti.bench.worker KIND CONFIG_JSON`) prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+__all__ = ["fmt", "machine_worker", "plot_results", "report", "run_worker", "summary",
+           "write_json_atomic"]
+
+WORKER_MODULE = "tfmulti.bench.worker"
+# The directory holding the `tfmulti` package this process runs, so that a
+# worker imports the same one wherever the benchmark was started from.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def summary(values: list[float]) -> dict:
+    """The median, min, max and count of one figure's repeats."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def fmt(s: dict, unit: str = "x", digits: int = 2) -> str:
+    """A `summary` as text: '1.93x (min 1.90x, max 1.97x, 5 repeats)'."""
+    return (f"{s['median']:.{digits}f}{unit} (min {s['min']:.{digits}f}, max "
+            f"{s['max']:.{digits}f}, {s['n']} repeats)")
+
+
+def report(suite: str, start: float, lines: list[str]) -> None:
+    """Prints one line per repeat, then the suite's wall time since `start`."""
+    for i, line in enumerate(lines):
+        print(f"{suite} repeat {i + 1}/{len(lines)}: {line}", flush=True)
+    print(f"{suite}: {time.monotonic() - start:.0f} s", flush=True)
+
+
+def worker_command(kind: str, **config) -> list[str]:
+    """The command line of one worker process."""
+    return [sys.executable, "-m", WORKER_MODULE, kind, json.dumps(config)]
+
+
+def _worker_env() -> dict:
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ,
+            "PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + path if path else "")}
+
+
+def run_worker(kind: str, timeout: float = 900, **config) -> dict:
+    """Runs worker `kind` with `config` (its keyword arguments) in a fresh
+    process; returns the JSON object it printed last.
+
+    Raises:
+        RuntimeError: the worker failed or printed no result (its stderr's
+            tail in the message).
+        subprocess.TimeoutExpired: it ran longer than `timeout` seconds.
+    """
+    result = subprocess.run(worker_command(kind, **config), capture_output=True, text=True,
+                            timeout=timeout, env=_worker_env())
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(f"benchmark worker {kind} {config} failed ({result.returncode}):\n"
+                           f"{result.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def machine_worker() -> dict:
+    """What the figures depend on beyond the core count: the CPU, whether
+    TensorFlow runs its oneDNN kernels (several times faster convolutions;
+    on by default only on CPUs with AVX-512 neural-network features), the
+    versions."""
+    from tfmulti.insight import environment
+
+    env = environment.env_report()
+    return {key: env[key] for key in ("cpu_model", "onednn", "cpu_count", "tensorflow",
+                                      "keras", "platform")}
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+    """Writes `payload` to `path` through a temporary file and a rename: a
+    reader (or a later crash) sees the old file or the new one, never a torn
+    one."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2)
+    os.replace(tmp, path)
+
+
+def plot_results(results: dict, path: str, draw: dict) -> None:
+    """One panel per suite of `results["suites"]`, side by side, saved to
+    `path`; `draw` maps a suite name to its `plot(result, ax)`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    suites = list(results["suites"])
+    fig, axes = plt.subplots(1, len(suites), figsize=(5 * len(suites), 4), squeeze=False)
+    for ax, name in zip(axes[0], suites):
+        draw[name](results["suites"][name], ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

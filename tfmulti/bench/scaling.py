@@ -1,0 +1,277 @@
+"""scaling: multi-worker scaling of the CNN, 2 pinned workers vs 1.
+
+`recipes/train.py --distribution=multi_worker` (the CNN on synthetic data)
+under `tfmulti launch --pin_cpus`: 2 workers pinned to one core each vs 1
+worker pinned to one core, at the same per-worker batch (so 2 workers
+process twice the global batch per step), the same steps per
+`tf.function` call for both (--scaling_steps_per_execution). Each launch
+gets exactly as many cores as it has workers.
+
+A launch costs several seconds before its first step, so each launch trains
+several epochs (--epochs): a round launches both configurations back to back
+(interleaved, so drift on a shared machine hits both alike), and each epoch
+after the first is a repeat (examples/s of that epoch, paired with the other
+launch's same epoch); there are as many rounds as the repeats need. Each
+round also runs the same training as 2 independent 1-worker runs at once,
+one per core (independent_pair_scaling: what the cores give without any
+synchronization), and 2 matmul processes (`hardware_ceiling`).
+
+Figures: multi_worker_scaling = 2-worker / 1-worker examples/s (goal >=
+1.8x, 90% efficiency); synchronization_efficiency = multi_worker_scaling /
+independent_pair_scaling; efficiency_vs_ceiling = multi_worker_scaling /
+hardware_ceiling. Also MirroredStrategy over 1, 2 and 4 virtual CPUs in one
+process ("virtual_devices", `tfmulti.bench.devices`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from tfmulti import _checks
+from tfmulti.bench import _harness, cpus, devices
+from tfmulti.config import TrainConfig
+
+__all__ = ["TRAIN_RECIPE", "check", "launch_command", "plot", "run", "summarize",
+           "train_config"]
+
+TRAIN_RECIPE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "recipes", "train.py")
+"""The training recipe the launches run (of the checkout holding this package)."""
+# The TrainConfig fields a launch sets, in the order of its command line.
+_LAUNCH_FIELDS = ("distribution", "model", "dataset", "num_examples", "epochs",
+                  "global_batch_size", "steps_per_execution", "model_dir")
+_LAUNCH_TIMEOUT = 900
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launches:
+    per_worker_batch: int
+    num_examples: int
+    steps_per_execution: int
+    epochs: int
+
+
+def train_config(num_workers: int, model_dir: str, *, per_worker_batch: int = 512,
+                 num_examples: int = 12288, steps_per_execution: int = 12,
+                 epochs: int = 4) -> TrainConfig:
+    """The training run of each worker of a launch of `num_workers` workers."""
+    config = TrainConfig(distribution="multi_worker", model="cnn", dataset="synthetic",
+                         num_examples=num_examples, epochs=epochs,
+                         global_batch_size=per_worker_batch * num_workers,
+                         steps_per_execution=steps_per_execution, model_dir=model_dir)
+    config.validate()
+    return config
+
+
+def launch_command(num_workers: int, model_dir: str, **options) -> list[str]:
+    """`tfmulti launch --pin_cpus` of `recipes/train.py` with `train_config`'s flags."""
+    config = train_config(num_workers, model_dir, **options)
+    return [sys.executable, "-m", "tfmulti.cli", "launch", f"--num_workers={num_workers}",
+            "--pin_cpus", "--", sys.executable, TRAIN_RECIPE,
+            *(f"--{name}={getattr(config, name)}" for name in _LAUNCH_FIELDS)]
+
+
+def _epoch_throughputs(model_dir: str) -> list[float]:
+    """examples/s of each epoch after the first, from the run's metrics.json."""
+    with open(os.path.join(model_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    examples = metrics["steps_per_epoch"] * metrics["global_batch_size"]
+    return [examples / seconds for seconds in metrics["epoch_seconds"][1:]]
+
+
+def _check(process, output: str) -> None:
+    if process.returncode != 0:
+        raise RuntimeError(f"benchmark run failed ({process.returncode}): "
+                           f"{' '.join(process.args)}\n{output[-6000:]}")
+
+
+def _train_under_launcher(num_workers: int, model_dir: str, launches: _Launches) -> list[float]:
+    """examples/s of each epoch after the first of recipes/train.py under
+    `tfmulti launch --pin_cpus`."""
+    command = launch_command(num_workers, model_dir, **dataclasses.asdict(launches))
+    # Give the whole launch `num_workers` cores, so that `--pin_cpus` hands each
+    # worker exactly one: 1 worker on 1 core vs 2 workers on 1 core each.
+    cores = sorted(os.sched_getaffinity(0))[:num_workers]
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=_LAUNCH_TIMEOUT,
+                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    _check(result, result.stdout)
+    return _epoch_throughputs(model_dir)
+
+
+def _train_independent_pair(model_dir: str, launches: _Launches) -> list[list[float]]:
+    """examples/s per epoch of 2 independent 1-worker runs at once, one per
+    core (no communication), one list per core; summed epoch by epoch, the
+    most a synchronous 2-worker run of the same work can reach on these 2
+    cores (and twice the slower core, if one core stays slower)."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    runs = []
+    try:
+        for core in cores:
+            folder = os.path.join(model_dir, f"core-{core}")
+            runs.append((folder, subprocess.Popen(
+                launch_command(1, folder, **dataclasses.asdict(launches)),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                preexec_fn=lambda core=core: os.sched_setaffinity(0, [core]))))
+        outputs = [process.communicate(timeout=_LAUNCH_TIMEOUT)[0] for _, process in runs]
+    finally:
+        for _, process in runs:  # none left behind after a timeout or a failed start
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for (_, process), output in zip(runs, outputs):
+        _check(process, output)
+    return [_epoch_throughputs(folder) for folder, _ in runs]
+
+
+def _checked(per_worker_batch, num_examples, steps_per_execution, epochs) -> _Launches:
+    launches = _Launches(
+        per_worker_batch=_checks.positive_int("per_worker_batch", per_worker_batch),
+        num_examples=_checks.positive_int("num_examples", num_examples),
+        steps_per_execution=_checks.positive_int("steps_per_execution", steps_per_execution),
+        epochs=_checks.integer("epochs", epochs, minimum=2,
+                               hint="the first epoch of a launch is a warm-up"))
+    spe = launches.steps_per_execution
+    steps = [launches.num_examples // (launches.per_worker_batch * n) for n in (1, 2)]
+    if not all(steps):
+        raise ValueError(f"`num_examples` ({launches.num_examples}) must hold at least one "
+                         f"step of 2 workers ({2 * launches.per_worker_batch} examples).")
+    if any(s % spe for s in steps):
+        raise ValueError(f"the scaling suite's steps per execution ({spe}; "
+                         f"--scaling_steps_per_execution of recipes/benchmark.py) must divide "
+                         f"the steps per epoch of 1 and of 2 workers ({steps[0]} and "
+                         f"{steps[1]}); use a common divisor such as {math.gcd(*steps)}.")
+    return launches
+
+
+def check(*, per_worker_batch: int = 512, num_examples: int = 12288,
+          steps_per_execution: int = 12, epochs: int = 4) -> None:
+    """Checks the options of `run` (before anything runs).
+
+    Raises:
+        ValueError: a bad option, or a steps per execution that does not
+            divide the steps per epoch of 1 and of 2 workers.
+    """
+    _checked(per_worker_batch, num_examples, steps_per_execution, epochs)
+
+
+def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
+        steps_per_execution: int = 12, epochs: int = 4) -> dict:
+    """Runs the suite; returns its JSON record.
+
+    Args:
+        repeats: paired epochs of the 1- and 2-worker launches.
+        per_worker_batch: batch per worker (at 256, each step's fixed costs,
+            the all-reduce round trip among them, weigh twice as much).
+        num_examples: synthetic examples per epoch.
+        steps_per_execution: steps per call of every launch; must divide the
+            steps per epoch of 1 and of 2 workers.
+        epochs: epochs per launch (the first is a warm-up).
+
+    Raises:
+        ValueError: fewer than 2 cores, or inconsistent options.
+        FileNotFoundError: `TRAIN_RECIPE` is missing (not a checkout).
+    """
+    _checks.positive_int("repeats", repeats)
+    launches = _checked(per_worker_batch, num_examples, steps_per_execution, epochs)
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        raise ValueError(f"the scaling suite needs at least 2 cores for 2 pinned workers, "
+                         f"this process may use {cores}.")
+    if not os.path.isfile(TRAIN_RECIPE):
+        raise FileNotFoundError(f"the scaling suite launches {TRAIN_RECIPE}, which does not "
+                                f"exist; run it from a tfmulti checkout.")
+    # Repeat i of a round pairs epoch i of its two launches (rounds interleave
+    # the two over time).
+    timed = epochs - 1
+    rounds = -(-repeats // timed)
+    one, two, pair, ratios, pair_ratios, ceilings, efficiencies = [], [], [], [], [], [], []
+    per_core = [[], []]
+    with tempfile.TemporaryDirectory(prefix="tfmulti-bench-") as tmp:
+        for round_ in range(rounds):
+            start = time.monotonic()
+            a = _train_under_launcher(1, os.path.join(tmp, f"one-{round_}"), launches)
+            b = _train_under_launcher(2, os.path.join(tmp, f"two-{round_}"), launches)
+            cores_rates = _train_independent_pair(os.path.join(tmp, f"pair-{round_}"),
+                                                  launches)
+            c = [sum(rates) for rates in zip(*cores_rates)]
+            for rates, core in zip(cores_rates, per_core):
+                core += rates
+            ceiling = cpus.hardware_ceiling(2.0)
+            one += a
+            two += b
+            pair += c
+            ratios += [y / x for x, y in zip(a, b)]
+            pair_ratios += [z / x for x, z in zip(a, c)]
+            ceilings.append(ceiling)
+            efficiencies += [y / x / ceiling for x, y in zip(a, b)]
+            print(f"scaling round {round_ + 1}/{rounds}: 2 vs 1 pinned workers "
+                  f"{', '.join(f'{y / x:.2f}x' for x, y in zip(a, b))}; 2 independent "
+                  f"1-worker runs {', '.join(f'{z / x:.2f}x' for x, z in zip(a, c))} (per "
+                  f"core {' + '.join(f'{statistics.median(r):,.0f}' for r in cores_rates)} "
+                  f"ex/s); "
+                  f"hardware ceiling {ceiling:.2f}x ({time.monotonic() - start:.0f} s)",
+                  flush=True)
+    summary = _harness.summary
+    return {
+        "description": "2 workers on 1 core each vs 1 worker on 1 core (tfmulti launch "
+                       "--pin_cpus), CNN, same per-worker batch; per round one launch of each, "
+                       f"{timed} timed epochs after a warm-up one, paired epoch by epoch",
+        "per_worker_batch": per_worker_batch,
+        "steps_per_execution": steps_per_execution,
+        "examples_per_epoch": num_examples,
+        "epochs_per_launch": epochs,
+        "rounds": rounds,
+        "examples_per_second_1_worker": one,
+        "examples_per_second_2_workers": two,
+        "multi_worker_scaling": summary(ratios),
+        "examples_per_second_independent_pair": pair,
+        "examples_per_second_independent_pair_per_core": per_core,
+        "independent_pair_scaling": summary(pair_ratios),
+        "synchronization_efficiency": summary(
+            [r / p for r, p in zip(ratios, pair_ratios)]),
+        "hardware_ceiling": summary(ceilings),
+        "efficiency_vs_ceiling": summary(efficiencies),
+        "goal": 1.8,
+        "ceiling": "2 single-threaded matmul processes on 2 cores vs 1, measured once per "
+                   "round (hardware_ceiling); and the same training as 2 independent "
+                   "1-worker runs at once, one per core (independent_pair_scaling: no "
+                   "communication, no waiting for each other); synchronization_efficiency "
+                   "= multi_worker_scaling / independent_pair_scaling",
+        "virtual_devices": devices.run(repeats),
+    }
+
+
+def summarize(r: dict) -> list[str]:
+    """The suite's headline lines."""
+    fmt = _harness.fmt
+    lines = [f"scaling: 2 vs 1 pinned workers {fmt(r['multi_worker_scaling'])}; "
+             f"2 independent 1-worker runs at once vs 1 "
+             f"{fmt(r['independent_pair_scaling'])}; synchronization efficiency "
+             f"{fmt(r['synchronization_efficiency'], '')}; matmul hardware ceiling "
+             f"{fmt(r['hardware_ceiling'])}"]
+    for key in ("virtual_devices_2_vs_1", "virtual_devices_4_vs_1"):
+        lines.append(f"scaling: MirroredStrategy {key.split('_')[2]} virtual devices vs 1 "
+                     f"{fmt(r['virtual_devices'][key])}; ceiling 1.0 (they share the cores)")
+    return lines
+
+
+def plot(r: dict, ax) -> None:
+    """Steady-state examples/s of 1 worker, 2 workers and 2 independent runs."""
+    data = [r["examples_per_second_1_worker"], r["examples_per_second_2_workers"],
+            r["examples_per_second_independent_pair"]]
+    ax.boxplot(data, tick_labels=["1 worker", "2 workers", "2 independent"])
+    s = r["multi_worker_scaling"]
+    ax.set_title(f"Scaling (CNN): {s['median']:.2f}x "
+                 f"[{s['min']:.2f}-{s['max']:.2f}]; 2 independent runs "
+                 f"{r['independent_pair_scaling']['median']:.2f}x", fontsize=9)
+    ax.set_ylabel("examples / s (steady state)")

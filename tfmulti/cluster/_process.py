@@ -1,0 +1,77 @@
+"""Process plumbing shared by the launcher and the supervisor (no TensorFlow):
+whole-line output from several threads, stop signals, and pipe pumps."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Callable, TextIO
+
+__all__ = ["ERROR_PREFIX", "Output", "PREFIX", "StopSignals", "pump"]
+
+PREFIX = "tfmulti launch"
+ERROR_PREFIX = f"{PREFIX}: error: "
+POLL_S = 0.05
+READER_JOIN_S = 5.0
+REAP_TIMEOUT_S = 5.0
+
+
+class Output:
+    """Writes whole lines to a text stream from several threads."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            try:
+                self._stream.write(text if text.endswith("\n") else text + "\n")
+                flush = getattr(self._stream, "flush", None)
+                if flush:
+                    flush()
+            except (OSError, ValueError):
+                pass  # a closed or broken output must not stop the draining of the pipes
+
+    def say(self, message: str) -> None:
+        self.line(f"{PREFIX}: {message}")
+
+
+class StopSignals:
+    """Records SIGINT/SIGTERM while active (only the main thread can install handlers)."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self.count = 0
+        self._old: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.received is None:
+            self.received = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def pump(pipe, prefix: str, out: Output, on_line: Callable[[str], bool] | None = None):
+    """Copies lines from `pipe` to `out` with `prefix`, in a daemon thread."""
+
+    def run():
+        with pipe:
+            for raw in iter(pipe.readline, b""):
+                text = raw.decode("utf-8", "replace")
+                if on_line is None or on_line(text):
+                    out.line(prefix + text)
+
+    thread = threading.Thread(target=run, daemon=True, name=f"tfmulti-pump{prefix}")
+    thread.start()
+    return thread
+

@@ -1,0 +1,36 @@
+"""The exit codes tfmulti's processes share (no TensorFlow).
+
+A recipe or the `tfmulti` command exits `USAGE` (2) on bad input; a worker
+that saved a backup on SIGTERM exits `PREEMPTED` (75, `EX_TEMPFAIL`), which
+`tfmulti launch --max_restarts` restarts. `exit_status` turns a
+`subprocess` return code into what a shell would report.
+"""
+
+from __future__ import annotations
+
+import signal
+
+__all__ = ["PREEMPTED", "USAGE", "describe_exit", "exit_status"]
+
+USAGE = 2
+"""Bad flags, arguments or configuration; nothing was started or written."""
+PREEMPTED = 75
+"""A worker saved a backup on SIGTERM and stopped (EX_TEMPFAIL: try again)."""
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style exit status: 128 + N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(returncode: int) -> str:
+    """A `subprocess` return code in words: "exit code 137 (killed by SIGKILL)"."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"exit code {exit_status(returncode)} (killed by {name})"
+    if returncode == PREEMPTED:
+        return f"exit code {returncode} (preempted: saved a backup on SIGTERM)"
+    return f"exit code {returncode}"

@@ -1,0 +1,274 @@
+"""The training configuration: one definition, checked without TensorFlow.
+
+`TrainConfig` is the single source of a training run's options. Each field
+carries its help text (`metadata["help"]`) and, where the values are a fixed
+set, its choices (`metadata["choices"]`); the flags of `recipes/train.py` and
+of `tfmulti diagnose` / `tfmulti estimate-memory` are generated from the
+fields (`tfmulti.config_flags`), so a new option is one field here.
+
+This module imports neither TensorFlow nor Keras: a recipe or the CLI checks
+its flags here and fails at once, before TensorFlow starts.
+
+Also here: the names of the built-in models and their tasks, and the
+steps-per-execution policy (`resolve_steps_per_execution`).
+
+Example:
+    >>> from tfmulti.config import TrainConfig
+    >>> config = TrainConfig(distribution="mirrored", global_batch_size=512)
+    >>> config.validate()
+    >>> TrainConfig(learning_rate=float("nan")).validate()
+    Traceback (most recent call last):
+        ...
+    ValueError: `learning_rate` must be a finite number > 0, got nan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+from tfmulti import _checks
+
+__all__ = ["AUTO_STEPS_PER_EXECUTION", "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "MODEL_PARALLEL", "MODEL_TASKS",
+           "TrainConfig", "largest_divisor", "parse_steps_per_execution",
+           "resolve_steps_per_execution", "validate_for_diagnose"]
+
+DISTRIBUTIONS = ("auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid")
+"""How a run spreads over devices: tf.distribute strategies, or placed pipeline stages."""
+MODEL_PARALLEL = ("pipeline", "hybrid")
+"""The distributions that place layer stages on devices (`tfmulti.parallel`)."""
+DIAGNOSE_DISTRIBUTIONS = ("auto", "one_device", "mirrored")
+"""The distributions `tfmulti diagnose` measures (one process)."""
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
+MODEL_TASKS = {"mlp": "classification", "regression": "regression", "cnn": "classification"}
+"""The built-in model builders (`tfmulti.models.build_model`) and what each one does."""
+TASKS = ("classification", "regression")
+OPTIMIZERS = ("adam", "sgd")
+LR_SCALINGS = ("none", "linear", "sqrt")
+PARTITIONS = ("params", "flops", "time")
+MIXED_PRECISION = ("none", "bfloat16", "float16")
+VERBOSITY = ("auto", 0, 1, 2)
+
+AUTO_STEPS_PER_EXECUTION = 32
+"""The most training steps `steps_per_execution="auto"` puts in one `tf.function`
+call: enough to amortize the per-call cost, few enough that progress output,
+batch-level callbacks and a preemption (answered at the end of a call) stay
+prompt."""
+
+
+def _field(default: Any, help: str, **metadata) -> Any:  # noqa: A002  (the flag's help)
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of `n` that is at most `limit` (n, limit >= 1)."""
+    return max(d for d in range(1, min(limit, n) + 1) if n % d == 0)
+
+
+def parse_steps_per_execution(value) -> int | str:
+    """"auto" or a positive integer (also given as text, e.g. from a flag)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        number = int(value) if isinstance(value, str) else value
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ValueError(f"`steps_per_execution` must be 'auto' or a positive integer, got "
+                         f"{value!r}.")
+    return number
+
+
+def resolve_steps_per_execution(value, steps_per_epoch: int | None,
+                                backup_every_steps: int | None = None) -> int:
+    """The training steps per `tf.function` call for `value`.
+
+    An integer must divide `steps_per_epoch` (Keras runs whole calls, so an
+    epoch would otherwise train more steps). "auto" is the largest divisor of
+    `steps_per_epoch` up to `AUTO_STEPS_PER_EXECUTION` that also divides
+    `backup_every_steps` (backups come at the end of a call); 1 when the
+    epoch length is unknown.
+
+    Raises:
+        ValueError: `value` is neither "auto" nor a positive integer, or does
+            not divide `steps_per_epoch`.
+    """
+    value = parse_steps_per_execution(value)
+    if value != "auto":
+        if steps_per_epoch and steps_per_epoch % value:
+            raise ValueError(
+                f"`steps_per_execution` ({value}) must divide the steps per epoch "
+                f"({steps_per_epoch}): Keras runs whole calls of steps, so an epoch would "
+                f"train {-(-steps_per_epoch // value) * value} steps; use a divisor of "
+                f"{steps_per_epoch}, 'auto', or another number of steps per epoch.")
+        return value
+    if not steps_per_epoch:
+        return 1
+    return largest_divisor(math.gcd(steps_per_epoch, backup_every_steps or 0),
+                           AUTO_STEPS_PER_EXECUTION)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """A training run. Batch sizes are global (all replicas together).
+
+    Every field is also a flag of `recipes/train.py` (`--name=value`), with
+    the help text below each field's default in the source.
+    """
+
+    distribution: str = _field(
+        "auto", "How to spread the run over devices: auto, one_device, mirrored "
+        "(MirroredStrategy), multi_worker (MultiWorkerMirroredStrategy, under `tfmulti launch` "
+        "or with TF_CONFIG), pipeline or hybrid (layer stages placed on devices).",
+        choices=DISTRIBUTIONS)
+    num_virtual_devices: int = _field(
+        0, "Split the host CPU into this many logical devices first (0: leave devices as "
+        "they are).")
+    devices: tuple[str, ...] | None = _field(
+        None, "Devices to use, e.g. CPU:0,CPU:1 (default: all GPUs, else all logical CPUs).")
+    cross_device_ops: str = _field(
+        "auto", "Gradient all-reduce of the mirrored distribution: auto, nccl, "
+        "hierarchical_copy or reduce_to_one.", choices=CROSS_DEVICE_OPS)
+    dataset: str = _field(
+        "fashion_mnist", "TFDS dataset name, or synthetic / synthetic_regression.")
+    data_dir: str | None = _field(
+        None, "TFDS data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets).")
+    download: bool = _field(
+        False, "Allow a TFDS download when the data is not prepared (needs internet).")
+    num_examples: int | None = _field(
+        None, "Synthetic data: training examples (a quarter as many test examples).")
+    model: str = _field("mlp", "Model builder: mlp, cnn or regression.", choices=tuple(MODEL_TASKS))
+    dropout: float = _field(0.2, "Dropout rate, in [0, 1).")
+    epochs: int = _field(5, "Training epochs.")
+    steps_per_epoch: int | None = _field(
+        None, "Steps per epoch (default: one pass over the data).")
+    global_batch_size: int = _field(256, "Examples per step over all replicas.")
+    learning_rate: float = _field(1e-3, "Learning rate, tuned for base_batch_size.")
+    lr_scaling: str = _field(
+        "none", "Scale the learning rate with global / base batch size: none, linear or sqrt.",
+        choices=LR_SCALINGS)
+    base_batch_size: int = _field(256, "The batch size learning_rate was tuned for.")
+    warmup_epochs: float = _field(
+        0.0, "Epochs of linear learning-rate warmup up to the (scaled) rate: from "
+        "learning_rate when lr_scaling raises it, else from near 0.")
+    optimizer: str = _field("adam", "Optimizer: adam (fused update) or sgd.", choices=OPTIMIZERS)
+    seed: int | None = _field(0, "Seed for the weights and the data order.")
+    steps_per_execution: int | str = _field(
+        "auto", "Training steps per tf.function call (less per-step overhead): a divisor of "
+        f"the steps per epoch, or auto (the largest one up to {AUTO_STEPS_PER_EXECUTION}, "
+        "and a divisor of backup_every_steps).")
+    num_stages: int = _field(2, "Pipeline stages per replica (pipeline, hybrid).")
+    num_microbatches: int = _field(4, "Micro-batches per replica batch (pipeline, hybrid).")
+    num_replicas: int = _field(2, "Data-parallel pipelines (hybrid).")
+    partition: str = _field(
+        "params", "How to balance pipeline stages: params, flops or time.", choices=PARTITIONS)
+    remat: bool = _field(
+        False, "Recompute stage activations in the backward pass (pipeline, hybrid; no "
+        "dropout or batch normalization).")
+    mixed_precision: str = _field(
+        "none", "Compute in 16 bits, keep variables and logits float32: none, bfloat16 "
+        "(CPUs and recent GPUs) or float16 (GPUs only; loss scaling is automatic).",
+        choices=MIXED_PRECISION)
+    jit_compile: bool = _field(
+        False, "Compile the train step with XLA (one device; not with pipeline or hybrid).")
+    backup_dir: str | None = _field(
+        None, "Make the run resumable: checkpoints here at every epoch end and every "
+        "backup_every_steps; rerun the same command after a crash or preemption to resume "
+        "at the next step. Deleted when the run ends normally (unless keep_backup). Must be "
+        "readable by every worker.")
+    backup_every_steps: int | None = _field(
+        None, "Also back up every this many global steps (needs backup_dir).")
+    keep_backup: bool = _field(False, "Keep backup_dir after the run ends normally.")
+    model_dir: str | None = _field(
+        None, "Where to write metrics.json, model.keras and TensorBoard logs.")
+    verbose: int | str = _field(
+        "auto", "Progress output: auto (a progress bar on a terminal, a line per epoch "
+        "otherwise; nothing on workers other than the chief), 0, 1 or 2.", choices=VERBOSITY)
+
+    @property
+    def model_parallel(self) -> bool:
+        """Whether layer stages are placed on devices (pipeline, hybrid)."""
+        return self.distribution in MODEL_PARALLEL
+
+    @property
+    def task(self) -> str:
+        """"classification" or "regression": what the model builder does."""
+        return MODEL_TASKS[self.model]
+
+    def replace(self, **changes) -> "TrainConfig":
+        """A copy with `changes` applied (not validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        """Checks every field that needs no TensorFlow.
+
+        Raises:
+            ValueError: naming the field, the value and what is accepted.
+        """
+        c = _checks
+        for f in dataclasses.fields(self):
+            if "choices" in f.metadata:
+                c.one_of(f.name, getattr(self, f.name), f.metadata["choices"])
+        for name in ("epochs", "global_batch_size", "base_batch_size"):
+            c.positive_int(name, getattr(self, name))
+        for name in ("num_examples", "steps_per_epoch", "backup_every_steps"):
+            c.positive_int(name, getattr(self, name), none_ok=True)
+        c.non_negative_int("num_virtual_devices", self.num_virtual_devices,
+                           hint="0 leaves the devices as they are")
+        c.integer("seed", self.seed, none_ok=True)
+        parse_steps_per_execution(self.steps_per_execution)
+        c.positive_number("learning_rate", self.learning_rate)
+        c.finite_number("warmup_epochs", self.warmup_epochs, minimum=0)
+        c.finite_number("dropout", self.dropout, minimum=0)
+        if not self.dropout < 1:
+            raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout!r}.")
+        if self.devices is not None and (isinstance(self.devices, str) or not self.devices):
+            raise ValueError(f"`devices` must be a non-empty tuple of device names (or None), "
+                             f"got {self.devices!r}; e.g. ('CPU:0', 'CPU:1').")
+        if self.model_parallel:
+            for name in ("num_stages", "num_microbatches", "num_replicas"):
+                c.positive_int(name, getattr(self, name))
+            replicas = self.num_replicas if self.distribution == "hybrid" else 1
+            if self.global_batch_size % (replicas * self.num_microbatches):
+                raise ValueError(
+                    f"`global_batch_size` ({self.global_batch_size}) must split into "
+                    f"{replicas} replica(s) x {self.num_microbatches} micro-batches; use a "
+                    f"multiple of {replicas * self.num_microbatches}.")
+            if self.jit_compile:
+                raise ValueError(
+                    f"`jit_compile` cannot be used with distribution {self.distribution!r}: "
+                    f"XLA would compile the step as one cluster and collapse the per-stage "
+                    f"device placement; set jit_compile=False or use one_device/mirrored.")
+        if self.backup_every_steps and not self.backup_dir:
+            raise ValueError("`backup_every_steps` needs `backup_dir`; set `backup_dir` too.")
+        if self.backup_dir is not None:
+            if not self.backup_dir:
+                raise ValueError("`backup_dir` is empty; pass a directory path.")
+            _check_directory("backup_dir", self.backup_dir)
+            if self.seed is None:
+                raise ValueError("`backup_dir` needs a fixed `seed`: a resumed run skips the "
+                                 "batches already trained, which must come in the same "
+                                 "order; set `seed`.")
+        if self.model_dir:
+            _check_directory("model_dir", self.model_dir)
+
+
+def validate_for_diagnose(config: TrainConfig) -> None:
+    """`config.validate()`, and a distribution `tfmulti diagnose` measures.
+
+    Raises:
+        ValueError: a bad configuration, or a distribution of several processes
+            or placed stages.
+    """
+    config.validate()
+    _checks.one_of("distribution", config.distribution, DIAGNOSE_DISTRIBUTIONS,
+                   hint="diagnose measures one process (for multi_worker, diagnose one worker "
+                        "with distribution='mirrored' on its devices)")
+
+
+def _check_directory(name: str, path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"`{name}` {path!r} exists and is not a directory; pass a directory "
+                         "path.")
