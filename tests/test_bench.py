@@ -77,14 +77,6 @@ def test_worker_command_runs_the_worker_module():
     assert json.loads(command[4]) == {"repeats": 2}
 
 
-def test_write_json_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
-    path = str(tmp_path / "sub" / "out.json")
-    _harness.write_json_atomic(path, {"a": 1})
-    _harness.write_json_atomic(path, {"a": 2})
-    assert json.loads(open(path).read()) == {"a": 2}
-    assert os.listdir(tmp_path / "sub") == ["out.json"]
-
-
 def _fake_suite(name: str, output: str, seen: list):
     def run(repeats, **options):
         # The file on disk already holds every suite finished before this one.

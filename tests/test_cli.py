@@ -23,7 +23,8 @@ from tests._util import run_python
 from tfmulti import cli
 from tfmulti.config import TrainConfig
 
-FLAG_NAMES = {f.name for f in dataclasses.fields(TrainConfig)} | set(cli._EXTRA_FLAGS)
+FLAG_NAMES = {f.name for f in dataclasses.fields(TrainConfig)}.union(
+    *(cli._option_names(p) for p in cli._subcommands(cli.build_parser()).values()))
 
 
 class _Blocked:

@@ -203,9 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Argument names of the subcommands that are not config fields, for flag_message.
-_EXTRA_FLAGS = ("num_devices", "num_workers", "pin_cpus", "port", "startup_timeout",
-                "grace_period", "max_restarts", "plot", "seconds", "profile_dir")
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each subcommand's name and parser."""
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def _option_names(parser: argparse.ArgumentParser) -> set[str]:
+    """The names of a parser's --options (what flag_message may restate as flags)."""
+    return {a.dest for a in parser._actions if a.option_strings}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:
-        message = config_flags.flag_message(str(e), extra_names=_EXTRA_FLAGS)
+        message = config_flags.flag_message(str(e), extra_names=_option_names(args.parser))
         print(f"tfmulti {args.command}: error: {message}", file=sys.stderr)
         return exit_codes.USAGE
 

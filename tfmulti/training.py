@@ -15,45 +15,20 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
-import tempfile
-import time
 
 import keras
 
 from tfmulti import backup, footprint, models, runs
+from tfmulti._io import write_json_atomic
+from tfmulti.insight import timing
 from tfmulti import strategy as strategy_lib
 from tfmulti.cluster import tf_config
 from tfmulti.config import TrainConfig
 
 __all__ = ["train"]
-
-
-class _EpochTimer(keras.callbacks.Callback):
-    """Wall time of each epoch."""
-
-    def __init__(self):
-        super().__init__()
-        self.seconds: list[float] = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self._start)
-
-
-def _write_json_atomic(path: str, payload: dict) -> None:
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
-    os.fchmod(fd, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def _save_model_atomic(model, path: str) -> None:
@@ -87,15 +62,15 @@ def train(config: TrainConfig, callbacks=()) -> dict:
         RuntimeError: virtual devices requested after TensorFlow started.
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
-    config.validate()
-    chief = tf_config.is_chief(tf_config.from_environ())  # only the chief writes
-    run = runs.build_run(config)
+    environ = tf_config.from_environ()
+    chief = tf_config.is_chief(environ)  # only the chief writes
+    run = runs.build_run(config)  # validates the config first
     model = run.model
     if config.backup_dir and not run.train_input.repeat:
         raise ValueError(f"`backup_dir` needs training data of known size; dataset "
                          f"{config.dataset!r} has none.")
     # All checks passed: from here on we write.
-    timer = _EpochTimer()
+    timer = timing.EpochTimer()
     all_callbacks = [timer, *callbacks]
     writes = bool(config.model_dir) and chief
     if writes:
@@ -124,9 +99,11 @@ def train(config: TrainConfig, callbacks=()) -> dict:
         history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=all_callbacks,
                             verbose=verbose).history
     results = model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True, verbose=0)
-    metrics = _metrics(run, history, results, timer.seconds, resumed_step)
+    metrics = _metrics(run, history, results, timer.seconds, resumed_step,
+                       tf_config.num_tasks(environ) if environ else 1)
     if writes:
-        _write_json_atomic(os.path.join(config.model_dir, "metrics.json"), metrics)
+        write_json_atomic(os.path.join(config.model_dir, "metrics.json"), metrics,
+                          sort_keys=True)
         # A pipeline is saved unpartitioned: a plain Keras model anyone can load.
         _save_model_atomic(model.to_sequential(name=config.model) if config.model_parallel
                            else model, os.path.join(config.model_dir, "model.keras"))
@@ -140,16 +117,15 @@ def train(config: TrainConfig, callbacks=()) -> dict:
 
 
 def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[float],
-             resumed_step: int) -> dict:
+             resumed_step: int, num_workers: int) -> dict:
     config, model = run.config, run.model
     steady = epoch_seconds[1:] or epoch_seconds
     examples_per_epoch = run.steps_per_epoch * config.global_batch_size
-    environ = tf_config.from_environ()
     metrics = {
         "distribution": (config.distribution if config.model_parallel
                          else strategy_lib.strategy_name(run.strategy)),
         "num_replicas": run.num_replicas,
-        "num_workers": tf_config.num_tasks(environ) if environ else 1,
+        "num_workers": num_workers,
         "dataset": config.dataset,
         "model": config.model,
         "global_batch_size": config.global_batch_size,

@@ -47,6 +47,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from tfmulti import _checks
+from tfmulti._io import write_json_atomic
 from tfmulti.bench import _harness, baseline, overhead, pipeline, scaling, streaming
 
 __all__ = ["SUITES", "run_benchmark", "run_suite"]
@@ -121,9 +122,9 @@ def run_benchmark(names: Sequence[str], repeats: int, output: str, *,
         results["suites"][name] = run_suite(name, repeats, **options.get(name, {}))
         results["suite_seconds"][name] = time.monotonic() - suite_start
         results["seconds"] = time.monotonic() - start
-        _harness.write_json_atomic(output, results)
+        write_json_atomic(output, results)
     results["complete"] = True
-    _harness.write_json_atomic(output, results)
+    write_json_atomic(output, results)
     png = os.path.splitext(output)[0] + ".png"
     _harness.plot_results(results, png, {name: SUITES[name].plot for name in results["suites"]})
     for name, record in results["suites"].items():

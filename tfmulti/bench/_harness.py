@@ -16,7 +16,7 @@ import sys
 import time
 
 __all__ = ["fmt", "machine_worker", "plot_results", "report", "run_worker", "summary",
-           "write_json_atomic"]
+]
 
 WORKER_MODULE = "tfmulti.bench.worker"
 # The directory holding the `tfmulti` package this process runs, so that a
@@ -82,17 +82,6 @@ def machine_worker() -> dict:
     env = environment.env_report()
     return {key: env[key] for key in ("cpu_model", "onednn", "cpu_count", "tensorflow",
                                       "keras", "platform")}
-
-
-def write_json_atomic(path: str, payload: dict) -> None:
-    """Writes `payload` to `path` through a temporary file and a rename: a
-    reader (or a later crash) sees the old file or the new one, never a torn
-    one."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
 
 
 def plot_results(results: dict, path: str, draw: dict) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti import _checks
-from tfmulti.insight.timing import EpochClock
+from tfmulti.insight.timing import EpochClock, EpochTimer
 
 __all__ = ["CustomLoop", "EpochStepTimer", "InterleavedClock", "TimeToAccuracy",
            "costly_batch_map"]
@@ -151,7 +151,7 @@ class InterleavedClock(EpochClock):
         self._work()
 
 
-class EpochStepTimer(keras.callbacks.Callback):
+class EpochStepTimer(EpochTimer):
     """Seconds per step of each epoch, from its begin to its end, appended to
     `seconds_per_step` (a list that may be shared and cleared by the caller).
 
@@ -161,16 +161,15 @@ class EpochStepTimer(keras.callbacks.Callback):
     """
 
     def __init__(self, steps: int, seconds_per_step: list | None = None):
-        super().__init__()
+        super().__init__(seconds_per_step)
         self.steps = _checks.positive_int("steps", steps)
-        self.seconds_per_step = [] if seconds_per_step is None else seconds_per_step
-        self._begin = None
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._begin = time.perf_counter()
+    @property
+    def seconds_per_step(self) -> list:
+        return self.seconds
 
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds_per_step.append((time.perf_counter() - self._begin) / self.steps)
+    def _elapsed(self, seconds: float) -> float:
+        return seconds / self.steps
 
 
 class TimeToAccuracy:
