@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,8 +22,8 @@ from tfmulti import _checks, config, workarounds
 from tfmulti import devices as devices_lib
 from tfmulti.cluster import tf_config
 
-__all__ = ["COMMUNICATIONS", "CROSS_DEVICE_OPS", "STRATEGY_KINDS", "describe", "get_strategy",
-           "slurm_cluster_resolver", "strategy_name"]
+__all__ = ["COMMUNICATIONS", "CROSS_DEVICE_OPS", "ClusterRole", "STRATEGY_KINDS", "cluster_role",
+           "describe", "get_strategy", "slurm_cluster_resolver", "strategy_name"]
 
 STRATEGY_KINDS = ("auto", "one_device", "mirrored", "multi_worker")
 CROSS_DEVICE_OPS = config.CROSS_DEVICE_OPS
@@ -193,8 +194,10 @@ def get_strategy(
           parallelism over processes or hosts) from TF_CONFIG (validated
           first, see `tfmulti.cluster`), or SLURM; Keras 3 `fit`/`evaluate`/
           `predict` work under it through `tfmulti.workarounds`.
-        * "auto" (default): "multi_worker" when TF_CONFIG lists 2 or more
-          tasks (or a `cluster_resolver` is given); else, on a host with
+        * "auto" (default): "multi_worker" when a `cluster_resolver` is
+          given, or under `tfmulti launch` (its TF_CONFIG lists 2 or more
+          tasks; any other TF_CONFIG of 2 or more tasks is refused: pass
+          "multi_worker" to join it); else, on a host with
           GPUs, "mirrored" over them when there are 2 or more and
           "one_device" on the one; without GPUs, "mirrored" over the logical
           CPUs when 2 or more were configured (see
@@ -242,6 +245,14 @@ def get_strategy(
         else:
             config = tf_config.from_environ()
             if config is not None and tf_config.num_tasks(config) >= 2:
+                if os.environ.get(tf_config.LAUNCHED_ENV) != "1":
+                    # A TF_CONFIG nobody asked for here (left in a shell, set for
+                    # another job) would open a port and wait for peers.
+                    raise ValueError(
+                        f"TF_CONFIG describes a {tf_config.num_tasks(config)}-task cluster, "
+                        "but this process was not started by `tfmulti launch`, so kind='auto' "
+                        "does not join it; pass kind='multi_worker' to join it, or unset "
+                        "TF_CONFIG to train on this host alone.")
                 kind = "multi_worker"
     if kind == "multi_worker":
         if devices is not None:
@@ -272,6 +283,53 @@ def get_strategy(
     return workarounds.mirrored_strategy(
         devices=names, cross_device_ops=_cross_device_ops(cross_device_ops, names)
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterRole:
+    """This process's place in its cluster.
+
+    Attributes:
+        task_type: "chief" or "worker" in a cluster; None for a lone process.
+        task_index: the index within `task_type` (0 for a lone process).
+        worker_index: the rank among all training processes, chief first (0..N-1).
+        num_workers: processes training together (chief and workers; 1 alone).
+        is_chief: whether this process writes the run's outputs and backups
+            (the chief, else worker 0; a lone process).
+    """
+
+    task_type: str | None = None
+    task_index: int = 0
+    worker_index: int = 0
+    num_workers: int = 1
+    is_chief: bool = True
+
+
+def cluster_role(strategy: tf.distribute.Strategy | None = None) -> ClusterRole:
+    """Who this process is, from `strategy`'s cluster resolver (TF_CONFIG's,
+    SLURM's or any other), so the same rule holds however the cluster was
+    described. A strategy of one process (one device, mirrored, a pipeline's
+    default strategy, a `MultiWorkerMirroredStrategy` without a cluster) is a
+    lone chief.
+
+    Args:
+        strategy: default: the current strategy (`tf.distribute.get_strategy()`).
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if (resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            or not strategy.extended._in_multi_worker_mode()):  # pylint: disable=protected-access
+        return ClusterRole()
+    spec = resolver.cluster_spec().as_dict()
+    counts = {job: len(tasks) for job, tasks in spec.items()}
+    task_type, task_index = resolver.task_type, int(resolver.task_id or 0)
+    has_chief = counts.get("chief", 0) > 0
+    rank = task_index + (counts.get("chief", 0) if task_type == "worker" else 0)
+    return ClusterRole(
+        task_type=task_type, task_index=task_index, worker_index=rank,
+        num_workers=counts.get("chief", 0) + counts.get("worker", 0),
+        is_chief=task_type == "chief" or (task_type == "worker" and task_index == 0
+                                          and not has_chief))
 
 
 def strategy_name(strategy: tf.distribute.Strategy) -> str:

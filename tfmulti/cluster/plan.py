@@ -131,6 +131,7 @@ def worker_env(base_env: Mapping[str, str], ports: Sequence[int], index: int,
     env["TF_CONFIG"] = json.dumps(tf_config_lib.build_tf_config(
         [f"localhost:{p}" for p in ports], index))
     env["TFMULTI_STARTUP_TIMEOUT"] = f"{startup_timeout:g}"
+    env[tf_config_lib.LAUNCHED_ENV] = "1"  # `distribution="auto"` may join this cluster
     env["PYTHONUNBUFFERED"] = "1"
     if cpus is not None:
         threads = str(len(cpus))

@@ -24,10 +24,15 @@ from typing import Mapping, Sequence
 
 from tfmulti._checks import is_int
 
-__all__ = ["build_tf_config", "from_environ", "is_chief", "num_tasks", "parse_tf_config",
-           "peers", "task_address", "validate_tf_config"]
+__all__ = ["LAUNCHED_ENV", "build_tf_config", "from_environ", "is_chief", "num_tasks",
+           "parse_tf_config", "peers", "task_address", "validate_tf_config"]
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+LAUNCHED_ENV = "TFMULTI_LAUNCHED"
+"""Set to "1" in the environment of the workers a tfmulti launcher starts: their
+TF_CONFIG was made for them, so `get_strategy("auto")` joins that cluster. A
+TF_CONFIG without it (a leftover in a shell, a cluster manager's) is joined only
+when asked for by name (`multi_worker`)."""
 TOP_LEVEL_KEYS = ("cluster", "task", "environment", "rpc_layer")
 _EXAMPLE = ('{"cluster": {"worker": ["host1:2222", "host2:2222"]}, '
             '"task": {"type": "worker", "index": 0}}')
