@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["PREEMPTED", "USAGE", "describe_exit", "exit_status"]
+__all__ = ["PREEMPTED", "PREEMPTED_UNSAVED", "USAGE", "describe_exit", "exit_status"]
 
 USAGE = 2
 """Bad flags, arguments or configuration; nothing was started or written."""
 PREEMPTED = 75
 """A worker saved a backup on SIGTERM and stopped (EX_TEMPFAIL: try again)."""
+PREEMPTED_UNSAVED = 76
+"""A worker got SIGTERM but the workers could not agree on a step to save at (a peer
+did not acknowledge in time), so it stopped without a new backup: a restart resumes
+from the previous one."""
 
 
 def exit_status(returncode: int) -> int:
@@ -33,4 +37,7 @@ def describe_exit(returncode: int) -> str:
         return f"exit code {exit_status(returncode)} (killed by {name})"
     if returncode == PREEMPTED:
         return f"exit code {returncode} (preempted: saved a backup on SIGTERM)"
+    if returncode == PREEMPTED_UNSAVED:
+        return (f"exit code {returncode} (preempted: SIGTERM, but no new backup was saved; "
+                "a restart resumes from the previous one)")
     return f"exit code {returncode}"

@@ -16,11 +16,19 @@ from tfmulti import _checks
 from tfmulti.cluster import tf_config as tf_config_lib
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "DEFAULT_STARTUP_TIMEOUT", "ISOLATION_MODES", "LaunchPlan",
+           "PREEMPTION_AGREEMENT_S",
            "isolation_prefix", "make_plan", "port_range", "split_cpus", "supervisor_command",
            "worker_env"]
 
 DEFAULT_STARTUP_TIMEOUT = 60.0
-DEFAULT_GRACE_PERIOD = 10.0
+PREEMPTION_AGREEMENT_S = 20.0
+"""How long a worker that got SIGTERM waits for every peer to acknowledge the step at
+which all of them save (`tfmulti.backup`); peers answer from a watcher thread at once
+unless they are gone."""
+DEFAULT_GRACE_PERIOD = 60.0
+"""Seconds between SIGTERM and SIGKILL when the launcher stops workers: room for the
+preemption agreement (`PREEMPTION_AGREEMENT_S`), the rest of a call of steps and the
+save; raise it for long steps or large models."""
 ISOLATION_MODES = ("root", "userns")
 
 
