@@ -93,7 +93,7 @@ def no_diagnose(monkeypatch):
     (["--dropout=1"], "--dropout must be in [0, 1), got 1.0."),
     (["--steps_per_execution=many"],
      "--steps_per_execution must be 'auto' or a positive integer, got 'many'."),
-    (["--optimizer=rmsprop"], "--optimizer must be one of ['adam', 'sgd'], got 'rmsprop'."),
+    (["--optimizer=rmsprops"], "--optimizer must be one of ['adam', 'adamw', 'sgd', "),
     (["--distribution=bogus"], "--distribution must be one of ['auto', 'one_device', "
                                "'mirrored', 'multi_worker', 'pipeline', 'hybrid'], got 'bogus'."),
     (["--global_batch_size=abc"], "argument --global_batch_size: expected an integer, got 'abc'"),

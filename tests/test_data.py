@@ -17,6 +17,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from tfmulti import data
+from tfmulti.data import catalog
 from tfmulti.strategy import get_strategy
 
 NUM_DEVICES = 4  # configured by conftest.py
@@ -253,12 +254,14 @@ def test_skip_steps_continues_the_uninterrupted_stream():
     assert full_batches[:5] != full_batches[5:10]  # epochs are reshuffled
 
 
-def test_unknown_size_has_no_steps(strategy):
+def test_unknown_size_is_counted_for_training_and_read_to_the_end_for_evaluation(strategy):
     ds = _id_dataset(64).filter(lambda x, y: y >= 0)  # cardinality unknown
     dist = data.distribute(ds, strategy, 16, seed=0)
-    assert dist.steps_per_epoch is None and dist.repeat is False
-    ids = _ids(_take_steps(strategy, dist))
-    assert sorted(ids) == list(range(64))
+    assert dist.steps_per_epoch == 4 and dist.repeat is True and dist.num_examples is None
+    assert sorted(_ids(_take_steps(strategy, dist, 4))) == list(range(64))
+    test = data.distribute(ds, strategy, 16, training=False)
+    assert test.steps_per_epoch is None and test.repeat is False
+    assert sorted(_ids(_take_steps(strategy, test))) == list(range(64))
 
 
 # --------------------------------------------------------------------------
@@ -285,7 +288,7 @@ def fake_idx(tmp_path_factory):
         images[:, 0, 0] = np.arange(n)  # every image distinct
         images[0, 1, :2] = (0, 255)  # full value range present
         labels = rng.integers(0, 10, size=(n,), dtype=np.uint8)
-        image_file, label_file = data.FASHION_MNIST_FILES[split]
+        image_file, label_file = catalog.FASHION_MNIST_FILES[split]
         _write_idx(src / image_file, images)
         _write_idx(src / label_file, labels)
         arrays[split] = (images, labels)
@@ -339,7 +342,7 @@ def test_prepare_fashion_mnist_from_idx(tmp_path, fake_idx):
     builder = tfds.builder("fashion_mnist", data_dir=data_dir)
     assert builder.info.splits["test"].num_examples == 5
     assert builder.info.features["label"].num_classes == 10
-    assert builder.info.features["label"].names == list(data.FASHION_MNIST_CLASSES)
+    assert builder.info.features["label"].names == list(catalog.FASHION_MNIST_CLASSES)
 
     test = data.load("fashion_mnist", "test", data_dir=data_dir, source_dir=str(src))
     assert test.element_spec[0] == tf.TensorSpec((28, 28, 1), tf.float32)
@@ -420,7 +423,8 @@ def test_num_examples_must_be_positive(value):
 
 @pytest.mark.parametrize("value", [0, -3])
 def test_shuffle_buffer_must_be_positive(strategy, value):
-    with pytest.raises(ValueError, match=rf"`shuffle_buffer` must be a positive integer, got "
+    with pytest.raises(ValueError, match=rf"`shuffle_buffer` must be a positive integer \(or "
+                                         rf"None\), got "
                                          rf"{value}; a number of examples"):
         data.distribute(_id_dataset(64), strategy, 16, shuffle_buffer=value)
 

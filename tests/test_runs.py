@@ -108,7 +108,7 @@ def test_reuse_keeps_the_strategy_and_data_and_builds_a_new_model():
     second = build_run(config.replace(global_batch_size=128, optimizer="sgd"), reuse=first)
     assert second.strategy is first.strategy
     assert second.train_data is first.train_data and second.test_data is first.test_data
-    assert second.info is first.info
+    assert second.info == first.info and second.train_data is first.train_data
     assert second.model is not first.model
     assert type(second.model.optimizer).__name__ == "SGD"
     assert second.steps_per_epoch == 8 and second.per_replica_batch_size == 32
