@@ -562,3 +562,41 @@ def test_batch_map_runs_after_the_cache_every_epoch():
     for _ in range(2 * dist.steps_per_epoch):  # two epochs
         next(iterator)
     assert len(calls) >= 2 * dist.steps_per_epoch
+
+
+def test_a_truncated_prepared_file_fails_at_load_naming_it(tmp_path, fake_idx):
+    """A cut-off TFRecord file (a full disk, a killed copy) fails at once with
+    the fix, not mid-epoch with a DataLossError."""
+    src, _ = fake_idx
+    data_dir = str(tmp_path / "tfds")
+    data.prepare_fashion_mnist(data_dir=data_dir, source_dir=str(src))
+    (train_file,) = (tmp_path / "tfds" / "fashion_mnist" / "3.0.1").glob("*-train.tfrecord-*")
+    train_file.write_bytes(train_file.read_bytes()[:-10])
+    assert len(list(data.load("fashion_mnist", "test", data_dir=data_dir))) == 5  # intact
+    with pytest.raises(data.DataNotFoundError,
+                       match=r"the prepared 'fashion_mnist' data in .*3.0.1 is damaged \(train "
+                             r"split: .* bytes where its metadata records .*\); delete that "
+                             r"folder and prepare it again \(`tfmulti prepare-data`\)"):
+        data.load("fashion_mnist", "train[:50%]", data_dir=data_dir)
+
+
+@pytest.mark.slow
+def test_workers_preparing_fashion_mnist_at_once_take_turns(tmp_path, fake_idx):
+    """Two processes preparing the same data dir at once (a cluster's workers on
+    first use) both succeed: a lock serializes them, the second finds it prepared."""
+    import subprocess
+    import sys
+
+    src, _ = fake_idx
+    code = ("import sys; from tfmulti.data import catalog; "
+            "catalog.prepare_fashion_mnist(sys.argv[1], sys.argv[2]); print('ok')")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "tfds"), str(src)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        results = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
+    assert len(list(data.load("fashion_mnist", "train", data_dir=str(tmp_path / "tfds")))) == 12
