@@ -76,6 +76,13 @@ WORKER = textwrap.dedent('''
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         touch(f"child-{rank}", str(child.pid))
         time.sleep(300)
+    elif mode == "tmp":  # a file in its temporary folder; worker 1 then dies by SIGKILL
+        import signal, tempfile
+        touch(f"tmp-{rank}", tempfile.mkstemp(prefix="left-")[1])
+        if rank == 1:
+            wait_for("tmp-0")
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(300)
     elif mode == "listen":
         s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)  # like gRPC: [::]:port
         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
@@ -230,6 +237,24 @@ def test_a_failing_worker_stops_the_others(tmp_path, isolate):
     assert "worker 1 failed with exit code 3; stopping the other workers" in out
     for pid in _pids(tmp_path, 2):
         assert not _alive(pid), f"worker process {pid} is still running"
+
+
+def test_each_worker_has_a_private_tmpdir_removed_however_it_ended(tmp_path, monkeypatch):
+    """What a SIGKILLed worker (or TensorFlow's autograph, which removes its
+    sources only at a normal exit) leaves in its temporary folder does not pile
+    up in the launcher's: worker 1 is SIGKILLed, worker 0 stopped, and both
+    workers' temporary folders are gone."""
+    outer = tmp_path / "tmp"
+    outer.mkdir()
+    monkeypatch.setenv("TMPDIR", str(outer))
+    code, out = _launch_worker(tmp_path, "tmp", grace_period=1)
+    assert code == 128 + signal.SIGKILL, out
+    left = [Path((tmp_path / f"tmp-{rank}").read_text()) for rank in (0, 1)]
+    assert left[0].parent != left[1].parent  # private: one folder per worker
+    for path in left:
+        assert path.parent.parent == outer and path.name.startswith("left-")
+        assert not path.exists()
+    assert list(outer.iterdir()) == []
 
 
 def test_launcher_reports_each_restart_and_gives_up():

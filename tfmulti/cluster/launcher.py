@@ -128,8 +128,9 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
            output: TextIO | None = None, max_restarts: int = 0) -> int:
     """Runs `command` as `num_workers` MultiWorkerMirroredStrategy workers on this host.
 
-    Each worker gets `TF_CONFIG` (worker 0 is the chief), `TFMULTI_STARTUP_TIMEOUT` and
-    `PYTHONUNBUFFERED=1`, runs in its own session (process group), and has each line of its
+    Each worker gets `TF_CONFIG` (worker 0 is the chief), `TFMULTI_STARTUP_TIMEOUT`,
+    `PYTHONUNBUFFERED=1` and a private `TMPDIR` (removed once it exited, however it
+    ended), runs in its own session (process group), and has each line of its
     stdout and stderr written to `output` as `[worker I] line`. When a worker fails, or the
     launcher gets SIGINT/SIGTERM, every worker's process group gets SIGTERM, then SIGKILL
     after `grace_period` seconds.

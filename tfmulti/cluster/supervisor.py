@@ -16,11 +16,13 @@ import ctypes
 import errno
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Sequence
 
@@ -106,6 +108,14 @@ def _child_setup(cpus: Sequence[int] | None) -> Callable[[], None]:
     return setup
 
 
+def _private_tmpdir(index: int) -> str:
+    """Worker `index`'s own temporary folder (its TMPDIR), inside the launcher's.
+    The supervisor removes it once the worker has exited, however it ended: what a
+    killed worker leaves there (TensorFlow's autograph sources, a half-written
+    scratch checkpoint) does not pile up in /tmp."""
+    return tempfile.mkdtemp(prefix=f"tfmulti-worker{index}-")
+
+
 def _killpg(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -171,11 +181,13 @@ def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
     ports = _choose_ports(plan.port, plan.num_workers)
     out.say(f"starting {plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}: "
             + ", ".join(f"localhost:{p}" for p in ports))
-    procs, pumps = [], []
+    procs, pumps, tmpdirs = [], [], []
     try:
         for i in range(plan.num_workers):
             cpus = plan.cpu_sets[i] if plan.cpu_sets else None
             env = worker_env(os.environ, ports, i, plan.startup_timeout, cpus)
+            tmpdirs.append(_private_tmpdir(i))
+            env["TMPDIR"] = tmpdirs[-1]
             try:
                 procs.append(subprocess.Popen(
                     plan.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -192,6 +204,8 @@ def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
         _stop_workers(procs, plan.grace_period, signals, out)
         for t in pumps:
             t.join(timeout=READER_JOIN_S)
+        for folder in tmpdirs:  # after every worker's process group got SIGKILL
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
