@@ -16,6 +16,8 @@ import shutil
 import tempfile
 from typing import Callable, Sequence
 
+from tfmulti import _faults
+
 __all__ = ["publish_staged", "sync_directory", "write_json_atomic"]
 
 
@@ -57,6 +59,7 @@ def publish_staged(folder: str, write: Callable[[str], None], order: Sequence[st
                 raise FileNotFoundError(f"staged output {name!r} was not written")
             _sync_file(path)
         for name in order:
+            _faults.point("io.publish")
             os.replace(os.path.join(stage, name), os.path.join(folder, name))
         sync_directory(folder)
     finally:

@@ -72,7 +72,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from tfmulti import _checks
+from tfmulti import _checks, _faults
 from tfmulti.cluster import exit_codes, tf_config
 
 __all__ = ["Backup", "FitResult", "Preempted", "ResumePoint", "checkpoints", "delete", "fit",
@@ -247,6 +247,7 @@ class _Preemption:
             return
         self.target = int(value)
         self._event.set()  # before the ack: the announcer resumes only after every ack
+        _faults.point("backup.agreement")
         try:
             _kv().set_config_key_value(self.ack_key(self.task_index), value)
         except Exception:  # pylint: disable=broad-except
@@ -265,6 +266,7 @@ class _Preemption:
                 # Another worker announced first (its step holds, the watcher
                 # thread has it), or training is over ("done"): nothing to add.
                 return self._due(boundary)
+            _faults.point("backup.agreement")
             deadline = time.monotonic() + _AGREE_TIMEOUT_S
             for index in range(self.num_workers):
                 left_ms = max(1, int((deadline - time.monotonic()) * 1000))
@@ -338,13 +340,16 @@ class Backup:
     def save(self, step: int) -> str | None:
         """Saves at global step `step`; every worker must call it at the same step.
         Returns the chief's checkpoint path (None on other workers)."""
+        _faults.point("backup.save")
         self.step.assign(step)
         checkpoint = self._checkpoint()
         if self.chief:
             manager = tf.train.CheckpointManager(checkpoint, self.backup_dir,
                                                  max_to_keep=self.keep,
                                                  checkpoint_name=_CHECKPOINT_PREFIX)
-            return manager.save(checkpoint_number=step)
+            path = manager.save(checkpoint_number=step)
+            _faults.point("backup.saved")
+            return path
         # One fixed scratch dir per backup and worker: a leftover of a worker
         # killed while saving is removed by the next save.
         scratch = self._scratch_dir()
@@ -352,6 +357,7 @@ class Backup:
         try:
             tf.train.CheckpointManager(checkpoint, scratch, max_to_keep=1).save(
                 checkpoint_number=step)
+            _faults.point("backup.saved")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
@@ -394,6 +400,7 @@ class Backup:
         """Restores model, optimizer, metrics and step from `point.path`."""
         if point.path is None:
             return
+        _faults.point("backup.restore")
         status = self._checkpoint().read(point.path)
         status.assert_existing_objects_matched().expect_partial()  # save_counter: unused
         self._metric_values = [v.numpy() for v in self.model.metrics_variables]
@@ -401,6 +408,7 @@ class Backup:
     def restore_weights(self, point: ResumePoint) -> None:
         """Restores only the model's variables (nothing left to train)."""
         if point.path is not None:
+            _faults.point("backup.restore")
             self._checkpoint(metrics=False, optimizer=False).read(point.path).expect_partial()
 
     def restore_metrics(self, point: ResumePoint) -> None:
@@ -423,6 +431,7 @@ def delete(backup_dir: str) -> None:
         return
     for path in glob.glob(os.path.join(backup_dir, f"{_CHECKPOINT_PREFIX}-*")) + \
             [os.path.join(backup_dir, "checkpoint")]:
+        _faults.point("backup.delete")
         if os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
         elif os.path.exists(path):
@@ -470,6 +479,7 @@ def _callback_class():
 
         def on_train_batch_end(self, batch, logs=None):
             step = self._global_step(batch)
+            _faults.point("backup.step")
             if self.preemption.should_save(step):
                 self._save(step, "preempted")
                 message = (f"preempted: saved a backup at global step {step} in "

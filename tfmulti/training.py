@@ -28,7 +28,7 @@ import sys
 
 import keras
 
-from tfmulti import backup, footprint, models, runs
+from tfmulti import _faults, backup, footprint, models, runs
 from tfmulti import strategy as strategy_lib
 from tfmulti._io import publish_staged, write_json_atomic
 from tfmulti.config import TrainConfig
@@ -167,9 +167,11 @@ def train(config: TrainConfig, callbacks=()) -> dict:
             fit_kwargs["steps_per_epoch"] = config.steps_per_epoch
         history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=all_callbacks,
                             verbose=verbose).history
+    _faults.point("train.evaluate")
     results = (model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True, verbose=0)
                if run.test_input is not None else {})
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers)
+    _faults.point("train.write")
     if writes:
         _write_outputs(config, model, metrics)
         print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",

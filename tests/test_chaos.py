@@ -1,0 +1,202 @@
+"""The fault-injection campaign (tfmulti.bench.chaos, recipes/chaos.py): its
+checks catch what they must (in-process, no cluster), and a small campaign (one
+kill inside the preemption agreement) resumes exactly. The 30-kill campaign is
+not part of the tests; BENCHMARKS.md records it (RELIABILITY)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+
+from tfmulti import _faults
+from tfmulti.bench import chaos
+
+SETUP = chaos.Setup()
+WINDOWS = chaos.Windows(run=40.0, training_start=25.0, after_training=3.0)
+
+
+# ----------------------------------------------------------------------------- plans
+
+@pytest.mark.parametrize("phase", chaos.PHASES)
+def test_every_phase_plans_a_kill_armed_where_it_says(phase, tmp_path):
+    points = {"save": {"backup.save", "backup.saved"}, "restore": {"backup.restore"},
+              "agreement": {"backup.agreement"}, "evaluate": {"train.evaluate"},
+              "write": {"train.write", "io.publish", "backup.delete"}}
+    seen = set()
+    for seed in range(40):
+        trial = chaos.plan_trial(phase, random.Random(seed), SETUP, WINDOWS, str(tmp_path))
+        assert trial.signal in ("KILL", "TERM") and trial.worker in (0, 1)
+        if phase == "anytime":
+            assert not trial.faults
+            assert 0.5 * WINDOWS.training_start <= trial.wall_delay <= WINDOWS.run
+            continue
+        # What the workers get parses back to the same faults.
+        assert _faults.parse(_faults.format_faults(list(trial.faults))) == list(trial.faults)
+        kill = trial.faults[-1]
+        assert kill.point in points[phase] and kill.signal == trial.signal
+        assert kill.once and os.path.dirname(kill.once) == str(tmp_path)
+        seen.add((kill.point, kill.signal, kill.worker))
+        if phase == "restore":  # first a worker dies after a backup, then the restore
+            trigger = trial.faults[0]
+            assert (trigger.point, trigger.signal) == ("backup.step", "KILL")
+            assert SETUP.backup_every_steps < trigger.hit < SETUP.total_steps
+        if phase == "agreement":  # first a SIGTERM starts the agreement
+            trigger = trial.faults[0]
+            assert (trigger.point, trigger.signal) == ("backup.step", "TERM")
+            assert 1 <= trigger.hit < SETUP.total_steps - 1
+        if kill.point in ("io.publish", "backup.delete"):
+            assert kill.worker == 0  # only the chief writes
+    if phase != "anytime":  # both signals, both workers (the chief only writes)
+        assert {s for _, s, _ in seen} == {"KILL", "TERM"}
+        assert {w for _, _, w in seen} == {0, 1}
+
+
+def test_bad_arguments_fail_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match="`phase` must be one of"):
+        chaos.plan_trial("lunch", random.Random(0), SETUP, WINDOWS, str(tmp_path))
+    with pytest.raises(ValueError, match="`kills` must be a positive integer, got 0"):
+        chaos.run_campaign(0, str(tmp_path / "out.json"))
+    with pytest.raises(ValueError, match=r"`phases` must be a non-empty subset of \['save'"):
+        chaos.run_campaign(1, str(tmp_path / "out.json"), phases=("save", "lunch"))
+    with pytest.raises(ValueError, match="at least two backups"):
+        chaos.Setup(epochs=1, num_examples=256, global_batch_size=64, backup_every_steps=4)
+    with pytest.raises(ValueError, match="`grace_period` must be a finite number > 0"):
+        chaos.Setup(grace_period=0)
+    assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _user_loss(y, p):
+    import keras
+
+    return keras.ops.mean((y - p) ** 2)
+
+
+def test_keras_arrays_hold_the_weights_and_the_optimizer_step_count(tmp_path):
+    """The arrays compared, read without TensorFlow from a real .keras file: a
+    model of ours after 3 steps, with the iteration count first among the
+    optimizer's variables."""
+    import keras
+
+    inputs = {"a": keras.Input((3,), name="a"), "b": keras.Input((3,), name="b")}
+    hidden = keras.layers.Dense(3)(inputs["a"])
+    outputs = keras.layers.Dense(1)(keras.layers.Add()([hidden, inputs["b"]]))
+    model = keras.Model(inputs, outputs)
+    model.compile(keras.optimizers.Adam(0.01), loss=_user_loss)
+    x = {"a": np.ones((12, 3), np.float32), "b": np.zeros((12, 3), np.float32)}
+    model.fit(x, np.ones((12, 1), np.float32), batch_size=4, epochs=1, verbose=0)
+    model.save(tmp_path / "m.keras")
+    arrays = chaos.keras_arrays(str(tmp_path / "m.keras"))
+    assert int(arrays["optimizer/vars/0"]) == 3
+    kernels = [a for name, a in arrays.items() if name.startswith("layers/")]
+    assert sorted(a.shape for a in kernels) == sorted(
+        tuple(w.shape) for w in model.get_weights())
+    assert chaos.compare_arrays(arrays, arrays) == []
+
+
+def test_compare_arrays_flags_differences_beyond_the_tolerance():
+    reference = {"w": np.zeros((2, 2), np.float32), "optimizer/vars/0": np.array(16)}
+    close = {"w": np.full((2, 2), 0.5 * chaos.TOLERANCE, np.float32),
+             "optimizer/vars/0": np.array(16)}
+    assert chaos.compare_arrays(close, reference) == []
+    far = {**close, "w": np.full((2, 2), 3 * chaos.TOLERANCE, np.float32)}
+    assert chaos.compare_arrays(far, reference) == ["w: differs by up to 3e-05"]
+    twice = {**close, "optimizer/vars/0": np.array(17)}  # one step trained twice
+    assert chaos.compare_arrays(twice, reference) == ["optimizer/vars/0: differs by up to 1"]
+    assert "only one model" in chaos.compare_arrays({"w": reference["w"]}, reference)[0]
+    assert "shape" in chaos.compare_arrays({**close, "w": np.zeros(4)}, reference)[0]
+
+
+def test_snapshot_changes_name_what_was_added_removed_or_rewritten(tmp_path):
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "a").write_text("one")
+    (tmp_path / "gone").write_text("x")
+    (tmp_path / "own").mkdir()
+    before = chaos.snapshot(str(tmp_path), exclude=("own",))
+    (tmp_path / "keep" / "a").write_text("two")  # same size, other content
+    (tmp_path / "gone").unlink()
+    (tmp_path / "tfmulti-backup-1").mkdir()  # a leftover
+    (tmp_path / "own" / "x").write_text("the run's own: not watched")
+    changes = chaos.snapshot_changes(before, chaos.snapshot(str(tmp_path), exclude=("own",)))
+    assert changes == ["added tfmulti-backup-1", "removed gone", "changed keep/a"]
+
+
+def _output(*lines: str) -> str:
+    return "\n".join(lines)
+
+
+START = "tfmulti launch: starting 2 workers: localhost:1, localhost:2"
+RESTART = "tfmulti launch: restart 1 of 3: starting all 2 workers again"
+
+
+def _saved(step):
+    return f"[worker 0] tfmulti: backup at global step {step} (every 4 steps): /r/ckpt-{step}"
+
+
+def _resumed(step):
+    return f"[worker 0] tfmulti: resuming from /r/ckpt-{step}: global step {step} = epoch 1"
+
+
+def test_resume_problems_catch_a_lost_backup_only():
+    kept = _output(START, "[worker 0] Epoch 1/2", _saved(4), _saved(8), RESTART, START,
+                   _resumed(8), "[worker 0] tfmulti: wrote metrics.json, model.keras")
+    assert chaos.resume_problems(kept) == ([], [0, 8])
+    lost = _output(START, "[worker 0] Epoch 1/2", _saved(4), _saved(8), START, _resumed(4))
+    assert chaos.resume_problems(lost) == (
+        ["attempt 2 resumed from step 4, but the backup at step 8 was complete"], [0, 4])
+    afresh = _output(START, "[worker 0] Epoch 1/2", _saved(4), START, "[worker 0] Epoch 1/2")
+    assert chaos.resume_problems(afresh)[0] == [
+        "attempt 2 started afresh, but the backup at step 4 was complete"]
+    preempted = _output(START, "[worker 0] Epoch 1/2",
+                        "[worker 0] tfmulti: preempted: saved a backup at global step 6 in /r",
+                        START, _resumed(4))
+    assert "the backup at step 6 was complete" in chaos.resume_problems(preempted)[0][0]
+    # Once the outputs are written, the backup is only being removed: a rerun
+    # from what is left of it redoes steps but loses nothing.
+    after_writes = _output(START, _saved(16), "[worker 0] tfmulti: wrote metrics.json, ...",
+                           START, _resumed(12))
+    assert chaos.resume_problems(after_writes) == ([], [12])
+
+
+def test_the_table_counts_kills_where_they_landed(capsys):
+    records = [{"fired": True, "landed": "save", "signal": "KILL", "exact": True},
+               {"fired": True, "landed": "save", "signal": "TERM", "exact": False},
+               {"fired": True, "landed": "anytime", "signal": "TERM", "exact": True},
+               {"fired": False}]
+    lines = chaos.format_table(records).splitlines()
+    assert lines[1].split() == ["save", "2", "1", "1", "1", "1"]
+    assert lines[2].split() == ["anytime", "1", "0", "1", "1", "0"]
+    assert lines[3].split() == ["total", "3", "1", "2", "2", "1"]
+    assert lines[4] == "(1 trial(s) whose kill never fired, not counted)"
+
+
+# ----------------------------------------------------------------------------- a campaign
+
+@pytest.mark.cluster
+def test_a_kill_inside_the_preemption_agreement_resumes_exactly(tmp_path, capsys):
+    """The campaign in small: the reference launch, then one trial: a worker gets
+    SIGTERM at a step, and a worker is killed inside the agreement that follows;
+    the launcher restarts the cluster, the run resumes, and the result equals
+    the reference's."""
+    out, work = tmp_path / "chaos.json", tmp_path / "work"
+    # seed 4: worker 0 gets SIGTERM at step 12; worker 1 is SIGKILLed on seeing it
+    result = chaos.run_campaign(1, str(out), phases=("agreement",), seed=4, workdir=str(work))
+    printed = capsys.readouterr().out
+    assert result["complete"] and result["fired"] == 1, printed[-3000:]
+    (trial,) = result["trials"]
+    assert trial["exact"] and trial["problems"] == [], printed[-3000:]
+    assert result["exact"] == 1
+    assert [(k["point"], k["signal"]) for k in trial["kills"]] == [
+        ("backup.step", "TERM"), ("backup.agreement", "KILL")], trial["kills"]
+    assert trial["landed"] == "agreement"
+    assert trial["resumed_from"][0] == 0 and trial["resumed_from"][-1] == 8, printed[-3000:]
+    assert sum(launch["restarts"] for launch in trial["launches"]) >= 1
+    assert json.loads(out.read_text())["exact"] == 1
+    row = next(line.split() for line in printed.splitlines() if line.startswith("agreement "))
+    assert row == ["agreement", "1", "1", "0", "1", "0"], printed[-2000:]
+    assert sorted(os.listdir(work)) == ["reference"]  # the passed trial's folder is removed

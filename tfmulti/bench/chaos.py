@@ -1,0 +1,725 @@
+"""The fault-injection campaign: a 2-worker training with backups, killed at
+random moments of every phase, resumed, and held against an uninterrupted run.
+
+    python recipes/chaos.py --kills=30 --output=runs/chaos/chaos.json
+
+Method. The training is `recipes/train.py` under `tfmulti launch
+--num_workers 2 --max_restarts K` (`train_config`: synthetic data, the MLP,
+SGD, no dropout, a fixed seed, a backup every few steps; seconds per run).
+The reference is one uninterrupted launch of the same command. Each trial
+then starts the same run in fresh directories with one kill armed, lets the
+launcher restart the cluster (and relaunches it if the launcher gives up,
+a bounded number of times) until the run completes, and checks:
+
+* exact: the final `model.keras` holds the reference's arrays (every weight
+  and the optimizer's variables) within 1e-5, and the optimizer's iteration
+  count is the run's step count: no step trained twice or skipped;
+  `metrics.json` has the reference's epochs and test (and train) metrics;
+* nothing lost: each restart resumed from the newest backup reported
+  complete before the kill (a kill may cost the steps since that backup,
+  never a finished backup);
+* nothing else touched: next to the run's `backup_dir` and `model_dir` are
+  another run's checkpoints and outputs and a file; the workers' TMPDIR is a
+  private folder standing in for /tmp. They must be unchanged afterwards,
+  the finished run leaves no backup and nothing half-written in `model_dir`.
+
+The kills. A kill is SIGKILL or SIGTERM (chosen at random; SIGTERM takes the
+preemption path: every worker saves at an agreed step) to a random worker,
+in one of these phases, each trial aiming at the phase with the fewest kills
+so far:
+
+    save       at a random save: as it begins plus a random delay (inside
+               TensorFlow's write), or once its checkpoint is written
+               (before it is recorded, pruned, or the scratch copy removed)
+    restore    a worker is first killed at a random step after a backup;
+               the restarted run is killed during its restore
+    agreement  a worker gets SIGTERM at a random step; the kill comes inside
+               the agreement on the step to save at (the signalled worker
+               waiting for acknowledgements, or a peer acknowledging)
+    evaluate   during the test split's evaluation (a random delay into it)
+    write      during the final writes: the chief writing the outputs, each
+               rename into `model_dir`, or the removal of the backup
+    anytime    this process signals a worker at a random wall-clock time of
+               the run, wherever it is (no failpoint)
+
+The phased kills use the failpoints of `tfmulti._faults` (`TFMULTI_FAULTS`);
+each records where it fired and the last failpoint the process had passed
+(`landed`), and a kill counts in the phase it landed in. A kill that never
+fires (a delay past the end of the process) is not counted; another trial
+replaces it.
+
+This process never imports TensorFlow; it reads `model.keras` with h5py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+
+from tfmulti import _checks, _faults
+from tfmulti._io import write_json_atomic
+from tfmulti.bench.scaling import TRAIN_RECIPE
+from tfmulti.cluster import exit_codes
+from tfmulti.config import TrainConfig
+
+__all__ = ["PHASES", "Setup", "Trial", "compare_arrays", "format_table", "keras_arrays",
+           "plan_trial", "resume_problems", "run_campaign", "snapshot", "snapshot_changes",
+           "train_config"]
+
+PHASES = ("save", "restore", "agreement", "evaluate", "write", "anytime")
+"""The phases kills aim at, in the order ties are broken."""
+
+# The phase a kill landed in, by the last failpoint passed before it.
+_PHASE_OF_POINT = {"backup.save": "save", "backup.saved": "save",
+                   "backup.restore": "restore", "backup.agreement": "agreement",
+                   "train.evaluate": "evaluate", "train.write": "write",
+                   "io.publish": "write", "backup.delete": "write",
+                   "backup.step": "training"}
+TOLERANCE = 1e-5
+_OUTPUTS = ("metrics.json", "model.keras", "logs", ".tfmulti-run.json")
+_COMPARED_METRICS = ("epochs_completed", "steps_per_epoch", "test_loss", "test_accuracy",
+                     "train_loss", "train_accuracy")
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_SAVED = re.compile(r"^\[worker 0\] tfmulti: (?:preempted: saved a backup|backup) at global "
+                    r"step (\d+)\b")
+_RESUMED = re.compile(r"^\[worker 0\] tfmulti: resuming from .*: global step (\d+)\b")
+_PUBLISHED = re.compile(r"^\[worker 0\] tfmulti: wrote metrics\.json")
+_ATTEMPT = re.compile(r"^tfmulti launch: starting \d+ workers?")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """The training every trial runs, and how hard the campaign tries.
+
+    Attributes:
+        epochs, num_examples, global_batch_size, backup_every_steps: the run
+            (`train_config`); the defaults train 2 x 8 steps.
+        max_restarts: the launcher's restarts per launch (`--max_restarts`).
+        max_launches: launches per trial before it counts as lost.
+        grace_period: the launcher's seconds between SIGTERM and SIGKILL.
+        launch_timeout: seconds one launch may take.
+    """
+
+    epochs: int = 2
+    num_examples: int = 512
+    global_batch_size: int = 64
+    backup_every_steps: int = 4
+    max_restarts: int = 3
+    max_launches: int = 3
+    grace_period: float = 10.0
+    launch_timeout: float = 900.0
+
+    def __post_init__(self):
+        for name in ("epochs", "num_examples", "global_batch_size", "backup_every_steps",
+                     "max_restarts", "max_launches"):
+            _checks.positive_int(name, getattr(self, name))
+        _checks.positive_number("grace_period", self.grace_period)
+        _checks.positive_number("launch_timeout", self.launch_timeout)
+        if self.num_examples // self.global_batch_size * self.epochs \
+                < 2 * self.backup_every_steps:
+            raise ValueError(
+                f"the run must hold at least two backups: {self.epochs} epochs x "
+                f"{self.num_examples // self.global_batch_size} steps is fewer than 2 x "
+                f"`backup_every_steps` ({self.backup_every_steps}); train more steps.")
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * (self.num_examples // self.global_batch_size)
+
+    @property
+    def saves(self) -> int:
+        """The saves of an uninterrupted run (every `backup_every_steps`)."""
+        return self.total_steps // self.backup_every_steps
+
+
+# The TrainConfig fields of the command line, in its order.
+_FLAG_FIELDS = ("distribution", "dataset", "model", "num_examples", "epochs",
+                "global_batch_size", "optimizer", "learning_rate", "dropout", "seed",
+                "steps_per_execution", "backup_every_steps", "verbose", "backup_dir",
+                "model_dir")
+
+
+def train_config(setup: Setup, backup_dir: str, model_dir: str) -> TrainConfig:
+    """The run every trial trains: 2 workers, deterministic (dropout off, a fixed
+    seed), one step per call, so that a kill at any step resumes exactly."""
+    config = TrainConfig(distribution="multi_worker", dataset="synthetic", model="mlp",
+                         num_examples=setup.num_examples, epochs=setup.epochs,
+                         global_batch_size=setup.global_batch_size, optimizer="sgd",
+                         learning_rate=0.05, dropout=0.0, seed=0, steps_per_execution=1,
+                         backup_every_steps=setup.backup_every_steps, verbose=2,
+                         backup_dir=backup_dir, model_dir=model_dir)
+    config.validate()
+    return config
+
+
+def launch_command(setup: Setup, backup_dir: str, model_dir: str) -> list[str]:
+    """`tfmulti launch --num_workers 2 --max_restarts K` of `recipes/train.py`."""
+    config = train_config(setup, backup_dir, model_dir)
+    return [sys.executable, "-m", "tfmulti.cli", "launch", "--num_workers=2",
+            f"--max_restarts={setup.max_restarts}", f"--grace_period={setup.grace_period:g}",
+            "--", sys.executable, TRAIN_RECIPE,
+            *(f"--{name}={getattr(config, name)}" for name in _FLAG_FIELDS)]
+
+
+# ----------------------------------------------------------------------------- trials
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One kill: `signal` to worker `worker`, aimed at `phase`. `faults` are the
+    failpoints armed (a trigger first where the phase needs one); `wall_delay`,
+    for `anytime`, the seconds after the launch at which this process signals the
+    worker itself."""
+
+    phase: str
+    signal: str
+    worker: int
+    faults: tuple[_faults.Fault, ...] = ()
+    wall_delay: float | None = None
+
+    def describe(self) -> str:
+        if self.wall_delay is not None:
+            return f"SIG{self.signal} to worker {self.worker} at {self.wall_delay:.1f} s"
+        return _faults.format_faults(
+            [dataclasses.replace(f, once=None) for f in self.faults])
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+    """Seconds the random delays span, measured on the reference run."""
+
+    run: float  # the whole launch
+    training_start: float  # from the launch to the first epoch
+    after_training: float  # from the last backup to the outputs written
+    save: float = 0.25
+    restore: float = 0.25
+
+
+def plan_trial(phase: str, rng: random.Random, setup: Setup, windows: Windows,
+               markers: str) -> Trial:
+    """A random kill in `phase` (see the module's docstring); the fault markers
+    (`once` files) go into the folder `markers`.
+
+    Raises:
+        ValueError: an unknown phase.
+    """
+    _checks.one_of("phase", phase, PHASES)
+    sig = rng.choice(("KILL", "TERM"))
+    worker = rng.randrange(2)
+    total, every = setup.total_steps, setup.backup_every_steps
+
+    def fault(point, worker=worker, hit=1, signal=sig, delay=0.0, name="kill"):
+        return _faults.Fault(point, worker=worker, hit=hit, signal=signal,
+                             delay=round(delay, 3), once=os.path.join(markers, name))
+
+    if phase == "anytime":
+        return Trial(phase, sig, worker, wall_delay=rng.uniform(0.5 * windows.training_start,
+                                                                windows.run))
+    if phase == "save":
+        hit = rng.randint(1, setup.saves)
+        kill = (fault("backup.save", hit=hit, delay=rng.uniform(0, windows.save))
+                if rng.random() < 0.5 else fault("backup.saved", hit=hit))
+        return Trial(phase, sig, worker, (kill,))
+    if phase == "restore":
+        trigger = fault("backup.step", worker=rng.randrange(2), signal="KILL", name="trigger",
+                        hit=rng.randint(every + 1, total - 1))
+        return Trial(phase, sig, worker,
+                     (trigger, fault("backup.restore", delay=rng.uniform(0, windows.restore))))
+    if phase == "agreement":
+        trigger = fault("backup.step", worker=rng.randrange(2), signal="TERM", name="trigger",
+                        hit=rng.randint(1, total - 2))
+        return Trial(phase, sig, worker, (trigger, fault("backup.agreement")))
+    if phase == "evaluate":
+        return Trial(phase, sig, worker, (fault(
+            "train.evaluate", delay=rng.uniform(0, 0.6 * windows.after_training)),))
+    # write: the chief's writes, each rename, the backup's removal; or worker 1
+    # stopping while the chief writes (the launcher then stops the chief)
+    kind = rng.choice(("train.write", "io.publish", "backup.delete"))
+    if kind == "train.write":
+        kill = fault(kind, delay=rng.uniform(0, 0.3 * windows.after_training))
+    else:
+        worker = 0
+        kill = fault(kind, worker=0, hit=rng.randint(1, 2 if kind == "io.publish" else 3))
+    return Trial(phase, sig, worker, (kill,))
+
+
+# ----------------------------------------------------------------------------- checks
+
+def keras_arrays(path: str) -> dict:
+    """Every array a `.keras` file stores (weights, and the optimizer's
+    variables, its iteration count first: `optimizer/vars/0`), by h5 path."""
+    import h5py
+    import numpy as np
+
+    with zipfile.ZipFile(path) as archive:
+        data = archive.read("model.weights.h5")
+    arrays = {}
+    with h5py.File(io.BytesIO(data), "r") as f:
+        f.visititems(lambda name, obj: arrays.__setitem__(name, np.array(obj))
+                     if isinstance(obj, h5py.Dataset) else None)
+    return arrays
+
+
+def compare_arrays(arrays: dict, reference: dict) -> list[str]:
+    """What differs from `reference` beyond `TOLERANCE` (empty: equal)."""
+    import numpy as np
+
+    problems = []
+    if sorted(arrays) != sorted(reference):
+        problems.append(f"arrays {sorted(set(arrays) ^ set(reference))} are in only one model")
+    for name in sorted(set(arrays) & set(reference)):
+        a, b = np.asarray(arrays[name], np.float64), np.asarray(reference[name], np.float64)
+        if a.shape != b.shape:
+            problems.append(f"{name}: shape {a.shape} != {b.shape}")
+        elif a.size and float(np.max(np.abs(a - b))) > TOLERANCE:
+            problems.append(f"{name}: differs by up to {float(np.max(np.abs(a - b))):.3g}")
+    return problems
+
+
+def _metric_problems(metrics: dict, reference: dict) -> list[str]:
+    problems = []
+    for name in _COMPARED_METRICS:
+        a, b = metrics.get(name), reference.get(name)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            if abs(a - b) > TOLERANCE:
+                problems.append(f"metrics.json {name} {a!r} != {b!r}")
+        elif a != b:
+            problems.append(f"metrics.json {name} {a!r} != {b!r}")
+    return problems
+
+
+def snapshot(root: str, exclude: tuple[str, ...] = ()) -> dict:
+    """Every file and folder under `root` (paths relative to it, except those
+    under `exclude`), with its size and content hash, or `dir`."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        dirs[:] = sorted(d for d in dirs
+                         if os.path.normpath(os.path.join(rel, d)) not in exclude)
+        for d in dirs:
+            found[os.path.normpath(os.path.join(rel, d))] = "dir"
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()[:16]
+            except OSError as e:
+                digest = f"unreadable ({e.strerror})"
+            found[os.path.normpath(os.path.join(rel, name))] = \
+                f"{os.path.getsize(path)} {digest}"
+    return found
+
+
+def snapshot_changes(before: dict, after: dict) -> list[str]:
+    """The paths added, removed or changed between two `snapshot`s."""
+    return ([f"added {p}" for p in sorted(set(after) - set(before))]
+            + [f"removed {p}" for p in sorted(set(before) - set(after))]
+            + [f"changed {p}" for p in sorted(set(before) & set(after))
+               if before[p] != after[p]])
+
+
+def resume_problems(output: str) -> tuple[list[str], list[int]]:
+    """From a trial's launch output: the restarts that resumed from an older
+    backup than the newest one reported complete before them, while the run's
+    outputs were not yet written (a finished backup lost), and the step each
+    attempt resumed from (0: a fresh start).
+
+    Returns:
+        (problems, resumed steps of the attempts that got as far as choosing one)
+    """
+    problems, resumed = [], []
+    saved, published, attempt, chose = 0, False, 0, False
+    for line in output.splitlines():
+        if _ATTEMPT.match(line):
+            attempt += 1
+            chose = False
+        elif (match := _SAVED.match(line)):
+            saved = max(saved, int(match.group(1)))
+        elif (match := _RESUMED.match(line)):
+            step = int(match.group(1))
+            resumed.append(step)
+            chose = True
+            if step < saved and not published:
+                problems.append(f"attempt {attempt} resumed from step {step}, but the backup "
+                                f"at step {saved} was complete")
+        elif _PUBLISHED.match(line):
+            published = True
+        elif line.startswith("[worker 0] Epoch 1/") and attempt and not chose:
+            chose = True
+            resumed.append(0)
+            if saved and not published:
+                problems.append(f"attempt {attempt} started afresh, but the backup at step "
+                                f"{saved} was complete")
+    return problems, resumed
+
+
+# ----------------------------------------------------------------------------- running
+
+def _plant_neighbours(run_dir: str) -> None:
+    """Another run's files next to this run's directories: checkpoints with
+    TensorFlow's default names, outputs, and a file whose name starts like the
+    backup directory's."""
+    files = {"other-run/backup/ckpt-4.index": b"not ours",
+             "other-run/backup/ckpt-4.data-00000-of-00001": b"not ours either",
+             "other-run/backup/checkpoint": b'model_checkpoint_path: "ckpt-4"\n',
+             "other-run/model/metrics.json": b'{"test_accuracy": 0.5}\n',
+             "backup-notes.txt": b"the user's notes\n"}
+    for rel, content in files.items():
+        path = os.path.join(run_dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(content)
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def worker_pids(launcher_pid: int) -> dict[int, int]:
+    """The launch's worker processes below `launcher_pid`, by rank (their
+    TF_CONFIG task index), as this process sees them (in any PID namespace)."""
+    children, found, stack = _children(), {}, [launcher_pid]
+    while stack:
+        pid = stack.pop()
+        for child in children.get(pid, []):
+            stack.append(child)
+            try:
+                with open(f"/proc/{child}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except OSError:
+                continue
+            for item in environ:
+                if item.startswith(b"TF_CONFIG="):
+                    try:
+                        found[int(json.loads(item[10:])["task"]["index"])] = child
+                    except (ValueError, KeyError, TypeError):
+                        pass
+    return found
+
+
+def _launch(command: list[str], env: dict, timeout: float, log_path: str,
+            wall: tuple[float, int, str] | None = None) -> tuple:
+    """Runs one launch (its output, each line with its time, also to
+    `log_path`); returns (exit status, output, seconds, the wall-clock kill
+    sent or None, [(seconds, line)]). `wall`: (delay, worker, signal)."""
+    start = time.monotonic()
+    lines: list[tuple[float, str]] = []
+    proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="backslashreplace",
+                            start_new_session=True)
+
+    def read():
+        for line in proc.stdout:
+            lines.append((time.monotonic() - start, line.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    sent: dict | None = None
+    try:
+        if wall is not None:
+            delay, worker, sig = wall
+            try:
+                proc.wait(timeout=delay)
+            except subprocess.TimeoutExpired:
+                pid = worker_pids(proc.pid).get(worker)
+                if pid is not None:
+                    try:
+                        os.kill(pid, getattr(signal, f"SIG{sig}"))
+                        sent = {"worker": worker, "signal": sig, "pid": pid,
+                                "time": time.monotonic() - start, "landed": "anytime"}
+                    except ProcessLookupError:
+                        pass
+        proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
+    except subprocess.TimeoutExpired:
+        lines.append((time.monotonic() - start, f"chaos: the launch took over {timeout:g} s; "
+                                                 "stopping it"))
+        proc.send_signal(signal.SIGTERM)  # the launcher stops its workers
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        reader.join(timeout=30)
+    text = "\n".join(f"{t:8.2f} {line}" for t, line in lines)
+    with open(log_path, "w") as f:
+        f.write(text + "\n")
+    return (exit_codes.exit_status(proc.returncode), "\n".join(line for _, line in lines),
+            time.monotonic() - start, sent, lines)
+
+
+def _worker_env(tmp: str, faults: str) -> dict:
+    env = {**os.environ, "TMPDIR": tmp, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"]
+                                         if env.get("PYTHONPATH") else "")
+    if faults:
+        env[_faults.ENV] = faults
+    else:
+        env.pop(_faults.ENV, None)
+    return env
+
+
+def run_trial(trial: Trial | None, setup: Setup, folder: str,
+              reference: dict | None) -> dict:
+    """Runs one trial (None: the uninterrupted reference) in `folder`; returns its
+    record: the kills that fired, the launches, the checks and `exact`."""
+    run_dir, tmp, markers = (os.path.join(folder, name) for name in ("run", "tmp", "faults"))
+    backup_dir, model_dir = os.path.join(run_dir, "backup"), os.path.join(run_dir, "model")
+    for path in (run_dir, tmp, markers):
+        os.makedirs(path, exist_ok=True)
+    _plant_neighbours(run_dir)
+    watched = {"run": (run_dir, ("backup", "model")), "tmp": (tmp, ())}
+    before = {key: snapshot(path, exclude) for key, (path, exclude) in watched.items()}
+    command = launch_command(setup, backup_dir, model_dir)
+    env = _worker_env(tmp, _faults.format_faults(list(trial.faults)) if trial else "")
+    start = time.monotonic()
+    launches, outputs, wall_kill, code, all_lines = [], [], None, None, []
+    for n in range(setup.max_launches):
+        wall = ((trial.wall_delay, trial.worker, trial.signal)
+                if trial is not None and trial.wall_delay is not None and n == 0 else None)
+        code, output, seconds, sent, lines = _launch(
+            command, env, setup.launch_timeout, os.path.join(folder, f"launch-{n + 1}.log"),
+            wall)
+        wall_kill = wall_kill or sent
+        outputs.append(output)
+        all_lines.append(lines)
+        launches.append({"exit_status": code, "seconds": round(seconds, 1),
+                         "restarts": output.count("tfmulti launch: restart ")})
+        if code == 0:
+            break
+    output = "\n".join(outputs)
+    kills = []
+    for f in (trial.faults if trial else ()):
+        try:
+            with open(f.once) as marker:
+                kills.append(json.load(marker))
+        except (OSError, ValueError):
+            pass
+    if wall_kill:
+        kills.append(wall_kill)
+    record = {"phase": trial.phase if trial else "reference",
+              "plan": trial.describe() if trial else "", "launches": launches,
+              "seconds": round(time.monotonic() - start, 1), "kills": kills}
+    targeted = [k for k in kills if trial and (trial.wall_delay is not None
+                                               or k["point"] == trial.faults[-1].point)]
+    record["fired"] = trial is None or bool(targeted)
+    if targeted:
+        kill = targeted[-1]
+        record["landed"] = (kill["landed"] if kill["landed"] == "anytime"
+                            else _PHASE_OF_POINT.get(kill["landed"], kill["landed"]))
+        record["signal"] = kill["signal"]
+        record["worker"] = kill["worker"]
+    problems = []
+    if code != 0:
+        problems.append(f"the run did not complete in {setup.max_launches} launches "
+                        f"(last exit status {code})")
+    complete = all(os.path.exists(os.path.join(model_dir, n))
+                   for n in ("metrics.json", "model.keras"))
+    if code == 0 and not complete:
+        problems.append("the launch succeeded but metrics.json or model.keras is missing")
+    record["arrays"] = None
+    if complete:
+        arrays = keras_arrays(os.path.join(model_dir, "model.keras"))
+        with open(os.path.join(model_dir, "metrics.json")) as f:
+            metrics = json.load(f)
+        iterations = int(arrays.get("optimizer/vars/0", -1))
+        record["iterations"] = iterations
+        if iterations != setup.total_steps:
+            problems.append(f"the optimizer ran {iterations} steps, not {setup.total_steps}")
+        if reference is not None:
+            problems += compare_arrays(arrays, reference["arrays"])
+            problems += _metric_problems(metrics, reference["metrics"])
+        record["arrays"], record["metrics"] = arrays, metrics
+    lost, resumed = resume_problems(output)
+    record["resumed_from"] = resumed
+    problems += lost
+    changed = [f"{key}: {c}" for key, (path, exclude) in watched.items()
+               for c in snapshot_changes(before[key], snapshot(path, exclude))]
+    problems += [f"outside the run's directories, {c}" for c in changed]
+    if code == 0:
+        if os.path.exists(backup_dir):
+            problems.append(f"the backup is still there after a clean end: "
+                            f"{sorted(os.listdir(backup_dir))}")
+        extra = sorted(set(os.listdir(model_dir)) - set(_OUTPUTS)) \
+            if os.path.isdir(model_dir) else []
+        if extra:
+            problems.append(f"model_dir holds leftovers: {extra}")
+    record["problems"] = problems
+    record["exact"] = not problems
+    record["timeline"] = all_lines
+    return record
+
+
+def _windows(record: dict, setup: Setup) -> Windows:
+    """The reference run's timings (its one launch's output lines)."""
+    lines = record["timeline"][0]
+    total = record["launches"][0]["seconds"]
+
+    def first(pattern):
+        return next((t for t, line in lines if re.search(pattern, line)), None)
+
+    epoch = first(r"^\[worker 0\] Epoch 1/") or 0.5 * total
+    last_backup = first(rf"^\[worker 0\] tfmulti: backup at global step {setup.total_steps}\b")
+    written = first(r"^\[worker 0\] tfmulti: wrote metrics\.json")
+    after = (written - last_backup) if last_backup and written else 2.0
+    return Windows(run=total, training_start=epoch, after_training=max(0.5, after))
+
+
+def _counts(records: list[dict]) -> dict:
+    rows: dict[str, dict] = {}
+    for r in records:
+        if not r.get("fired"):
+            continue
+        row = rows.setdefault(r["landed"], {"kills": 0, "KILL": 0, "TERM": 0, "exact": 0,
+                                             "lost": 0})
+        row["kills"] += 1
+        row[r["signal"]] = row.get(r["signal"], 0) + 1
+        row["exact" if r["exact"] else "lost"] += 1
+    return rows
+
+
+def format_table(records: list[dict]) -> str:
+    """The campaign's table: kills by the phase they landed in and signal,
+    resumed exactly, lost; then the trials whose kill never fired.
+
+    Example:
+        >>> print(format_table([{"fired": True, "landed": "save", "signal": "KILL",
+        ...                      "exact": True}]))
+        phase      kills  SIGKILL  SIGTERM  resumed exactly  lost
+        save           1        1        0                1     0
+        total          1        1        0                1     0
+    """
+    rows = _counts(records)
+    order = [p for p in (*PHASES, "training") if p in rows] + sorted(
+        p for p in rows if p not in (*PHASES, "training"))
+    lines = [f"{'phase':<10} {'kills':>5}  {'SIGKILL':>7}  {'SIGTERM':>7}  "
+             f"{'resumed exactly':>15}  {'lost':>4}"]
+    total = {"kills": 0, "KILL": 0, "TERM": 0, "exact": 0, "lost": 0}
+    for phase in order:
+        row = rows[phase]
+        for key in total:
+            total[key] += row.get(key, 0)
+        lines.append(f"{phase:<10} {row['kills']:>5}  {row.get('KILL', 0):>7}  "
+                     f"{row.get('TERM', 0):>7}  {row['exact']:>15}  {row['lost']:>4}")
+    lines.append(f"{'total':<10} {total['kills']:>5}  {total['KILL']:>7}  {total['TERM']:>7}  "
+                 f"{total['exact']:>15}  {total['lost']:>4}")
+    missed = sum(1 for r in records if not r.get("fired"))
+    if missed:
+        lines.append(f"({missed} trial(s) whose kill never fired, not counted)")
+    return "\n".join(lines)
+
+
+def _next_phase(records: list[dict], phases: tuple[str, ...]) -> str:
+    counts = _counts(records)
+    return min(phases, key=lambda p: (counts.get(p, {}).get("kills", 0), phases.index(p)))
+
+
+def _summary(record: dict) -> dict:
+    """A trial's record for the JSON file (without the arrays and raw lines)."""
+    return {k: v for k, v in record.items() if k not in ("arrays", "timeline")}
+
+
+def run_campaign(kills: int, output: str, *, phases: tuple[str, ...] = PHASES, seed: int = 0,
+                 setup: Setup | None = None, workdir: str | None = None,
+                 keep: bool = False, command: str | None = None) -> dict:
+    """Runs the reference, then trials until `kills` kills have fired (at most
+    3 x `kills` trials); prints each trial's result and the table; writes
+    `output` (JSON) after every trial.
+
+    Args:
+        kills: how many kills to count.
+        output: the JSON file (every trial: its plan, kills, launches, checks).
+        phases: the phases to aim at (a subset of `PHASES`).
+        seed: the random seed of the plan (signals, workers, steps, delays).
+        setup: the training and the launcher's settings; default `Setup()`.
+        workdir: where the trials' directories go (default: a new temporary
+            folder); a trial's folder is removed once it passed, unless `keep`.
+        keep: keep every trial's folder (logs, outputs).
+        command: the command line, recorded in the JSON.
+
+    Returns:
+        The record written to `output`; `complete` is true when `kills` kills fired,
+        `exact` how many of them resumed exactly.
+
+    Raises:
+        ValueError: bad arguments.
+        RuntimeError: the reference run failed.
+    """
+    _checks.positive_int("kills", kills)
+    if not phases or any(p not in PHASES for p in phases):
+        raise ValueError(f"`phases` must be a non-empty subset of {list(PHASES)}, got "
+                         f"{list(phases)!r}.")
+    setup = setup or Setup()
+    own_workdir = workdir is None
+    workdir = workdir or tempfile.mkdtemp(prefix="tfmulti-chaos-")
+    os.makedirs(workdir, exist_ok=True)
+    rng = random.Random(seed)
+    started = time.monotonic()
+    result = {"command": command, "kills": kills, "phases": list(phases), "seed": seed,
+              "setup": dataclasses.asdict(setup), "workdir": workdir, "complete": False}
+    print(f"chaos: reference run (uninterrupted) in {workdir}", flush=True)
+    reference = run_trial(None, setup, os.path.join(workdir, "reference"), None)
+    if not reference["exact"]:
+        raise RuntimeError(f"the reference run failed ({'; '.join(reference['problems'])}); "
+                           f"see {os.path.join(workdir, 'reference')}")
+    windows = _windows(reference, setup)
+    result["reference"] = {**_summary(reference), "windows": dataclasses.asdict(windows)}
+    print(f"chaos: reference: {reference['seconds']:.0f} s, {setup.total_steps} steps",
+          flush=True)
+    records: list[dict] = []
+    fired = 0
+    for n in range(1, 3 * kills + 1):
+        if fired >= kills:
+            break
+        phase = _next_phase(records, phases)
+        folder = os.path.join(workdir, f"trial-{n:02d}-{phase}")
+        trial = plan_trial(phase, rng, setup, windows, os.path.join(folder, "faults"))
+        record = run_trial(trial, setup, folder, reference)
+        records.append(record)
+        fired += record["fired"]
+        status = ("not fired" if not record["fired"] else "exact" if record["exact"]
+                  else "LOST: " + "; ".join(record["problems"]))
+        print(f"chaos: trial {n} ({phase} -> {record.get('landed', '-')}), "
+              f"{trial.describe()}: {status} [{record['seconds']:.0f} s, "
+              f"{len(record['launches'])} launch(es), resumed from {record['resumed_from']}]",
+              flush=True)
+        if (record["exact"] or not record["fired"]) and not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+        result.update(trials=[_summary(r) for r in records], fired=fired,
+                      exact=sum(1 for r in records if r["fired"] and r["exact"]),
+                      seconds=round(time.monotonic() - started, 1))
+        write_json_atomic(output, result)
+    result["complete"] = fired >= kills
+    result["table"] = format_table(records)
+    write_json_atomic(output, result)
+    print(result["table"], flush=True)
+    print(f"chaos: {result['exact']} of {fired} kills resumed exactly, "
+          f"{fired - result['exact']} lost; {result['seconds'] / 60:.1f} min; {output}",
+          flush=True)
+    if own_workdir and not keep and result["exact"] == fired:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
