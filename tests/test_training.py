@@ -160,6 +160,25 @@ def test_model_dir_belongs_to_one_run(tmp_path):
     assert metrics["resumed_from_step"] == 4
 
 
+def test_a_resumed_run_removes_the_half_written_outputs_of_a_killed_one(tmp_path):
+    """A worker killed while publishing leaves its staging folder (the next
+    publish uses a new one); the run's next attempt removes it. Another
+    run's staging folder is not touched without overwrite."""
+    run = dict(TINY, model_dir=str(tmp_path / "run"), backup_dir=str(tmp_path / "b"),
+               keep_backup=True)
+    train(TrainConfig(**run))
+    killed = tmp_path / "run" / ".staging-k1ll3d"
+    killed.mkdir()
+    (killed / "model.keras").write_bytes(b"half a model")
+    train(TrainConfig(**run))
+    assert sorted(os.listdir(tmp_path / "run")) == [".tfmulti-run.json", "logs", "metrics.json",
+                                                     "model.keras"]
+    other = tmp_path / "other"
+    (other / ".staging-0th3r").mkdir(parents=True)
+    train(TrainConfig(**{**run, "model_dir": str(other), "backup_dir": str(tmp_path / "c")}))
+    assert (other / ".staging-0th3r").is_dir()
+
+
 def test_outputs_are_published_together(tmp_path, monkeypatch):
     """A failure while writing the model leaves no metrics.json that belongs to
     another model, and no staging folder."""

@@ -5,7 +5,8 @@ configuration leaves `model_dir` untouched. `model_dir` belongs to one run: a
 folder holding another run's outputs is refused unless `overwrite` (which
 removes them first), and the outputs are written into a private staging
 folder, synced, and renamed into place with `metrics.json` last, so a crash
-never pairs new metrics with an old model.
+never pairs new metrics with an old model (the staging folder of a killed
+attempt is removed when the run resumes).
 
 Example:
     >>> from tfmulti.config import TrainConfig
@@ -67,6 +68,7 @@ def _claim_model_dir(config: TrainConfig) -> None:
     """
     folder = config.model_dir
     entries = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    staged = [e for e in entries if e.startswith(".staging-")]  # a killed attempt's
     entries = [e for e in entries if not e.startswith(".staging-")]
     if entries and not config.overwrite:
         mine = _read_run_file(folder)
@@ -79,15 +81,20 @@ def _claim_model_dir(config: TrainConfig) -> None:
                 "another model_dir" + (" (a resumed run keeps its model_dir when its "
                                        "configuration is unchanged)" if config.backup_dir
                                        else "") + ".")
-        return  # the same run, resumed: its outputs so far stay
+        _remove(folder, staged)  # the same run, resumed: its outputs so far stay
+        return
     if config.overwrite:
-        for name in (*OUTPUTS, *(e for e in entries if e.startswith(".staging-"))):
-            path = os.path.join(folder, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            elif os.path.lexists(path):
-                os.remove(path)
+        _remove(folder, [*OUTPUTS, *staged])
     write_json_atomic(os.path.join(folder, _RUN_FILE), _identity(config), sort_keys=True)
+
+
+def _remove(folder: str, names) -> None:
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
 
 
 def _read_run_file(folder: str) -> dict | None:
