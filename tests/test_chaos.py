@@ -16,7 +16,7 @@ from tfmulti import _faults
 from tfmulti.bench import chaos
 
 SETUP = chaos.Setup()
-WINDOWS = chaos.Windows(run=40.0, training_start=25.0, after_training=3.0)
+WINDOWS = chaos.Windows(run=40.0, training_start=25.0, evaluate=6.0, write=0.5)
 
 
 # ----------------------------------------------------------------------------- plans
@@ -142,37 +142,44 @@ def _resumed(step):
     return f"[worker 0] tfmulti: resuming from /r/ckpt-{step}: global step {step} = epoch 1"
 
 
-def test_resume_problems_catch_a_lost_backup_only():
+def test_read_resumes_catches_a_lost_backup_and_a_finished_run_trained_again():
     kept = _output(START, "[worker 0] Epoch 1/2", _saved(4), _saved(8), RESTART, START,
                    _resumed(8), "[worker 0] tfmulti: wrote metrics.json, model.keras")
-    assert chaos.resume_problems(kept) == ([], [0, 8])
+    assert chaos.read_resumes(kept, 16) == chaos.Resumes([0, 8], [], [])
     lost = _output(START, "[worker 0] Epoch 1/2", _saved(4), _saved(8), START, _resumed(4))
-    assert chaos.resume_problems(lost) == (
-        ["attempt 2 resumed from step 4, but the backup at step 8 was complete"], [0, 4])
+    assert chaos.read_resumes(lost, 16) == chaos.Resumes(
+        [0, 4], ["attempt 2 resumed from step 4, but the backup at step 8 was complete"], [])
     afresh = _output(START, "[worker 0] Epoch 1/2", _saved(4), START, "[worker 0] Epoch 1/2")
-    assert chaos.resume_problems(afresh)[0] == [
+    assert chaos.read_resumes(afresh, 16).problems == [
         "attempt 2 started afresh, but the backup at step 4 was complete"]
     preempted = _output(START, "[worker 0] Epoch 1/2",
                         "[worker 0] tfmulti: preempted: saved a backup at global step 6 in /r",
                         START, _resumed(4))
-    assert "the backup at step 6 was complete" in chaos.resume_problems(preempted)[0][0]
-    # Once the outputs are written, the backup is only being removed: a rerun
-    # from what is left of it redoes steps but loses nothing.
-    after_writes = _output(START, _saved(16), "[worker 0] tfmulti: wrote metrics.json, ...",
-                           START, _resumed(12))
-    assert chaos.resume_problems(after_writes) == ([], [12])
+    assert "the backup at step 6 was complete" in chaos.read_resumes(preempted, 16).problems[0]
+    # Once the outputs are written, the backup is being removed: a restart from
+    # what is left of it (or from nothing) loses nothing but trains again.
+    end = _output(START, _saved(16), "[worker 0] tfmulti: wrote metrics.json, ...")
+    assert chaos.read_resumes(end + "\n" + _output(START, _resumed(16)), 16) == \
+        chaos.Resumes([16], [], [])
+    assert chaos.read_resumes(end + "\n" + _output(START, _resumed(12)), 16) == chaos.Resumes(
+        [12], [], ["attempt 2 resumed from step 12 after the outputs were written"])
+    assert chaos.read_resumes(end + "\n" + _output(START, "[worker 0] Epoch 1/2"), 16) == \
+        chaos.Resumes([0], [], ["attempt 2 started afresh after the outputs were written"])
 
 
 def test_the_table_counts_kills_where_they_landed(capsys):
     records = [{"fired": True, "landed": "save", "signal": "KILL", "exact": True},
                {"fired": True, "landed": "save", "signal": "TERM", "exact": False},
-               {"fired": True, "landed": "anytime", "signal": "TERM", "exact": True},
+               {"fired": True, "landed": "anytime", "signal": "TERM", "exact": True,
+                "retrained": ["attempt 2 started afresh after the outputs were written"]},
                {"fired": False}]
     lines = chaos.format_table(records).splitlines()
     assert lines[1].split() == ["save", "2", "1", "1", "1", "1"]
     assert lines[2].split() == ["anytime", "1", "0", "1", "1", "0"]
     assert lines[3].split() == ["total", "3", "1", "2", "2", "1"]
-    assert lines[4] == "(1 trial(s) whose kill never fired, not counted)"
+    assert lines[4].startswith("(1 kill(s) after the outputs were written: the restarted run "
+                               "trained again")
+    assert lines[5] == "(1 trial(s) whose kill never fired, not counted)"
 
 
 # ----------------------------------------------------------------------------- a campaign

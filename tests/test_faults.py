@@ -136,3 +136,20 @@ def test_a_malformed_value_fails_at_the_first_point(caught, monkeypatch):
     _arm(monkeypatch, "point=nowhere")
     with pytest.raises(ValueError, match="TFMULTI_FAULTS entry 'point=nowhere'"):
         _faults.point("backup.save")
+
+
+@pytest.mark.slow  # starts a Python process (no TensorFlow)
+def test_a_delayed_sigkill_lands_even_after_the_program_returned(tmp_path):
+    """A worker whose own work ended is still alive (its peers may be writing):
+    the delayed signal keeps it until it lands, and SIGKILL ends it there."""
+    from tests._util import REPO, run_python
+
+    marker = tmp_path / "m"
+    result = run_python(
+        ["-c", "from tfmulti import _faults; _faults.point('train.write'); print('returned')"],
+        timeout=60, env={_faults.ENV: f"point=train.write,delay=0.5,once={marker}",
+                         "PYTHONPATH": str(REPO)})
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert result.stdout == "returned\n"
+    assert "worker 0 sends itself SIGKILL at train.write (pass 1, +0.5 s" in result.stderr
+    assert json.loads(marker.read_text())["landed"] == "train.write"

@@ -19,7 +19,9 @@ TF_CONFIG). Several faults are separated by `;`. Fields:
     signal  KILL (dies at once), TERM (tfmulti's preemption path), INT, ...;
             default KILL
     delay   seconds from the hit to the signal, sent from a timer thread, so
-            that it lands inside what follows the point; default 0 (at once)
+            that it lands inside what follows the point (the process waits for
+            it before exiting: a worker that finished is still killed during
+            its peers' work); default 0 (at once)
     once    a file: the fault fires only if the file does not exist, and
             creates it (JSON: point, worker, hit, signal, pid, time, and
             `landed`, the last point this process passed when the signal went
@@ -210,9 +212,7 @@ def point(name: str) -> None:
     for fault in faults:
         if fault.point == name and fault.hit == count and fault.worker in (None, rank):
             if fault.delay:
-                timer = threading.Timer(fault.delay, _send, (fault, rank))
-                timer.daemon = True
-                timer.start()
+                threading.Timer(fault.delay, _send, (fault, rank)).start()
             else:
                 _send(fault, rank)
 

@@ -76,7 +76,7 @@ from tfmulti.cluster import exit_codes
 from tfmulti.config import TrainConfig
 
 __all__ = ["PHASES", "Setup", "Trial", "compare_arrays", "format_table", "keras_arrays",
-           "plan_trial", "resume_problems", "run_campaign", "snapshot", "snapshot_changes",
+           "plan_trial", "read_resumes", "run_campaign", "snapshot", "snapshot_changes",
            "train_config"]
 
 PHASES = ("save", "restore", "agreement", "evaluate", "write", "anytime")
@@ -202,7 +202,8 @@ class Windows:
 
     run: float  # the whole launch
     training_start: float  # from the launch to the first epoch
-    after_training: float  # from the last backup to the outputs written
+    evaluate: float  # from the last backup to the end of the evaluation
+    write: float  # from there to the outputs written
     save: float = 0.25
     restore: float = 0.25
 
@@ -243,12 +244,12 @@ def plan_trial(phase: str, rng: random.Random, setup: Setup, windows: Windows,
         return Trial(phase, sig, worker, (trigger, fault("backup.agreement")))
     if phase == "evaluate":
         return Trial(phase, sig, worker, (fault(
-            "train.evaluate", delay=rng.uniform(0, 0.6 * windows.after_training)),))
+            "train.evaluate", delay=rng.uniform(0, windows.evaluate)),))
     # write: the chief's writes, each rename, the backup's removal; or worker 1
     # stopping while the chief writes (the launcher then stops the chief)
     kind = rng.choice(("train.write", "io.publish", "backup.delete"))
     if kind == "train.write":
-        kill = fault(kind, delay=rng.uniform(0, 0.3 * windows.after_training))
+        kill = fault(kind, delay=rng.uniform(0, windows.write))
     else:
         worker = 0
         kill = fault(kind, worker=0, hit=rng.randint(1, 2 if kind == "io.publish" else 3))
@@ -330,17 +331,40 @@ def snapshot_changes(before: dict, after: dict) -> list[str]:
                if before[p] != after[p]])
 
 
-def resume_problems(output: str) -> tuple[list[str], list[int]]:
-    """From a trial's launch output: the restarts that resumed from an older
-    backup than the newest one reported complete before them, while the run's
-    outputs were not yet written (a finished backup lost), and the step each
-    attempt resumed from (0: a fresh start).
+@dataclasses.dataclass(frozen=True)
+class Resumes:
+    """Where each attempt of a trial's run resumed, read from its output.
 
-    Returns:
-        (problems, resumed steps of the attempts that got as far as choosing one)
+    Attributes:
+        steps: the step each attempt resumed from (0: a fresh start), for the
+            attempts that got as far as choosing one.
+        problems: finished backups lost: an attempt that resumed from an older
+            backup than the newest one reported complete before it, while the
+            run's outputs were not yet written.
+        retrained: attempts that trained again after the outputs were written
+            (killed after the end, the backup already removed): nothing is lost,
+            the work is done twice.
     """
-    problems, resumed = [], []
+
+    steps: list[int]
+    problems: list[str]
+    retrained: list[str]
+
+
+def read_resumes(output: str, total_steps: int) -> Resumes:
+    """`Resumes` from the output of a trial's launches (`total_steps`: the run's)."""
+    resumes = Resumes([], [], [])
     saved, published, attempt, chose = 0, False, 0, False
+
+    def chosen(step: int, what: str) -> None:
+        resumes.steps.append(step)
+        if published and step < total_steps:
+            resumes.retrained.append(f"attempt {attempt} {what} after the outputs were "
+                                     "written")
+        elif step < saved and not published:
+            resumes.problems.append(f"attempt {attempt} {what}, but the backup at step "
+                                    f"{saved} was complete")
+
     for line in output.splitlines():
         if _ATTEMPT.match(line):
             attempt += 1
@@ -348,21 +372,14 @@ def resume_problems(output: str) -> tuple[list[str], list[int]]:
         elif (match := _SAVED.match(line)):
             saved = max(saved, int(match.group(1)))
         elif (match := _RESUMED.match(line)):
-            step = int(match.group(1))
-            resumed.append(step)
             chose = True
-            if step < saved and not published:
-                problems.append(f"attempt {attempt} resumed from step {step}, but the backup "
-                                f"at step {saved} was complete")
+            chosen(int(match.group(1)), f"resumed from step {match.group(1)}")
         elif _PUBLISHED.match(line):
             published = True
         elif line.startswith("[worker 0] Epoch 1/") and attempt and not chose:
             chose = True
-            resumed.append(0)
-            if saved and not published:
-                problems.append(f"attempt {attempt} started afresh, but the backup at step "
-                                f"{saved} was complete")
-    return problems, resumed
+            chosen(0, "started afresh")
+    return resumes
 
 
 # ----------------------------------------------------------------------------- running
@@ -521,7 +538,7 @@ def run_trial(trial: Trial | None, setup: Setup, folder: str,
             pass
     if wall_kill:
         kills.append(wall_kill)
-    record = {"phase": trial.phase if trial else "reference",
+    record = {"phase": trial.phase if trial else "reference", "folder": folder,
               "plan": trial.describe() if trial else "", "launches": launches,
               "seconds": round(time.monotonic() - start, 1), "kills": kills}
     targeted = [k for k in kills if trial and (trial.wall_delay is not None
@@ -554,9 +571,10 @@ def run_trial(trial: Trial | None, setup: Setup, folder: str,
             problems += compare_arrays(arrays, reference["arrays"])
             problems += _metric_problems(metrics, reference["metrics"])
         record["arrays"], record["metrics"] = arrays, metrics
-    lost, resumed = resume_problems(output)
-    record["resumed_from"] = resumed
-    problems += lost
+    resumes = read_resumes(output, setup.total_steps)
+    record["resumed_from"] = resumes.steps
+    record["retrained"] = resumes.retrained
+    problems += resumes.problems
     changed = [f"{key}: {c}" for key, (path, exclude) in watched.items()
                for c in snapshot_changes(before[key], snapshot(path, exclude))]
     problems += [f"outside the run's directories, {c}" for c in changed]
@@ -584,9 +602,14 @@ def _windows(record: dict, setup: Setup) -> Windows:
 
     epoch = first(r"^\[worker 0\] Epoch 1/") or 0.5 * total
     last_backup = first(rf"^\[worker 0\] tfmulti: backup at global step {setup.total_steps}\b")
+    # Worker 1 prints its summary once `train` returned: the chief starts writing.
+    evaluated = first(r"^\[worker 1\] tfmulti: test_")
     written = first(r"^\[worker 0\] tfmulti: wrote metrics\.json")
-    after = (written - last_backup) if last_backup and written else 2.0
-    return Windows(run=total, training_start=epoch, after_training=max(0.5, after))
+    if None in (last_backup, evaluated, written):
+        raise RuntimeError(f"the reference run's output lacks the lines that time its phases; "
+                           f"see {record['folder']}")
+    return Windows(run=total, training_start=epoch, evaluate=max(0.5, evaluated - last_backup),
+                   write=max(0.2, written - evaluated))
 
 
 def _counts(records: list[dict]) -> dict:
@@ -627,6 +650,10 @@ def format_table(records: list[dict]) -> str:
                      f"{row.get('TERM', 0):>7}  {row['exact']:>15}  {row['lost']:>4}")
     lines.append(f"{'total':<10} {total['kills']:>5}  {total['KILL']:>7}  {total['TERM']:>7}  "
                  f"{total['exact']:>15}  {total['lost']:>4}")
+    retrained = sum(1 for r in records if r.get("fired") and r.get("retrained"))
+    if retrained:
+        lines.append(f"({retrained} kill(s) after the outputs were written: the restarted run "
+                     "trained again; nothing lost, the work done twice)")
     missed = sum(1 for r in records if not r.get("fired"))
     if missed:
         lines.append(f"({missed} trial(s) whose kill never fired, not counted)")
