@@ -71,10 +71,28 @@ def test_commands_for_isolated_and_non_isolated_runs():
     plan = plan_lib.make_plan(["python", "train.py"], 2)
     supervise = ["/py", "-m", "tfmulti.cluster.supervisor", plan.to_json()]
     assert plan_lib.supervisor_command(plan, "/py") == supervise
-    assert plan_lib.supervisor_command(plan, "/py", "root") == ["unshare", "--net", "--",
-                                                                *supervise]
+    # Always a new PID namespace where one can be made; a network one when isolated.
+    assert plan_lib.supervisor_command(plan, "/py", "root") == [
+        "unshare", "--pid", "--net", "--", *supervise]
+    assert plan_lib.supervisor_command(plan, "/py", "root", network=False) == [
+        "unshare", "--pid", "--", *supervise]
     assert plan_lib.supervisor_command(plan, "/py", "userns") == [
-        "unshare", "--net", "--map-root-user", "--", *supervise]
+        "unshare", "--pid", "--net", "--map-root-user", "--", *supervise]
     assert plan_lib.LaunchPlan.from_json(supervise[-1]).command == ("python", "train.py")
     with pytest.raises(ValueError, match=r"isolation `mode` \('pid'\) must be one of"):
         plan_lib.isolation_prefix("pid")
+
+
+def test_the_default_grace_period_covers_the_preemption_agreement():
+    # SIGTERM -> the agreement (up to PREEMPTION_AGREEMENT_S) -> the rest of a call of
+    # steps -> the save, all before SIGKILL: the same default everywhere a launch starts.
+    import inspect
+
+    from tfmulti import cli
+    from tfmulti.cluster import launch
+
+    default = plan_lib.DEFAULT_GRACE_PERIOD
+    assert default >= 2 * plan_lib.PREEMPTION_AGREEMENT_S
+    assert inspect.signature(launch).parameters["grace_period"].default == default
+    assert plan_lib.make_plan(["python"]).grace_period == default
+    assert cli.build_parser().parse_args(["launch", "--", "python"]).grace_period == default

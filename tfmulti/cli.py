@@ -128,9 +128,11 @@ def _add_launch_parser(sub) -> None:
     p.add_argument("--no_isolate", action="store_true",
                    help="do not run the workers in a private network namespace; by default "
                         "they are isolated: their unauthenticated gRPC ports are unreachable "
-                        "from other hosts, and isolated workers have no outside network")
+                        "from other hosts, isolated workers have no outside network, and "
+                        "where no namespace can be made the launch fails (exit 2)")
     p.add_argument("--grace_period", type=float, default=DEFAULT_GRACE_PERIOD,
-                   help="seconds between SIGTERM and SIGKILL when stopping workers "
+                   help="seconds between SIGTERM and SIGKILL when stopping workers: room for "
+                        "a preempted job's agreement, a call of steps and the save "
                         f"(default {DEFAULT_GRACE_PERIOD:g})")
     p.add_argument("--max_restarts", type=int, default=0,
                    help="restart all workers after a failure or preemption, up to this many "

@@ -1,13 +1,15 @@
 """Process plumbing shared by the launcher and the supervisor (no TensorFlow):
-whole-line output from several threads, stop signals, and pipe pumps."""
+whole-line output from several threads, stop signals, pipe pumps, and the
+children of a process."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Callable, TextIO
 
-__all__ = ["ERROR_PREFIX", "Output", "PREFIX", "StopSignals", "pump"]
+__all__ = ["ERROR_PREFIX", "Output", "PREFIX", "StopSignals", "children", "pump"]
 
 PREFIX = "tfmulti launch"
 ERROR_PREFIX = f"{PREFIX}: error: "
@@ -75,3 +77,19 @@ def pump(pipe, prefix: str, out: Output, on_line: Callable[[str], bool] | None =
     thread.start()
     return thread
 
+
+def children(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (from /proc; the PIDs as this process sees
+    them)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        if int(stat.rsplit(b")", 1)[1].split()[1]) == parent:
+            found.append(int(name))
+    return found

@@ -9,6 +9,8 @@ them when one fails or the launcher gets Ctrl-C/SIGTERM, and exits with the chie
 TensorFlow's gRPC servers are unauthenticated and listen on all interfaces, so by default the
 workers run inside one private network namespace (`unshare --net`, loopback only): nothing
 they open is reachable from other hosts, and they have no outside network access either.
+Where no such namespace can be made, the launch fails closed (one line, exit 2) unless
+`--no_isolate` was given.
 
 From Python or a notebook:
 
@@ -26,14 +28,16 @@ From Python or a notebook:
     history = notebook_launcher(train, args=(0.01,), num_workers=2)
 
 Layout: `tfmulti.cluster.plan` computes the plan, ports, environments and commands (pure
-functions); this module starts the supervisor (`tfmulti.cluster.supervisor`, under
-`unshare --net` when isolated), which starts the workers and passes their output, signals and
-exit codes through. The supervisor stops the workers even if the launcher is killed (e.g. a
-notebook kernel restart), via its parent-death signal.
+functions); this module starts the supervisor (`tfmulti.cluster.supervisor`) as the init of
+a new PID namespace (`unshare --pid`, with `--net` when isolated), which starts the
+workers and passes their output, signals and exit codes through. The supervisor stops the
+workers even if the launcher is killed (e.g. a notebook kernel restart), via parent-death
+signals; if the supervisor itself is killed, the kernel kills everything in its namespace.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -43,7 +47,7 @@ import time
 from typing import Sequence, TextIO
 
 from tfmulti.cluster._process import (ERROR_PREFIX, POLL_S, READER_JOIN_S, REAP_TIMEOUT_S,
-                                      Output, StopSignals, pump)
+                                      Output, StopSignals, children, pump)
 from tfmulti.cluster.exit_codes import exit_status
 from tfmulti.cluster.plan import (DEFAULT_GRACE_PERIOD, DEFAULT_STARTUP_TIMEOUT,
                                   ISOLATION_MODES, LaunchPlan, isolation_prefix, make_plan,
@@ -53,34 +57,83 @@ __all__ = ["launch"]
 
 _PROBE_TIMEOUT_S = 10.0
 _SUPERVISOR_EXTRA_S = 15.0  # the supervisor's own stop time on top of the grace period
+_SWEEP_S = 10.0  # the reaper's sweep after the supervisor is gone
+_PR_SET_PDEATHSIG = 1
+# What the supervisor's parent does in the namespaces: fork the namespace's init.
+_PROBE = "import os\nif not os.fork(): os._exit(0)\nos.wait()"
 
 
-def _probe_isolation() -> tuple[str | None, str]:
-    """The isolation mode that works here, or None and why none does."""
+def _probe_namespaces(network: bool = True) -> tuple[str | None, str]:
+    """The namespace mode (`ISOLATION_MODES`) that works here for a PID namespace, plus a
+    network namespace when `network`; or None and why none does."""
     if shutil.which("unshare") is None:
         return None, "the `unshare` command (util-linux) is not installed"
     reasons = []
     for mode in ISOLATION_MODES:
-        cmd = [*isolation_prefix(mode), "--", sys.executable, "-S", "-c", ""]
+        prefix = isolation_prefix(mode, network)
+        cmd = [*prefix, "--", sys.executable, "-S", "-c", _PROBE]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True,
                                     timeout=_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as e:
-            reasons.append(f"`{' '.join(cmd[:-4])}`: {e}")
+            reasons.append(f"`{' '.join(prefix)}`: {e}")
             continue
         if result.returncode == 0:
             return mode, ""
-        reasons.append(f"`{' '.join(cmd[:-4])}`: {result.stderr.strip() or result.returncode}")
+        reasons.append(f"`{' '.join(prefix)}`: {result.stderr.strip() or result.returncode}")
     return None, "; ".join(reasons)
+
+
+def _isolation_error(reason: str) -> ValueError:
+    return ValueError(
+        f"cannot isolate the workers in a private network namespace ({reason}), and their "
+        "TensorFlow gRPC ports are unauthenticated: nothing was started. Run as root or "
+        "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+        "user.max_user_namespaces > 0), or pass --no_isolate (isolate=False) to run them "
+        "open on all interfaces of a host whose network you trust.")
+
+
+def _parent_death_setup(sig: int):
+    """A `preexec_fn`: the child gets `sig` when the launcher's thread exits."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded before fork
+
+    def setup():
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+    return setup
+
+
+def _kill_supervisor(proc: subprocess.Popen) -> None:
+    """SIGKILL to the supervisor, the child of `proc`: as the init of its PID namespace it
+    takes every process of the launch with it; else `proc`, its subreaper parent, kills
+    what is left. Then `proc` exits by itself."""
+    for pid in children(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=REAP_TIMEOUT_S + _SWEEP_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _signal_supervisor(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to the supervisor's process group: the supervisor acts on it; its parent
+    `proc` ignores SIGINT and SIGTERM."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _stop_supervisor(proc: subprocess.Popen, sig: int, grace_period: float) -> None:
     if proc.poll() is None:
+        _signal_supervisor(proc, sig)
         try:
-            proc.send_signal(sig)
             proc.wait(timeout=grace_period + _SUPERVISOR_EXTRA_S)
         except subprocess.TimeoutExpired:
-            proc.kill()  # its workers get SIGKILL from the kernel (parent-death signal)
+            _kill_supervisor(proc)
     proc.wait(timeout=REAP_TIMEOUT_S)
 
 
@@ -88,7 +141,7 @@ def _run_supervised(command: list[str], plan: LaunchPlan, out: Output,
                     signals: StopSignals) -> int:
     """Runs the supervisor `command` and passes its output, the launcher's signals and the
     exit status through. The supervisor stops the workers if the launcher dies, even by
-    SIGKILL (its parent-death signal is SIGTERM)."""
+    SIGKILL: `command`'s process gets SIGHUP then, and passes SIGTERM on."""
     errors: list[str] = []
 
     def keep(text: str) -> bool:
@@ -98,20 +151,21 @@ def _run_supervised(command: list[str], plan: LaunchPlan, out: Output,
         return True
 
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_parent_death_setup(signal.SIGHUP))
     reader = pump(proc.stdout, "", out, keep)
     forwarded, first_forward_at = 0, None
     try:
         while proc.poll() is None:
             if signals.count > forwarded:  # each one: a second Ctrl-C means SIGKILL now
-                proc.send_signal(signals.received)
+                _signal_supervisor(proc, signals.received)
                 forwarded = signals.count
                 first_forward_at = first_forward_at or time.monotonic()
             if first_forward_at is not None and time.monotonic() - first_forward_at \
                     > plan.grace_period + _SUPERVISOR_EXTRA_S:
                 out.say(f"the supervisor did not stop within {plan.grace_period:g} + "
                         f"{_SUPERVISOR_EXTRA_S:g} s; sending it SIGKILL")
-                proc.kill()  # its workers get SIGKILL from the kernel (parent-death signal)
+                _kill_supervisor(proc)
                 break
             time.sleep(POLL_S)
     finally:
@@ -119,6 +173,9 @@ def _run_supervised(command: list[str], plan: LaunchPlan, out: Output,
         reader.join(timeout=READER_JOIN_S)
     if errors and proc.returncode == 2:
         raise ValueError(errors[-1])
+    if proc.returncode == 128 + signal.SIGKILL and not forwarded:
+        out.say("the supervisor was killed (SIGKILL, e.g. by the out-of-memory killer); "
+                "every process of the launch was stopped with it")
     return exit_status(proc.returncode)
 
 
@@ -146,14 +203,16 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
             TFMULTI_STARTUP_TIMEOUT); 60 by default.
         isolate: run the workers in one private network namespace (on by default), so their
             unauthenticated gRPC ports are unreachable from other hosts; isolated workers
-            have no outside network access. Where that is impossible, a warning says the
-            ports are open on all interfaces.
+            have no outside network access. Where no such namespace can be made, `launch`
+            fails (ValueError) before starting anything; False runs the workers with their
+            ports open on all interfaces.
         grace_period: seconds between SIGTERM and SIGKILL when stopping workers, and that
-            a preempted worker's peers get to save; 10 by default.
-        max_restarts: after a worker fails (or is preempted, exit code 75), stop the others
-            and start all workers again, up to this many times; 0 by default. A job run
-            with a backup (`recipes/train.py --backup_dir`, `tfmulti.backup.fit`) resumes
-            from it.
+            a preempted worker's peers get to save; 60 by default (`DEFAULT_GRACE_PERIOD`:
+            the preemption agreement, a call of steps and the save).
+        max_restarts: after a worker fails (or is preempted, exit code 75, or 76 when no
+            new backup was saved), stop the others and start all workers again, up to this
+            many times; 0 by default. A job run with a backup (`recipes/train.py
+            --backup_dir`, `tfmulti.backup.fit`) resumes from its newest one.
         output: text stream for the workers' output and the launcher's messages; by default
             `sys.stdout` at call time.
 
@@ -161,9 +220,13 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
         The chief's exit status (0) when all workers exit 0; the status of the first worker
         that fails otherwise (of the last attempt, with restarts); 128 + N when the launcher got signal N (130 for Ctrl-C).
 
+    Every process of the launch runs in a new PID namespace whose first process is the
+    supervisor (or, where no namespace can be made, below a child subreaper): when the
+    supervisor dies, even by SIGKILL, every worker and everything they started is killed.
+
     Raises:
-        ValueError: for bad arguments (see `make_plan`), a command that is not found, or a
-            `port` already in use.
+        ValueError: for bad arguments (see `make_plan`), a command that is not found, a
+            `port` already in use, or `isolate` where no network namespace can be made.
     """
     out = Output(output if output is not None else sys.stdout)
     cpus = os.sched_getaffinity(0) if pin_cpus else ()
@@ -172,22 +235,16 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
     if shutil.which(plan.command[0]) is None:
         raise ValueError(f"command {plan.command[0]!r} is not found or not executable; pass "
                          "a program on PATH or a path to one, e.g. `python train.py`.")
-    mode = None
     with StopSignals() as signals:
+        mode, reason = _probe_namespaces(network=isolate)
         if isolate:
-            mode, reason = _probe_isolation()
-            if mode is not None:
-                out.say("workers are isolated in a private network namespace: their ports "
-                        "are not reachable from other hosts, and they have no outside "
-                        "network access (--no_isolate turns this off)")
-            else:
-                out.say(f"warning: cannot isolate the workers in a private network "
-                        f"namespace ({reason}); their TensorFlow gRPC ports are "
-                        "unauthenticated and OPEN ON ALL INTERFACES; run as root or enable "
-                        "unprivileged user namespaces, or firewall the ports")
+            if mode is None:
+                raise _isolation_error(reason)
+            out.say("workers are isolated in a private network namespace: their ports "
+                    "are not reachable from other hosts, and they have no outside "
+                    "network access (--no_isolate turns this off)")
         else:
             out.say("warning: --no_isolate: the workers' TensorFlow gRPC ports are "
                     "unauthenticated and open on all interfaces")
-        command = supervisor_command(plan, sys.executable, mode)
+        command = supervisor_command(plan, sys.executable, mode, network=isolate)
         return _run_supervised(command, plan, out, signals)
-

@@ -149,21 +149,50 @@ def worker_env(base_env: Mapping[str, str], ports: Sequence[int], index: int,
     return env
 
 
-def isolation_prefix(mode: str) -> list[str]:
-    """The `unshare` command that enters a new network namespace: as root ("root"), or
-    unprivileged inside a new user namespace ("userns")."""
-    if mode == "root":
-        return ["unshare", "--net"]
+def isolation_prefix(mode: str, network: bool = True) -> list[str]:
+    """The `unshare` command that runs a program in a new PID namespace, and in a new
+    network namespace when `network`: as root ("root"), or unprivileged inside a new user
+    namespace ("userns").
+
+    The program itself stays in the PID namespace it came from; its first child is the new
+    namespace's init, and when that child dies, even by SIGKILL, the kernel kills every
+    process left in the namespace.
+
+    Example:
+        >>> isolation_prefix("root")
+        ['unshare', '--pid', '--net']
+        >>> isolation_prefix("userns", network=False)
+        ['unshare', '--pid', '--map-root-user']
+
+    Raises:
+        ValueError: an unknown `mode`.
+    """
+    if mode not in ISOLATION_MODES:
+        raise ValueError(f"isolation `mode` ({mode!r}) must be one of {ISOLATION_MODES}.")
+    prefix = ["unshare", "--pid"]
+    if network:
+        prefix.append("--net")
     if mode == "userns":
-        return ["unshare", "--net", "--map-root-user"]
-    raise ValueError(f"isolation `mode` ({mode!r}) must be one of {ISOLATION_MODES}.")
+        prefix.append("--map-root-user")
+    return prefix
 
 
-def supervisor_command(plan: LaunchPlan, python: str,
-                       isolation_mode: str | None = None) -> list[str]:
-    """The command that runs the supervisor, which starts the workers with `plan.command`:
-    inside a private network namespace for `isolation_mode` "root" or "userns", in the
-    host's namespace for None."""
-    prefix = [*isolation_prefix(isolation_mode), "--"] if isolation_mode else []
+def supervisor_command(plan: LaunchPlan, python: str, isolation_mode: str | None = None,
+                       network: bool = True) -> list[str]:
+    """The command that runs the supervisor, which starts the workers with `plan.command`.
+
+    The process it starts forks the supervisor and stays its parent: a child subreaper that
+    passes on its exit status and kills whatever the workers leave behind. For
+    `isolation_mode` "root" or "userns" the supervisor is the init of a new PID namespace
+    (`isolation_prefix`), in a private network namespace when `network`; for None (no
+    namespace can be made) it runs in the host's namespaces.
+
+    Example:
+        >>> plan = make_plan(["python", "train.py"], 2)
+        >>> supervisor_command(plan, "python3", "root")[:6]
+        ['unshare', '--pid', '--net', '--', 'python3', '-m']
+        >>> supervisor_command(plan, "python3")[:3]
+        ['python3', '-m', 'tfmulti.cluster.supervisor']
+    """
+    prefix = [*isolation_prefix(isolation_mode, network), "--"] if isolation_mode else []
     return [*prefix, python, "-m", "tfmulti.cluster.supervisor", plan.to_json()]
-

@@ -26,12 +26,14 @@ from typing import Callable, Sequence
 
 from tfmulti.cluster import exit_codes
 from tfmulti.cluster._process import (ERROR_PREFIX, POLL_S, READER_JOIN_S, REAP_TIMEOUT_S,
-                                      Output, StopSignals, pump)
+                                      Output, StopSignals, children, pump)
 from tfmulti.cluster.plan import LaunchPlan, port_range, worker_env
 
 __all__ = []  # a process, not an API: `python -m tfmulti.cluster.supervisor`
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_SWEEP_TIMEOUT_S = 10.0
 
 
 def _port_in_use(port: int) -> bool:
@@ -53,27 +55,55 @@ def _port_in_use(port: int) -> bool:
     return False
 
 
-def _choose_ports(base: int | None, num_workers: int) -> list[int]:
-    """Checks base..base+N-1 are free, or picks N free ports when `base` is None."""
-    if base is not None:
+def _reservation(port: int) -> socket.socket:
+    """A socket bound to `port` (0: a free one) on every address, IPv4 and IPv6, and never
+    listening. While it is open, the kernel gives the port to no other `bind(0)` and no
+    outgoing connection, and a plain `bind` of it fails; the worker's gRPC server, which
+    sets SO_REUSEADDR like this socket, can still listen on it."""
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        address = "::"
+    except OSError:  # no IPv6 here
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        address = ""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if sock.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((address, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _reserve_ports(base: int | None, num_workers: int) -> tuple[list[int], list[socket.socket]]:
+    """Checks base..base+N-1 are free, or picks N free ports when `base` is None; returns
+    them with their reservations (`_reservation`), which the caller keeps open while the
+    workers run, so that no other process takes a port between its choice here and the
+    worker's gRPC server binding it seconds later."""
+    held: list[socket.socket] = []
+    try:
+        if base is None:
+            while len(held) < num_workers:
+                held.append(_reservation(0))
+            return [s.getsockname()[1] for s in held], held
         ports = port_range(base, num_workers)
         for p in ports:
             if _port_in_use(p):
                 raise ValueError(f"port {p} (worker {p - base} of --port {base}) is already "
                                  "in use on this host; pass another --port, or leave --port "
                                  "out to choose free ports.")
-        return ports
-    held = []
-    try:
-        while len(held) < num_workers:  # keep them bound so the ports are distinct
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            held.append(sock)
-            sock.bind(("", 0))
-        ports = [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
-    return ports
+            held.append(_reservation(p))
+        return ports, held
+    except BaseException:
+        _release(held)
+        raise
+
+
+def _release(sockets: list[socket.socket]) -> None:
+    for sock in sockets:
+        sock.close()
 
 
 def _bring_loopback_up() -> None:
@@ -87,12 +117,17 @@ def _bring_loopback_up() -> None:
             fcntl.ioctl(sock, siocsifflags, struct.pack(layout, b"lo", flags | iff_up))
 
 
+def _prctl(option: int, value: int) -> bool:
+    """prctl(option, value) (Linux); whether it succeeded."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def _set_parent_death_signal(sig: int) -> None:
     """Asks the kernel to send `sig` to this process when its parent thread exits (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    _prctl(_PR_SET_PDEATHSIG, int(sig))
 
 
 def _child_setup(cpus: Sequence[int] | None) -> Callable[[], None]:
@@ -115,7 +150,9 @@ def _killpg(pid: int, sig: int) -> None:
 
 def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: Output):
     """SIGTERM to each running worker's process group; SIGKILL after `grace_period` (or a
-    second Ctrl-C); then SIGKILL to every group, so no child of a worker is left behind."""
+    second Ctrl-C); then SIGKILL to every group, so no child of a worker is left behind.
+    As the init of a PID namespace, then also SIGKILL to every other process in it (a
+    worker's child that left its process group)."""
     running = [(i, p) for i, p in enumerate(procs) if p.poll() is None]
     for _, p in running:
         _killpg(p.pid, signal.SIGTERM)
@@ -136,6 +173,63 @@ def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: O
             p.wait(timeout=REAP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             out.say(f"process {p.pid} did not exit within {REAP_TIMEOUT_S:g} s of SIGKILL")
+    if os.getpid() == 1:
+        _kill_namespace()
+
+
+def _kill_namespace() -> None:
+    """As the init of a PID namespace: SIGKILL to every other process in it, then reap
+    them (orphans become init's children)."""
+    try:
+        os.kill(-1, signal.SIGKILL)  # from init: every process of the namespace but init
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + REAP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            time.sleep(POLL_S)
+
+
+def _sweep_descendants(timeout_s: float = _SWEEP_TIMEOUT_S) -> None:
+    """As a child subreaper whose own child has exited: SIGKILL every process left below
+    this one (the kernel made the orphans this process's children) and reap it, until none
+    is left or `timeout_s` passed."""
+    me = os.getpid()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid in children(me):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no child left: a killed one's own children were adopted and reaped too
+        if not pid:
+            time.sleep(POLL_S)
+
+
+def _preempted(i: int, code: int, procs: list, signals: StopSignals, out: Output,
+               grace_period: float) -> int:
+    """A worker exited 75 or 76: its peers got the same SIGTERM (or the agreement) and
+    save; waits up to `grace_period` for them to exit. Returns PREEMPTED_UNSAVED if any
+    worker exited so (no new backup), else PREEMPTED."""
+    what = ("was preempted" if code == exit_codes.PREEMPTED
+            else "was preempted without a new backup")
+    out.say(f"worker {i} {what} ({exit_codes.describe_exit(code)}); waiting up to "
+            f"{grace_period:g} s for the other workers to exit")
+    deadline = time.monotonic() + grace_period
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline \
+            and signals.received is None:
+        time.sleep(POLL_S)
+    codes = [p.poll() for p in procs]
+    return (exit_codes.PREEMPTED_UNSAVED if exit_codes.PREEMPTED_UNSAVED in codes
+            else exit_codes.PREEMPTED)
 
 
 def _wait_workers(procs: list, signals: StopSignals, out: Output,
@@ -149,14 +243,8 @@ def _wait_workers(procs: list, signals: StopSignals, out: Output,
             return 128 + signals.received
         codes = [p.poll() for p in procs]
         for i, code in enumerate(codes):
-            if code == exit_codes.PREEMPTED:
-                out.say(f"worker {i} was preempted ({exit_codes.describe_exit(code)}); waiting up to "
-                        f"{grace_period:g} s for the other workers to save and exit")
-                deadline = time.monotonic() + grace_period
-                while any(p.poll() is None for p in procs) and time.monotonic() < deadline \
-                        and signals.received is None:
-                    time.sleep(POLL_S)
-                return code
+            if code in (exit_codes.PREEMPTED, exit_codes.PREEMPTED_UNSAVED):
+                return _preempted(i, code, procs, signals, out, grace_period)
             if code is not None and code != 0:
                 out.say(f"worker {i} failed with {exit_codes.describe_exit(code)}; "
                         "stopping the other workers")
@@ -168,7 +256,7 @@ def _wait_workers(procs: list, signals: StopSignals, out: Output,
 
 def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
     """Starts the workers in this network namespace and waits for them."""
-    ports = _choose_ports(plan.port, plan.num_workers)
+    ports, reservations = _reserve_ports(plan.port, plan.num_workers)
     out.say(f"starting {plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}: "
             + ", ".join(f"localhost:{p}" for p in ports))
     procs, pumps = [], []
@@ -190,8 +278,19 @@ def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
         return _wait_workers(procs, signals, out, plan.grace_period)
     finally:
         _stop_workers(procs, plan.grace_period, signals, out)
+        _release(reservations)
         for t in pumps:
             t.join(timeout=READER_JOIN_S)
+
+
+def _why(status: int) -> str:
+    """How an attempt of the cluster ended, in words, for a status other than 0."""
+    if status == exit_codes.PREEMPTED:
+        return "was preempted (its backup is saved)"
+    if status == exit_codes.PREEMPTED_UNSAVED:
+        return ("was preempted, but NO NEW BACKUP was saved (the workers did not agree on a "
+                "step to save at); a restart resumes from the previous backup, if any")
+    return f"failed with exit status {status} (see above)"
 
 
 def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
@@ -207,9 +306,10 @@ def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> i
         if status == 0 or signals.received is not None:
             return status
         if attempt < plan.max_restarts:
-            why = ("was preempted (its backup is saved)" if status == exit_codes.PREEMPTED
-                   else f"failed with exit status {status} (see above)")
-            out.say(f"the cluster {why}; {plan.max_restarts - attempt} restart(s) left")
+            out.say(f"the cluster {_why(status)}; {plan.max_restarts - attempt} restart(s) "
+                    "left")
+    if status == exit_codes.PREEMPTED_UNSAVED:
+        out.say(f"the cluster {_why(status)}")
     if plan.max_restarts:
         out.say(f"giving up after {plan.max_restarts} restart(s); exit status {status}")
     return status
@@ -217,26 +317,67 @@ def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> i
 
 def _supervise(plan_json: str) -> int:
     """The supervisor: starts the workers (in its network namespace) and waits for them."""
-    _set_parent_death_signal(signal.SIGTERM)
-    sys.stdout.reconfigure(encoding="utf-8", errors="backslashreplace")
-    out = Output(sys.stdout)
-    try:
-        plan = LaunchPlan.from_json(plan_json)
+    with StopSignals() as signals:  # first: as a PID namespace's init it ignores the rest
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        _set_parent_death_signal(signal.SIGTERM)
+        sys.stdout.reconfigure(encoding="utf-8", errors="backslashreplace")
+        out = Output(sys.stdout)
         try:
-            _bring_loopback_up()  # down in a new network namespace; a no-op on the host
-        except OSError as e:
-            raise ValueError(f"cannot bring up the loopback interface ({e}); rerun with "
-                             "--no_isolate.") from e
-        with StopSignals() as signals:
+            plan = LaunchPlan.from_json(plan_json)
+            try:
+                _bring_loopback_up()  # down in a new network namespace; a no-op on the host
+            except OSError as e:
+                raise ValueError(f"cannot bring up the loopback interface ({e}); rerun with "
+                                 "--no_isolate.") from e
             return _run_with_restarts(plan, out, signals)
-    except ValueError as e:
-        out.line(f"{ERROR_PREFIX}{e}")
-        return 2
+        except ValueError as e:
+            out.line(f"{ERROR_PREFIX}{e}")
+            return 2
 
+
+def main(plan_json: str) -> int:
+    """The launcher's child: forks the supervisor and stays its parent, a child subreaper.
+
+    In a new PID namespace (`unshare --pid`, `plan.isolation_prefix`) the supervisor is the
+    namespace's init, and everything of the launch dies with it. Without one, orphans below
+    this process (a worker's children, once the supervisor and the workers were SIGKILLed)
+    become its children, and once the supervisor has exited it kills and reaps them all.
+    The launcher signals the process group: the supervisor acts on SIGINT/SIGTERM, this
+    process ignores them; its parent-death signal (SIGHUP, set by the launcher) becomes
+    SIGTERM to the supervisor. Returns the supervisor's exit status (128 + N when it was
+    killed by signal N).
+    """
+    launcher = os.getppid()
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    child = [0]
+
+    def launcher_died(signum, frame):
+        if not child[0]:
+            os._exit(128 + signum)
+        os.kill(child[0], signal.SIGTERM)
+
+    signal.signal(signal.SIGHUP, launcher_died)
+    _set_parent_death_signal(signal.SIGHUP)
+    if os.getppid() != launcher:  # the launcher died before that
+        return 128 + signal.SIGHUP
+    sys.stdout.flush()
+    child[0] = os.fork()
+    if child[0] == 0:
+        code = 2
+        try:
+            code = _supervise(plan_json)
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    _, status = os.waitpid(child[0], 0)
+    _sweep_descendants()
+    return exit_codes.exit_status(os.waitstatus_to_exitcode(status))
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m tfmulti.cluster.supervisor PLAN_JSON (internal; use "
                  "`tfmulti launch`)")
-    sys.exit(_supervise(sys.argv[1]))
+    sys.exit(main(sys.argv[1]))
