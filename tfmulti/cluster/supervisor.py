@@ -24,10 +24,13 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from tfmulti.cluster import exit_codes
+from tfmulti.cluster import exit_codes, rendezvous
+from tfmulti.cluster import hosts as hosts_lib
 from tfmulti.cluster._process import (ERROR_PREFIX, POLL_S, READER_JOIN_S, REAP_TIMEOUT_S,
-                                      Output, StopSignals, children, pump)
+                                      Outcome, Output, StopSignals, children, pump)
+from tfmulti.cluster.exit_codes import describe_end
 from tfmulti.cluster.plan import LaunchPlan, port_range, worker_env
+from tfmulti.cluster.rendezvous import Remote
 
 __all__ = []  # a process, not an API: `python -m tfmulti.cluster.supervisor`
 
@@ -77,21 +80,29 @@ def _reservation(port: int) -> socket.socket:
     return sock
 
 
-def _reserve_ports(base: int | None, num_workers: int) -> tuple[list[int], list[socket.socket]]:
-    """Checks base..base+N-1 are free, or picks N free ports when `base` is None; returns
-    them with their reservations (`_reservation`), which the caller keeps open while the
-    workers run, so that no other process takes a port between its choice here and the
-    worker's gRPC server binding it seconds later."""
+def _reserve_ports(base: int | None, num_workers: int,
+                   across_hosts: bool = False) -> tuple[list[int], list[socket.socket]]:
+    """Checks this host's worker ports are free (base..base+N-1, or the N after the
+    coordination port `base` `across_hosts`), or picks N free ports when `base` is None;
+    returns them with their reservations (`_reservation`), which the caller keeps open
+    while the workers run, so that no other process takes a port between its choice here
+    and the worker's gRPC server binding it seconds later."""
     held: list[socket.socket] = []
     try:
         if base is None:
             while len(held) < num_workers:
                 held.append(_reservation(0))
             return [s.getsockname()[1] for s in held], held
-        ports = port_range(base, num_workers)
-        for p in ports:
+        ports = (hosts_lib.worker_ports(base, num_workers) if across_hosts
+                 else port_range(base, num_workers))
+        for i, p in enumerate(ports):
             if _port_in_use(p):
-                raise ValueError(f"port {p} (worker {p - base} of --port {base}) is already "
+                if across_hosts:
+                    raise ValueError(f"port {p} (this host's worker {i}, after the "
+                                     f"coordination --port {base}) is already in use on "
+                                     "this host; pass another --port, the same on every "
+                                     "host.")
+                raise ValueError(f"port {p} (worker {i} of --port {base}) is already "
                                  "in use on this host; pass another --port, or leave --port "
                                  "out to choose free ports.")
             held.append(_reservation(p))
@@ -148,7 +159,8 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
-def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: Output):
+def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: Output,
+                  first: int = 0):
     """SIGTERM to each running worker's process group; SIGKILL after `grace_period` (or a
     second Ctrl-C); then SIGKILL to every group, so no child of a worker is left behind.
     As the init of a PID namespace, then also SIGKILL to every other process in it (a
@@ -165,7 +177,7 @@ def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: O
            else f"did not stop within {grace_period:g} s of SIGTERM")
     for i, p in running:
         if p.poll() is None:
-            out.say(f"worker {i} is still running ({why}); sending SIGKILL")
+            out.say(f"worker {first + i} is still running ({why}); sending SIGKILL")
     for p in procs:
         _killpg(p.pid, signal.SIGKILL)
     for p in procs:
@@ -214,15 +226,10 @@ def _sweep_descendants(timeout_s: float = _SWEEP_TIMEOUT_S) -> None:
             time.sleep(POLL_S)
 
 
-def _preempted(i: int, code: int, procs: list, signals: StopSignals, out: Output,
-               grace_period: float) -> int:
-    """A worker exited 75 or 76: its peers got the same SIGTERM (or the agreement) and
-    save; waits up to `grace_period` for them to exit. Returns PREEMPTED_UNSAVED if any
-    worker exited so (no new backup), else PREEMPTED."""
-    what = ("was preempted" if code == exit_codes.PREEMPTED
-            else "was preempted without a new backup")
-    out.say(f"worker {i} {what} ({exit_codes.describe_exit(code)}); waiting up to "
-            f"{grace_period:g} s for the other workers to exit")
+def _wait_preempted(procs: list, signals: StopSignals, grace_period: float) -> int:
+    """Waits up to `grace_period` for the workers that were told to save (a peer got
+    SIGTERM) to exit. Returns PREEMPTED_UNSAVED if any worker exited so (no new backup),
+    else PREEMPTED."""
     deadline = time.monotonic() + grace_period
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline \
             and signals.received is None:
@@ -232,65 +239,83 @@ def _preempted(i: int, code: int, procs: list, signals: StopSignals, out: Output
             else exit_codes.PREEMPTED)
 
 
-def _wait_workers(procs: list, signals: StopSignals, out: Output,
-                  grace_period: float) -> int:
-    """Waits until all workers exit 0 (returns 0), one fails (returns its status) or the
-    launcher gets a signal (returns 128 + signal). A preempted worker's peers get up to
-    `grace_period` seconds to finish saving their backup before they are stopped."""
+def _wait_workers(procs: list, signals: StopSignals, out: Output, grace_period: float,
+                  first: int = 0, remote: Remote | None = None) -> Outcome:
+    """Waits until all workers exit 0, one fails, the launcher gets a signal, or `remote`
+    (polled) says another host's worker failed. A preempted worker's peers get up to
+    `grace_period` seconds to finish saving their backup before they are stopped. Workers
+    are named by their global index (`first` is this host's first)."""
     while True:
         if signals.received is not None:
-            out.say(f"got {signal.Signals(signals.received).name}; stopping the workers")
-            return 128 + signals.received
+            name = signal.Signals(signals.received).name
+            out.say(f"got {name}; stopping the workers")
+            return Outcome(128 + signals.received, f"the launcher got {name}", signalled=True)
         codes = [p.poll() for p in procs]
         for i, code in enumerate(codes):
             if code in (exit_codes.PREEMPTED, exit_codes.PREEMPTED_UNSAVED):
-                return _preempted(i, code, procs, signals, out, grace_period)
+                what = ("was preempted" if code == exit_codes.PREEMPTED
+                        else "was preempted without a new backup")
+                why = f"worker {first + i} {what} ({exit_codes.describe_exit(code)})"
+                out.say(f"{why}; waiting up to {grace_period:g} s for the other workers to "
+                        "exit")
+                return Outcome(_wait_preempted(procs, signals, grace_period), why)
             if code is not None and code != 0:
-                out.say(f"worker {i} failed with {exit_codes.describe_exit(code)}; "
-                        "stopping the other workers")
-                return exit_codes.exit_status(code)
+                why = f"worker {first + i} failed with {exit_codes.describe_exit(code)}"
+                out.say(f"{why}; stopping the other workers")
+                return Outcome(exit_codes.exit_status(code), why)
         if all(code == 0 for code in codes):
-            return 0
+            return Outcome(0)
+        stop = remote() if remote is not None else None
+        if stop is not None:
+            if stop.get("preempted"):
+                out.say(f"{stop['why']}; waiting up to {grace_period:g} s for this host's "
+                        "workers to save and exit")
+                status = _wait_preempted(procs, signals, grace_period)
+                return Outcome(max(status, stop["status"]), stop["why"], by_peer=True)
+            out.say(f"{stop['why']}; stopping this host's workers")
+            return Outcome(stop["status"], stop["why"], by_peer=True)
         time.sleep(POLL_S)
 
 
-def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
-    """Starts the workers in this network namespace and waits for them."""
-    ports, reservations = _reserve_ports(plan.port, plan.num_workers)
-    out.say(f"starting {plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}: "
-            + ", ".join(f"localhost:{p}" for p in ports))
+def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals,
+                 ports: Sequence[int] | None = None, remote: Remote | None = None) -> Outcome:
+    """Starts this host's workers (on `ports`, else on ports reserved for this attempt)
+    and waits for them (`_wait_workers`)."""
+    reservations = []
+    if ports is None:
+        ports, reservations = _reserve_ports(plan.port, plan.num_workers)
+    addresses, first = plan.addresses(ports), plan.first_worker
+    mine = addresses[first:first + plan.num_workers]
+    where = (f"host {plan.host_rank} of {len(plan.hosts)} ({plan.hosts[plan.host_rank][0]}): "
+             if plan.hosts else "")
+    out.say(f"{where}starting {plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}"
+            + (f" ({first}..{first + plan.num_workers - 1} of {len(addresses)})"
+               if plan.hosts else "") + ": " + ", ".join(mine))
     procs, pumps = [], []
     try:
         for i in range(plan.num_workers):
             cpus = plan.cpu_sets[i] if plan.cpu_sets else None
-            env = worker_env(os.environ, ports, i, plan.startup_timeout, cpus)
+            gpus = plan.gpu_sets[i] if plan.gpu_sets else None
+            env = worker_env(os.environ, addresses, first + i, plan.startup_timeout, cpus,
+                             gpus)
             try:
                 procs.append(subprocess.Popen(
                     plan.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, start_new_session=True,
                     preexec_fn=_child_setup(cpus)))
             except OSError as e:
-                raise ValueError(f"cannot start worker {i} with {list(plan.command)!r} "
-                                 f"({e}); check the command's path and permissions.") from e
+                raise ValueError(f"cannot start worker {first + i} with "
+                                 f"{list(plan.command)!r} ({e}); check the command's path "
+                                 "and permissions.") from e
         for i, p in enumerate(procs):
-            pumps += [pump(p.stdout, f"[worker {i}] ", out),
-                      pump(p.stderr, f"[worker {i}] ", out)]
-        return _wait_workers(procs, signals, out, plan.grace_period)
+            pumps += [pump(p.stdout, f"[worker {first + i}] ", out),
+                      pump(p.stderr, f"[worker {first + i}] ", out)]
+        return _wait_workers(procs, signals, out, plan.grace_period, first, remote)
     finally:
-        _stop_workers(procs, plan.grace_period, signals, out)
+        _stop_workers(procs, plan.grace_period, signals, out, first)
         _release(reservations)
         for t in pumps:
             t.join(timeout=READER_JOIN_S)
-
-
-def _why(status: int) -> str:
-    """How an attempt of the cluster ended, in words, for a status other than 0."""
-    if status == exit_codes.PREEMPTED:
-        return "was preempted (its backup is saved)"
-    if status == exit_codes.PREEMPTED_UNSAVED:
-        return ("was preempted, but NO NEW BACKUP was saved (the workers did not agree on a "
-                "step to save at); a restart resumes from the previous backup, if any")
-    return f"failed with exit status {status} (see above)"
 
 
 def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
@@ -302,17 +327,53 @@ def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> i
             out.say(f"restart {attempt} of {plan.max_restarts}: starting all "
                     f"{plan.num_workers} workers again (a resumable job continues from its "
                     "backup)")
-        status = _run_workers(plan, out, signals)
+        status = _run_workers(plan, out, signals).status
         if status == 0 or signals.received is not None:
             return status
         if attempt < plan.max_restarts:
-            out.say(f"the cluster {_why(status)}; {plan.max_restarts - attempt} restart(s) "
-                    "left")
+            out.say(f"the cluster {describe_end(status)}; {plan.max_restarts - attempt} "
+                    "restart(s) left")
     if status == exit_codes.PREEMPTED_UNSAVED:
-        out.say(f"the cluster {_why(status)}")
+        out.say(f"the cluster {describe_end(status)}")
     if plan.max_restarts:
         out.say(f"giving up after {plan.max_restarts} restart(s); exit status {status}")
     return status
+
+
+def _run_across_hosts(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
+    """This host's part of a launch across hosts: the start-up handshake with the other
+    launchers, then every attempt as the coordinator (host 0) decides."""
+    hosts, rank = plan.hosts, plan.host_rank
+    ports, reservations = [], []
+    try:
+        try:
+            ports, reservations = _reserve_ports(plan.port, plan.num_workers, across_hosts=True)
+            digest = hosts_lib.view_digest(hosts, plan.port, plan.max_restarts)
+            link = rendezvous.join(hosts, rank, plan.port, digest, plan.startup_timeout,
+                                   interrupted=lambda: signals.received is not None)
+        except ValueError as e:
+            rendezvous.notify_abort(hosts, plan.port, f"host {rank}: {e}")
+            raise
+        if link is None:
+            out.say(f"got {signal.Signals(signals.received).name} during the start-up")
+            return 128 + signals.received
+        with link:
+            def run_attempt(attempt: int, remote: Remote) -> Outcome:
+                if attempt:
+                    out.say(f"restart {attempt} of {plan.max_restarts}: starting this "
+                            "host's workers again (a resumable job continues from its "
+                            "backup)")
+                return _run_workers(plan, out, signals, ports, remote)
+
+            def interrupted() -> int | None:
+                return signals.received
+
+            if rank == 0:
+                return rendezvous.coordinate(link, run_attempt, plan.max_restarts,
+                                             plan.grace_period, out, interrupted)
+            return rendezvous.follow(link, run_attempt, out, interrupted)
+    finally:
+        _release(reservations)
 
 
 def _supervise(plan_json: str) -> int:
@@ -329,6 +390,8 @@ def _supervise(plan_json: str) -> int:
             except OSError as e:
                 raise ValueError(f"cannot bring up the loopback interface ({e}); rerun with "
                                  "--no_isolate.") from e
+            if plan.hosts:
+                return _run_across_hosts(plan, out, signals)
             return _run_with_restarts(plan, out, signals)
         except ValueError as e:
             out.line(f"{ERROR_PREFIX}{e}")
