@@ -273,6 +273,18 @@ def test_isolation_fails_closed_where_no_namespace_can_be_made(tmp_path):
            "unauthenticated and open on all interfaces" in opened.stdout.splitlines()
 
 
+def test_the_unprivileged_mode_runs_in_a_user_namespace(monkeypatch):
+    # What a non-root user gets where user namespaces are allowed (here forced, as root):
+    # the same isolation, the workers mapped to root of a new user namespace.
+    _needs_isolation()
+    monkeypatch.setattr(launcher, "ISOLATION_MODES", ("userns",))
+    code, output = launch_python(
+        ["-c", "print('uid_map', open('/proc/self/uid_map').read().split())"], num_workers=1)
+    assert code == 0, output
+    assert "workers are isolated in a private network namespace" in output
+    assert "[worker 0] uid_map ['0', '0', '1']" in output.splitlines()  # not the host's map
+
+
 def test_exit_status_is_the_chiefs(tmp_path):
     code, out = _launch_worker(tmp_path, "chief_exits_5_last")
     assert code == 5, out
