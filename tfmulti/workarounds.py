@@ -16,7 +16,7 @@ import tensorflow as tf
 
 __all__ = ["accumulate_gradients",
            "apply_empty_batch_conv_fix", "apply_multi_step_fix", "apply_multi_worker_fixes",
-           "mirrored_strategy", "slurm_cluster_resolver", "sum_gradients"]
+           "mirrored_strategy", "run_steps", "slurm_cluster_resolver", "sum_gradients"]
 
 # --------------------------------------------------------------------------
 # Fix 1: several MirroredStrategy instances in one process share collective
@@ -188,6 +188,46 @@ def slurm_cluster_resolver(port_base: int):
 # between the workers, so a block of K steps has K + 1 barriers, not 2K.
 # --------------------------------------------------------------------------
 
+def run_steps(one_step, iterator, steps: int, outputs=None):
+    """Runs `outputs = one_step(batch, outputs)` on up to `steps` batches of
+    `iterator` (fix 5's loop; inside a `tf.function`).
+
+    The first step runs outside the loop (it fixes the outputs' structure),
+    then a `tf.while_loop` over `get_next_as_optional()` whose body calls
+    `one_step` directly (no `tf.cond` around `strategy.run`); only the fetch
+    of the next batch is conditional, so no batch is consumed beyond `steps`.
+
+    Args:
+        one_step: (batch, previous outputs) -> outputs; `previous` is
+            `outputs` on the first step.
+        iterator: a `tf.data.Iterator` or `tf.distribute.DistributedIterator`.
+        steps: the most steps to run (>= 1; fewer where the data ends).
+        outputs: what the first step gets as its previous outputs.
+
+    Returns:
+        (the number of steps run, an int32 tensor; the last step's outputs).
+
+    Raises:
+        tf.errors.OutOfRangeError: the iterator had no batch at all.
+    """
+    outputs = one_step(iterator.get_next(), outputs)
+
+    def more(i, outputs, next_inputs):
+        return tf.logical_and(i < steps, next_inputs.has_value())
+
+    def body(i, outputs, next_inputs):
+        outputs = one_step(next_inputs.get_value(), outputs)
+        next_inputs = tf.cond(i + 1 < steps, iterator.get_next_as_optional,
+                              lambda: next_inputs)
+        return i + 1, outputs, next_inputs
+
+    if steps == 1:
+        return tf.constant(1), outputs
+    done, outputs, _ = tf.while_loop(
+        more, body, [tf.constant(1), outputs, iterator.get_next_as_optional()])
+    return done, outputs
+
+
 def _multi_step_function(trainer, step_function):
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
@@ -207,20 +247,7 @@ def _multi_step_function(trainer, step_function):
 
     @tf.autograph.experimental.do_not_convert
     def multi_step_on_iterator(iterator):
-        outputs = one_step_on_data(iterator.get_next())
-
-        def more(i, outputs, next_inputs):
-            return tf.logical_and(i < steps, next_inputs.has_value())
-
-        def body(i, outputs, next_inputs):
-            outputs = one_step_on_data(next_inputs.get_value())
-            next_inputs = tf.cond(i + 1 < steps, iterator.get_next_as_optional,
-                                  lambda: next_inputs)
-            return i + 1, outputs, next_inputs
-
-        if steps > 1:
-            _, outputs, _ = tf.while_loop(
-                more, body, [tf.constant(1), outputs, iterator.get_next_as_optional()])
+        _, outputs = run_steps(lambda data, _: one_step_on_data(data), iterator, steps)
         return reduce(outputs)
 
     if not trainer.run_eagerly:
@@ -386,8 +413,8 @@ def sum_gradients(loss_fn, data, variables, steps: int):
     (only one chunk's activations alive at a time), adds the gradients of
     `loss_fn(chunk)` with respect to `variables`. No synchronization happens
     inside the loop: the caller applies the sum once, after it (fix 7). With
-    `steps == 1`, the gradients of `loss_fn(data)`, no loop. The step of
-    `accumulate_gradients` (Keras' `fit`) is built on it.
+    `steps == 1`, the gradients of `loss_fn(data)`, no loop. Shared by
+    `accumulate_gradients` (Keras' `fit`) and `tfmulti.loops`.
 
     Args:
         loss_fn: chunk -> (loss to differentiate, a scalar to report); runs
@@ -569,7 +596,7 @@ def accumulate_gradients(model, steps: int):
         raise ValueError(
             f"{type(model).__name__} overrides `train_step`, which tfmulti cannot split into "
             f"micro-batches (accumulate_steps={steps}); sum the gradients in your own step "
-            f"with tfmulti.workarounds.sum_gradients.")
+            f"(tfmulti.workarounds.sum_gradients), or train with tfmulti.loops.")
     _check_keras_accumulation(model, steps)
     model._tfmulti_accumulate_steps = steps  # pylint: disable=protected-access
     model.train_step = functools.partial(_accumulating_train_step, model)

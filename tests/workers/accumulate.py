@@ -1,13 +1,13 @@
 """A user's model trained with gradient accumulation through `fit`
-(`tfmulti.workarounds.accumulate_gradients`), and the big-batch reference it
-must equal.
+(`tfmulti.workarounds.accumulate_gradients`) and through the custom loop
+(`tfmulti.loops`), and the big-batch reference both must equal.
 
     tfmulti launch --num_workers 2 -- python accumulate.py OUT_DIR MODE [MODE ...]
-        # MultiWorkerMirroredStrategy, 2 x 1; MODE "fit": the chief
+        # MultiWorkerMirroredStrategy, 2 x 1; MODE "fit" or "loop": the chief
         # writes OUT_DIR/MODE.npz (the trainable weights and the rows the probe
         # layer saw in its last training call); every worker prints `MODE done`
 
-The tests call the same functions in-process (`reference`, `fit`):
+The tests call the same functions in-process (`reference`, `fit`, `loop`):
 the model is functional, with dict inputs, a residual connection and an L2
 regularizer, trained with a loss of its own and Keras' Adam; no dropout, so
 equal batches give equal weights.
@@ -91,6 +91,24 @@ def fit(strategy, accumulate_steps: int | None, steps_per_execution: int = 1,
     return {"loss": np.array(history.history["loss"]), **_result(model)}
 
 
+def loop(strategy, accumulate_steps: int, steps_per_execution: int = 1, *, steps: int = STEPS,
+         backup_for=None, optimizer=None) -> dict:
+    """The custom loop up to `steps`, with a backup from `backup_for(model, optimizer)`."""
+    from tfmulti import loops
+
+    with strategy.scope():
+        model = build()
+        optimizer = optimizer or keras.optimizers.Adam(0.01)
+    step = loops.TrainStep(model, log_cosh, optimizer, strategy, global_batch_size=GLOBAL_BATCH,
+                           steps_per_execution=steps_per_execution,
+                           accumulate_steps=accumulate_steps)
+    backup = backup_for(model, optimizer) if backup_for else None
+    result = loops.run(step, lambda s: _train_input(strategy, s), steps=steps, backup=backup,
+                       save_every=STEPS_PER_EPOCH // 2)
+    return {"losses": np.array(result.losses), "resumed_step": np.array(result.resumed_step),
+            "iterations": np.array(optimizer.iterations.numpy()), **_result(model)}
+
+
 def strategy_of(replicas: int):
     """One device, or MirroredStrategy over `replicas` of the test's virtual CPUs."""
     import tfmulti
@@ -131,7 +149,8 @@ def main(out_dir: str, modes: list[str]) -> None:
 
     strategy = tfmulti.get_strategy("multi_worker")
     for mode in modes:
-        arrays = {"fit": lambda: fit(strategy, ACCUMULATE, steps_per_execution=2)}[mode]()
+        arrays = {"fit": lambda: fit(strategy, ACCUMULATE, steps_per_execution=2),
+                  "loop": lambda: loop(strategy, ACCUMULATE, steps_per_execution=2)}[mode]()
         if tf_config.is_chief(tf_config.from_environ()):
             np.savez(os.path.join(out_dir, f"{mode}.npz"), **arrays)
         print(f"{mode} done", flush=True)
