@@ -470,7 +470,7 @@ def test_fix_accumulation_equals_keras_own_on_one_device(kind):
         model.compile(optimizer, "mse")
         if accumulate_steps:
             workarounds.accumulate_gradients(model, accumulate_steps)
-        model.fit(x, y, batch_size=batch_size, shuffle=False, epochs=2, verbose=0)
+        model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0)  # 2 updates
         probe = model.probe if kind == "subclassed" else model.get_layer("probe")
         assert int(probe.rows.numpy()) == 8  # both: 8-row micro-steps
         return model.trainable_weights
@@ -512,11 +512,11 @@ def test_accumulation_refuses_a_batch_it_cannot_split():
     static = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
     with pytest.raises(ValueError, match=r"batch \(8 rows\) must be divisible by "
                                          r"accumulate_steps \(3\)"):
-        model.fit(static, verbose=0)
+        model.fit(static, shuffle=False, verbose=0)
     model = workarounds.accumulate_gradients(_tiny_model(), 4)
     dynamic = tf.data.Dataset.from_tensor_slices((x[:10], y[:10])).batch(8)  # 8, then 2 rows
     with pytest.raises(tf.errors.InvalidArgumentError, match="divisible by accumulate_steps"):
-        model.fit(dynamic, verbose=0)
+        model.fit(dynamic, shuffle=False, verbose=0)
 
 
 def test_accumulation_refuses_a_synchronized_update_in_the_forward_pass():
@@ -546,7 +546,7 @@ def test_accumulation_refuses_a_synchronized_update_in_the_forward_pass():
     data = tf.data.Dataset.from_tensor_slices((np.ones((8, 3), "float32"),
                                                np.ones((8, 2), "float32"))).batch(8)
     with pytest.raises(ValueError, match="a layer there updates a variable synchronized"):
-        model.fit(data, verbose=0)
+        model.fit(data, shuffle=False, verbose=0)
 
 
 def test_accumulation_refuses_a_step_of_its_own():
@@ -625,3 +625,72 @@ def test_fix_accumulation_under_multi_worker(tmp_path, big_batch):
     assert got["rows"] == 4
     accumulate.assert_same_training(got, big_batch)
 
+
+# --------------------------------------------------------------------------
+# The guard: a fix patches only the Keras functions it was written for.
+
+
+def test_recorded_keras_functions_are_the_installed_ones():
+    # Fails after a Keras upgrade that changed a function a fix replaces or
+    # copies: check the fix against the new code, then record the new digest.
+    from tfmulti import workarounds
+
+    assert workarounds._changed(workarounds.KERAS_ORIGINALS) == []
+
+
+@pytest.mark.parametrize("apply, key, changed", [
+    ("apply_multi_worker_fixes", "symbolic_build",
+     "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build"),
+    ("apply_multi_worker_fixes", "reduce_per_replica",
+     "keras.src.backend.tensorflow.trainer:reduce_per_replica"),
+    ("apply_multi_step_fix", "multi_step",
+     "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function"),
+    ("apply_empty_batch_conv_fix", "empty_batch_conv", "keras.src.backend.tensorflow.nn:conv"),
+])
+def test_guard_leaves_a_fix_off_where_keras_changed(apply, key, changed, monkeypatch):
+    import importlib
+    import warnings
+
+    from tfmulti import workarounds
+
+    def target(name):
+        module, _, path = name.partition(":")
+        holder, _, attribute = path.rpartition(".")
+        owner = importlib.import_module(module)
+        return (getattr(owner, holder) if holder else owner), attribute
+
+    monkeypatch.setattr(workarounds, "_applied", set())
+    monkeypatch.setattr(workarounds, "_off", set())
+    for name in workarounds.KERAS_ORIGINALS:  # whatever the fix patches is put back after
+        owner, attribute = target(name)
+        monkeypatch.setattr(owner, attribute, getattr(owner, attribute))
+
+    def new_keras_version(*args, **kwargs):  # a Keras release changed the function
+        raise NotImplementedError
+
+    owner, attribute = target(changed)
+    monkeypatch.setattr(owner, attribute, new_keras_version)
+    with pytest.warns(RuntimeWarning, match=rf"fix \d .* written for Keras 3\.15, .*"
+                                            rf"{attribute}\. The fix stays off"):
+        getattr(workarounds, apply)()
+    assert getattr(owner, attribute) is new_keras_version  # not patched
+    assert key in workarounds._off and key not in workarounds._applied
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        getattr(workarounds, apply)()
+
+
+def test_guard_refuses_accumulation_where_keras_changed_its_step(monkeypatch):
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    from tfmulti import workarounds
+
+    def train_step(self, data):  # a Keras release changed the step fix 7 copies
+        raise NotImplementedError
+
+    monkeypatch.setattr(TensorFlowTrainer, "train_step", train_step)
+    with pytest.raises(RuntimeError, match=r"fix 7 .* written for Keras 3\.15, .*"
+                                           r"TensorFlowTrainer\.train_step: .* install keras"):
+        workarounds.accumulate_gradients(_tiny_model(), 2)
+    model = _tiny_model()
+    assert workarounds.accumulate_gradients(model, 1) is model  # Keras' own step: nothing copied

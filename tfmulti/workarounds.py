@@ -3,20 +3,106 @@
 Each fix names its upstream issue and has a test in tests/test_workarounds.py
 that shows the upstream bug still happens without the fix on the pinned
 versions, so a fix can be dropped as soon as upstream mends it.
+
+The fixes that replace or copy private Keras functions (`keras.src...`)
+check, before they patch, that each function is the one they were written
+for (`KERAS_ORIGINALS`); otherwise the fix stays off with a warning naming
+the upstream issue and the Keras versions, or, where the user asked for it
+(`accumulate_gradients`), raises.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import inspect
 import itertools
 import threading
 import warnings
 
 import tensorflow as tf
 
-__all__ = ["accumulate_gradients",
+__all__ = ["KERAS_ORIGINALS", "TESTED_KERAS", "accumulate_gradients",
            "apply_empty_batch_conv_fix", "apply_multi_step_fix", "apply_multi_worker_fixes",
            "mirrored_strategy", "run_steps", "slurm_cluster_resolver", "sum_gradients"]
+
+# --------------------------------------------------------------------------
+# The guard: patch only the Keras functions the fixes were written for.
+#
+# Fixes 2, 3, 5, 6 and 7 replace, wrap or copy private Keras functions. A
+# Keras release may change them; patching a changed function could train
+# wrongly without an error. So each fix first compares the SHA-256 of the
+# source of every function it replaces or copies with the digest recorded
+# here from the Keras version it was written and tested for (setup.cfg pins
+# that minor version). On a mismatch the automatic fixes stay off with a
+# warning (the upstream bug may be fixed, or may show), and
+# `accumulate_gradients` raises.
+# --------------------------------------------------------------------------
+
+TESTED_KERAS = "3.15"
+"""The Keras minor version the patched functions were read from."""
+
+KERAS_ORIGINALS = {  # "module:qualified name" -> SHA-256 of its source in Keras 3.15
+    "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build":
+        "92a504f5eba9b29f81f1bf26180bdd5bf5186b06b7bda426534b90d2d02bc1c2",
+    "keras.src.backend.tensorflow.trainer:reduce_per_replica":
+        "2e7d54b1e6edc29a8c6a7e6b66cd4c8be3ba7842412c93753ac3afe169fa7fb8",
+    "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function":
+        "bb33b7a0da3d27406c70fac54b8e9617156ef225f452b93f6addf8cc34aca0d0",
+    "keras.src.backend.tensorflow.nn:conv":
+        "1bae7c0469d44106255c586b417ef4463ed1b7524095f3331fbab2685b99d3e3",
+    "keras.src.backend.tensorflow.nn:depthwise_conv":
+        "492c94d51f85389fa2d8aca5cf1b29b5dd3a7b1bf0548eef88dde2587852f0f0",
+    "keras.src.backend.tensorflow.nn:separable_conv":
+        "d163319653f9a8465c41d90834941a4a2ceeafe9b049d81d1dc66e43c902b95e",
+    "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.train_step":
+        "debf0efab9d5794b017ade2937acbcc51886fc1dc5cf021e7d7e80f974ee707c",
+}
+"""Each Keras function a fix replaces or copies, with the SHA-256 of its source."""
+
+
+def _resolve(name: str):
+    import importlib
+
+    module, _, path = name.partition(":")
+    target = importlib.import_module(module)
+    for part in path.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _source_digest(function) -> str | None:
+    """The SHA-256 of `function`'s source text (None where it has none)."""
+    try:
+        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()
+    except (OSError, TypeError):
+        return None
+
+
+def _changed(names) -> list[str]:
+    """Which of `names` (keys of KERAS_ORIGINALS) are not the recorded functions."""
+    return [name for name in names if _source_digest(_resolve(name)) != KERAS_ORIGINALS[name]]
+
+
+def _explain(fix: str, upstream: str, changed: list[str]) -> str:
+    import keras
+
+    return (f"tfmulti's fix {fix} ({upstream}) was written for Keras {TESTED_KERAS}, and in "
+            f"the installed Keras {keras.__version__} these functions differ: "
+            f"{', '.join(changed)}")
+
+
+def _keras_unchanged(fix: str, upstream: str, *names: str) -> bool:
+    """Whether the functions fix `fix` patches are the recorded ones; if not,
+    warns that the fix stays off."""
+    changed = _changed(names)
+    if changed:
+        warnings.warn(
+            f"{_explain(fix, upstream, changed)}. The fix stays off, so the upstream bug may "
+            f"show; install keras=={TESTED_KERAS}.* (setup.cfg pins it).",
+            RuntimeWarning, stacklevel=3)
+    return not changed
+
 
 # --------------------------------------------------------------------------
 # Fix 1: several MirroredStrategy instances in one process share collective
@@ -78,7 +164,21 @@ def mirrored_strategy(devices, cross_device_ops=None) -> tf.distribute.MirroredS
 # `apply_multi_worker_fixes()`, which `get_strategy("multi_worker")` calls.
 # --------------------------------------------------------------------------
 
-_applied: set[str] = set()
+_applied: set[str] = set()  # the patches installed
+_off: set[str] = set()  # the patches left off: Keras changed the functions they replace
+
+_TRAINER = "keras.src.backend.tensorflow.trainer:"
+
+
+def _may_patch(key: str, fix: str, upstream: str, *names: str) -> bool:
+    """Whether to install patch `key` now: not installed yet, and the Keras
+    functions it replaces are the recorded ones (else it stays off; one warning)."""
+    if key in _applied or key in _off:
+        return False
+    if _keras_unchanged(fix, upstream, *names):
+        return True
+    _off.add(key)
+    return False
 
 
 def _is_multi_worker(strategy) -> bool:
@@ -92,7 +192,8 @@ def apply_multi_worker_fixes() -> None:
     from keras.src.backend.tensorflow import trainer as tf_trainer
     from keras.src import tree
 
-    if "symbolic_build" not in _applied:
+    if _may_patch("symbolic_build", "2", "keras-team/keras#20585",
+                  _TRAINER + "TensorFlowTrainer._maybe_symbolic_build"):
         original_build = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
 
         def _maybe_symbolic_build(self, iterator=None, data_batch=None):
@@ -114,7 +215,8 @@ def apply_multi_worker_fixes() -> None:
         tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
         _applied.add("symbolic_build")
 
-    if "reduce_per_replica" not in _applied:
+    if _may_patch("reduce_per_replica", "3", "tensorflow/tensorflow#72388",
+                  _TRAINER + "reduce_per_replica"):
         original_reduce = tf_trainer.reduce_per_replica
 
         def reduce_per_replica(values, strategy, reduction):
@@ -272,7 +374,8 @@ def apply_multi_step_fix() -> None:
     or `steps_per_execution == 1`."""
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
-    if "multi_step" in _applied:
+    if not _may_patch("multi_step", "5", "keras-team/keras#19246",
+                      _TRAINER + "TensorFlowTrainer._make_function"):
         return
     original = tf_trainer.TensorFlowTrainer._make_function
 
@@ -334,13 +437,17 @@ def _empty_batch_safe(op):
     return wrapper
 
 
+_CONV_OPS = ("conv", "depthwise_conv", "separable_conv")
+
+
 def apply_empty_batch_conv_fix() -> None:
     """Installs fix 6 (idempotent)."""
     from keras.src.backend.tensorflow import nn as tf_nn
 
-    if "empty_batch_conv" in _applied:
+    if not _may_patch("empty_batch_conv", "6", "tensorflow/tensorflow#30968",
+                      *(f"keras.src.backend.tensorflow.nn:{name}" for name in _CONV_OPS)):
         return
-    for name in ("conv", "depthwise_conv", "separable_conv"):
+    for name in _CONV_OPS:
         setattr(tf_nn, name, _empty_batch_safe(getattr(tf_nn, name)))
     _applied.add("empty_batch_conv")
 
@@ -566,6 +673,8 @@ def accumulate_gradients(model, steps: int):
             `gradient_accumulation_steps` (or sets it under 2+ replicas,
             where Keras' fails: use this instead). Some of these are raised
             when `fit` traces the step (the optimizer, the batch size).
+        RuntimeError: the installed Keras changed the train step this copies
+            (see `KERAS_ORIGINALS`).
 
     Example:
         >>> import keras, numpy as np
@@ -597,6 +706,12 @@ def accumulate_gradients(model, steps: int):
             f"{type(model).__name__} overrides `train_step`, which tfmulti cannot split into "
             f"micro-batches (accumulate_steps={steps}); sum the gradients in your own step "
             f"(tfmulti.workarounds.sum_gradients), or train with tfmulti.loops.")
+    changed = _changed([_TRAINER + "TensorFlowTrainer.train_step"]) if steps > 1 else []
+    if changed:
+        raise RuntimeError(
+            f"{_explain('7', 'keras-team/keras#20582', changed)}: "
+            f"its micro-batch step copies Keras' train step and could train wrongly; install "
+            f"keras=={TESTED_KERAS}.* (setup.cfg pins it) to accumulate gradients.")
     _check_keras_accumulation(model, steps)
     model._tfmulti_accumulate_steps = steps  # pylint: disable=protected-access
     model.train_step = functools.partial(_accumulating_train_step, model)
