@@ -355,7 +355,7 @@ def test_train_recipe_two_workers_chief_only_writes_and_evaluates_a_partial_last
     assert (model_dir / "model.keras").is_file()
     # Only the chief wrote: one set of files, one TensorBoard run, no worker temp dirs.
     names = sorted(p.name for p in model_dir.iterdir())
-    assert names == ["logs", "metrics.json", "model.keras"], names
+    assert names == [".tfmulti-run.json", "logs", "metrics.json", "model.keras"], names
     assert "[worker 0] tfmulti: wrote" in output
     assert "[worker 1] tfmulti: wrote" not in output
     # The partial last batch: the metrics are those of the whole test split.
@@ -364,3 +364,21 @@ def test_train_recipe_two_workers_chief_only_writes_and_evaluates_a_partial_last
     want = model.evaluate(test.batch(256), return_dict=True, verbose=0)
     assert metrics["test_accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
     assert metrics["test_loss"] == pytest.approx(want["loss"], abs=1e-5)
+
+
+@pytest.mark.cluster
+def test_train_recipe_two_workers_train_the_users_model_module(tmp_path):
+    """`tfmulti launch --num_workers 2 -- python recipes/train.py --model=M:F
+    --dataset=M:F`: the user's module (a dotted path from the repository root)."""
+    model_dir = tmp_path / "run"
+    code, output = launch_python(
+        [str(RECIPES / "train.py"), "--distribution=multi_worker",
+         "--model=tests.own_model:build", "--dataset=tests.own_model:data",
+         "--loss=tests.own_model:smooth_loss", "--optimizer=rmsprop", "--learning_rate=0.003",
+         "--global_batch_size=128", "--epochs=2", f"--model_dir={model_dir}"],
+        startup_timeout=240)
+    assert code == 0, output[-4000:]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["num_workers"] == 2 and metrics["num_replicas"] == 2
+    assert metrics["model"] == "tests.own_model:build" and metrics["epochs_completed"] == 2
+    assert metrics["test_loss"] < 0.69 and "[worker 1] tfmulti: wrote" not in output

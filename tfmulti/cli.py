@@ -34,7 +34,7 @@ __all__ = ["build_parser", "main"]
 # TrainConfig fields that `diagnose` does not take: it trains no epochs and writes nothing.
 DIAGNOSE_EXCLUDES = ("epochs", "steps_per_epoch", "backup_dir", "backup_every_steps",
                      "keep_backup", "model_dir", "verbose")
-ESTIMATE_FIELDS = ("model", "distribution", "num_stages", "num_microbatches", "num_replicas",
+ESTIMATE_FIELDS = ("model", "dataset", "distribution", "num_stages", "num_microbatches", "num_replicas",
                    "remat", "global_batch_size", "optimizer", "mixed_precision", "partition",
                    "dropout")
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         message = config_flags.flag_message(str(e), extra_names=_option_names(args.parser))
         print(f"tfmulti {args.command}: error: {message}", file=sys.stderr)
         return exit_codes.USAGE
