@@ -244,3 +244,15 @@ def test_an_optimizer_object_brings_its_own_rate():
     assert run.model.optimizer.momentum == 0.9
     assert float(keras.ops.convert_to_numpy(run.model.optimizer.learning_rate)) == \
         pytest.approx(0.2)
+
+
+def test_accumulate_steps_batches_k_micro_batches_per_update():
+    """--accumulate_steps=k: each step's batch holds k x global_batch_size
+    examples, trained as k micro-steps and one update (workarounds fix 7)."""
+    run = build_run(TrainConfig(distribution="mirrored", accumulate_steps=4, epochs=1,
+                                **SYNTHETIC))  # 1024 examples, micro-batches of 64 on 4
+    assert run.examples_per_step == 256 and run.train_input.global_batch_size == 256
+    assert run.steps_per_epoch == 4 and run.model._tfmulti_accumulate_steps == 4
+    assert "each step 4 accumulated micro-steps of 64" in run.describe()
+    run.model.fit(**run.train_input.fit_kwargs(), epochs=1, verbose=0)
+    assert int(run.model.optimizer.iterations) == 4

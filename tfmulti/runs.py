@@ -322,9 +322,6 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
     config.validate()
-    if config.accumulate_steps > 1:
-        raise NotImplementedError("accumulate_steps > 1: wired in with the accumulating "
-                                  "train step")
     named_optimizer = isinstance(config.optimizer, str)
     if not named_optimizer and config.learning_rate != _LEARNING_RATE_DEFAULT:
         raise ValueError(f"`learning_rate` ({config.learning_rate}) applies to an optimizer "
@@ -360,7 +357,7 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
             lr_scaling=config.lr_scaling, global_batch_size=examples_per_step,
             base_batch_size=config.base_batch_size, warmup_epochs=config.warmup_epochs,
             steps_per_epoch=steps_per_epoch, steps_per_execution=steps_per_execution,
-            jit_compile=config.jit_compile)
+            accumulate_steps=config.accumulate_steps, jit_compile=config.jit_compile)
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
                test_input, steps_per_epoch, steps_per_execution, model)
 
