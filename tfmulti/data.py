@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from tfmulti import _checks
+from tfmulti import _checks, text_data
 
 __all__ = ["DataNotFoundError", "DistributedInput", "dataset_info", "default_data_dir",
            "distribute", "load", "per_replica_batch_size", "prepare_fashion_mnist", "read_idx",
@@ -271,6 +271,9 @@ def load(
           `default_data_dir()`).
         * "fashion_mnist" only: the IDX files of the Debian package
           `dataset-fashion-mnist` (or `source_dir`), prepared into `data_dir`.
+        * "tfmulti_text" (`tfmulti.text_data`): byte-level language
+          modelling on the Python standard library's sources (or
+          `source_dir`), prepared into `data_dir`; (inputs, targets) int32.
         * With `download=True` only: a TFDS download (needs the internet;
           offline it hangs for minutes before failing, hence off by default).
 
@@ -293,6 +296,8 @@ def load(
         return maker(split, **kwargs)
     if num_examples is not None:
         raise ValueError(f"`num_examples` applies to synthetic data only, not {name!r}.")
+    if name.partition("/")[0] == text_data.NAME:  # byte windows, prepared on first use
+        return text_data.load(name, split, data_dir, source_dir=source_dir)
     import tensorflow_datasets as tfds
 
     data_dir = data_dir or default_data_dir()
