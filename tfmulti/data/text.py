@@ -3,8 +3,9 @@
 
 Every machine with Python has megabytes of real text: the standard library's
 `.py` files. `prepare` writes them, like Fashion-MNIST from its Debian
-package (`tfmulti.data.prepare_fashion_mnist`), as a registered TFDS dataset
-in the TFDS layout (`<data_dir>/tfmulti_text/seq256/1.0.0`):
+package (`tfmulti.data.prepare_fashion_mnist`, under the same per-dataset
+lock), as a registered TFDS dataset in the TFDS layout
+(`<data_dir>/tfmulti_text/seq256/1.0.0`):
 
 * the corpus: the `.py` files under the standard library folder (the running
   Python's, `default_source_dir()`, or `source_dir`), without test folders
@@ -31,11 +32,11 @@ bytes' frequencies on the validation bytes: what a model that ignores
 context scores; a language model must do better.
 
 Example:
-    >>> from tfmulti import text_data
-    >>> inputs, targets = text_data.byte_windows(b"abcdefg", 3)
+    >>> from tfmulti.data import text
+    >>> inputs, targets = text.byte_windows(b"abcdefg", 3)
     >>> inputs.tolist(), targets.tolist()
     ([[97, 98, 99], [100, 101, 102]], [[98, 99, 100], [101, 102, 103]])
-    >>> f"{text_data.unigram_cross_entropy([3, 1], [1, 1], smoothing=0):.4f}"
+    >>> f"{text.unigram_cross_entropy([3, 1], [1, 1], smoothing=0):.4f}"
     '0.8370'
 """
 
@@ -50,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from tfmulti import _checks
+from tfmulti.data.catalog import LOADERS, _preparation_lock, check_prepared_files, default_data_dir
 
 __all__ = ["DEFAULT_SEQUENCE_LENGTH", "NAME", "SEQUENCE_LENGTHS", "byte_counts", "byte_windows",
            "corpus_files", "default_source_dir", "load", "prepare", "text_windows",
@@ -170,7 +172,7 @@ def _builder_cls():
             window = tfds.features.Tensor(shape=(length,), dtype=np.uint8)
             return self.dataset_info_from_configs(
                 description="Byte-level language modelling on the Python standard library's "
-                            "sources, prepared by tfmulti (tfmulti.text_data).",
+                            "sources, prepared by tfmulti (tfmulti.data.text).",
                 features=tfds.features.FeaturesDict({"inputs": window, "targets": window}),
                 supervised_keys=("inputs", "targets"))
 
@@ -194,8 +196,7 @@ def prepare(data_dir: str | None = None, source_dir: str | None = None,
     nothing if it is prepared.
 
     Args:
-        data_dir: the TFDS data dir; default: TFDS' own ($TFDS_DATA_DIR, else
-            ~/tensorflow_datasets).
+        data_dir: the TFDS data dir; default: `tfmulti.data.default_data_dir()`.
         source_dir: the folder of `.py` files (see `corpus_files`).
         sequence_length: one of `SEQUENCE_LENGTHS`.
 
@@ -208,11 +209,16 @@ def prepare(data_dir: str | None = None, source_dir: str | None = None,
     """
     import tensorflow_datasets as tfds
 
+    data_dir = data_dir or default_data_dir()
     builder = _builder_cls()(data_dir=data_dir, source_dir=source_dir,
                              config=_config_name(sequence_length))
     if not builder.is_prepared():
-        builder.download_and_prepare(
-            download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+        with _preparation_lock(data_dir, NAME):  # other processes may prepare it at once
+            builder = _builder_cls()(data_dir=data_dir, source_dir=source_dir,
+                                     config=_config_name(sequence_length))
+            if not builder.is_prepared():
+                builder.download_and_prepare(
+                    download_config=tfds.download.DownloadConfig(try_download_gcs=False))
     return str(builder.data_dir)
 
 
@@ -263,7 +269,7 @@ def load(name: str = NAME, split: str = "train", data_dir: str | None = None,
             "tiny_shakespeare") is read, or downloaded with `download=True`,
             and cut into windows by `text_windows`.
         split: a TFDS split ("train", "validation", "train[:10%]", ...).
-        data_dir: the TFDS data dir (default: TFDS' own).
+        data_dir: the TFDS data dir (default: `tfmulti.data.default_data_dir()`).
         download: allow a TFDS download (of another dataset; ours is made
             here).
         source_dir: `tfmulti_text`'s folder of `.py` files.
@@ -278,6 +284,7 @@ def load(name: str = NAME, split: str = "train", data_dir: str | None = None,
     import tensorflow_datasets as tfds
 
     own = _own(name)
+    data_dir = data_dir or default_data_dir()
     read = tfds.ReadConfig(try_autocache=False)
     if own is None:
         dataset = tfds.load(name, split=split, data_dir=data_dir, download=download,
@@ -287,6 +294,7 @@ def load(name: str = NAME, split: str = "train", data_dir: str | None = None,
     if name != NAME and sequence_length is not None and sequence_length != own:
         raise ValueError(f"{name!r} has sequence length {own}, not {sequence_length}.")
     prepare(data_dir, source_dir, length)
+    check_prepared_files(f"{NAME}/{_config_name(length)}", split, data_dir)
     dataset = _builder_cls()(data_dir=data_dir, config=_config_name(length)).as_dataset(
         split=split, shuffle_files=False, as_supervised=True, read_config=read)
     return dataset.map(lambda x, y: (tf.cast(x, tf.int32), tf.cast(y, tf.int32)),
@@ -339,3 +347,9 @@ def unigram_baseline(data_dir: str | None = None, sequence_length: int = DEFAULT
                                       sequence_length=sequence_length)) for split in SPLITS}
     return unigram_cross_entropy(counts["train"], counts["validation"])
 
+
+def _catalog_loader(name: str, split: str, data_dir: str, source_dir: str | None):
+    return load(name, split, data_dir, source_dir=source_dir)
+
+
+LOADERS[NAME] = _catalog_loader  # tfmulti.data.load("tfmulti_text") comes here

@@ -1,4 +1,4 @@
-"""The offline text dataset (tfmulti.text_data): the corpus' files and
+"""The offline text dataset (tfmulti.data.text): the corpus' files and
 splits, byte windows, preparation as a TFDS dataset (deterministic, loaded
 through tfmulti.data.load and `tfmulti prepare-data`), and the unigram
 baseline checked against a hand computation."""
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import cli, data, text_data
+from tfmulti import cli, data
+from tfmulti.data import text as text_data
 
 LETTERS = "abcdefghijkl"
 
