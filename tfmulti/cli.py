@@ -1,7 +1,8 @@
 """The `tfmulti` console script: parsing, help and exit codes; the work is in the library.
 
     tfmulti env [--json] [--num_virtual_devices N] [--gpus_per_worker K --num_workers N]
-    tfmulti prepare-data [--dataset fashion_mnist] [--data_dir DIR] [--source_dir DIR]
+    tfmulti prepare-data [--dataset fashion_mnist|tfmulti_text] [--data_dir DIR]
+                         [--source_dir DIR]
     tfmulti estimate-memory [--model mlp] [--distribution one_device] [--num_devices N]
                             [--num_stages S --num_microbatches M --num_replicas R --remat]
                             [--global_batch_size B] [--optimizer adam]
@@ -60,9 +61,16 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare_data(args: argparse.Namespace) -> int:
+    if args.dataset == "tfmulti_text":
+        from tfmulti.data import text
+
+        folder = text.prepare(args.data_dir, args.source_dir)
+        print(f"tfmulti_text is ready in {folder}")
+        return 0
     if args.dataset != "fashion_mnist":
-        raise ValueError(f"only fashion_mnist is prepared from local files; for "
-                         f"{args.dataset!r} run `tfds build {args.dataset}` with internet access.")
+        raise ValueError(f"only fashion_mnist and tfmulti_text are prepared from local files; "
+                         f"for {args.dataset!r} run `tfds build {args.dataset}` with internet "
+                         "access.")
     from tfmulti import data
 
     data_dir = args.data_dir or data.default_data_dir()
@@ -218,11 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--num_workers", type=int, default=2,
                      help="with --gpus_per_worker: the local workers (default 2)")
     env.set_defaults(func=_cmd_env, parser=env)
-    prep = sub.add_parser("prepare-data", help="prepare a dataset offline (fashion_mnist)")
+    prep = sub.add_parser("prepare-data",
+                          help="prepare a dataset offline (fashion_mnist, tfmulti_text)")
     prep.add_argument("--dataset", default="fashion_mnist")
     prep.add_argument("--data_dir", default=None,
                       help="TFDS data dir (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)")
-    prep.add_argument("--source_dir", default=None, help="folder with the IDX files")
+    prep.add_argument("--source_dir", default=None,
+                      help="folder with the IDX files (fashion_mnist) or the .py files "
+                           "(tfmulti_text; default: the Python standard library)")
     prep.set_defaults(func=_cmd_prepare_data, parser=prep)
     _add_estimate_memory_parser(sub)
     _add_launch_parser(sub)
