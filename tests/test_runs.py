@@ -256,3 +256,17 @@ def test_accumulate_steps_batches_k_micro_batches_per_update():
     assert "each step 4 accumulated micro-steps of 64" in run.describe()
     run.model.fit(**run.train_input.fit_kwargs(), epochs=1, verbose=0)
     assert int(keras.ops.convert_to_numpy(run.model.optimizer.iterations)) == 4
+
+
+def test_the_users_functional_model_as_a_pipeline_with_accumulation():
+    from tests import own_model
+
+    run = build_run(TrainConfig(distribution="pipeline", devices=("CPU:0", "CPU:1"),
+                                num_stages=2, num_microbatches=2, accumulate_steps=2,
+                                model=own_model.build, dataset=own_model.data,
+                                global_batch_size=128, seed=0))
+    assert isinstance(run.model, PipelineModel) and run.model.accumulate_steps == 2
+    assert run.train_input.global_batch_size == 256 and run.steps_per_epoch == 8
+    run.model.fit(**run.train_input.fit_kwargs(), epochs=1, verbose=0)
+    assert int(run.model.optimizer.iterations.numpy()) == 8
+    assert run.model.to_model().name == "pipeline_model"

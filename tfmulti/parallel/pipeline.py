@@ -540,6 +540,15 @@ class PipelineModel(keras.Model):
             raise ValueError("PipelineModel needs a loss: pass `loss=` to compile().")
         return self._compile_loss(y, y_pred, None)
 
+    def accumulate_gradients(self, steps: int) -> "PipelineModel":
+        """Sets `accumulate_steps` (`tfmulti.workarounds.accumulate_gradients`
+        and `compile_model(accumulate_steps=...)` call this): one update per
+        batch of `steps` x B rows, `steps` GPipe rounds in turn."""
+        _checks.positive_int("accumulate_steps", steps)
+        self.accumulate_steps = steps
+        self.train_function = None  # made again, with the new step, by the next fit
+        return self
+
     def compile(self, *args, jit_compile=False, **kwargs):
         if jit_compile not in (False, None):
             raise ValueError(
