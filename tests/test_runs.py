@@ -270,3 +270,15 @@ def test_the_users_functional_model_as_a_pipeline_with_accumulation():
     run.model.fit(**run.train_input.fit_kwargs(), epochs=1, verbose=0)
     assert int(run.model.optimizer.iterations.numpy()) == 8
     assert run.model.to_model().name == "pipeline_model"
+
+
+def test_input_sharding_by_files_reads_test_arrays_by_examples(tmp_path):
+    from tests import own_model
+
+    paths = own_model.write_tfrecords(tmp_path, num_files=2, per_file=32)
+    run = build_run(TrainConfig(
+        distribution="one_device", model=own_model.build, input_sharding="files",
+        dataset=lambda: (data.from_files(paths, own_model.parse), own_model.arrays(32)),
+        global_batch_size=16))
+    assert run.train_input.sharding == "files"  # as asked (one worker reads all of them)
+    assert run.test_input.sharding == "examples" and run.test_input.steps_per_epoch == 2

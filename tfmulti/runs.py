@@ -341,8 +341,12 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
         steps_per_epoch=_if_unknown_size(run_data.train, config.steps_per_epoch))
     test_input = None
     if run_data.test is not None:
-        test_input = data.distribute(run_data.test, strategy, config.global_batch_size,
-                                     training=False, sharding=config.input_sharding)
+        # input_sharding is about the training input; test data that is not
+        # files is read by examples (files: as the training data).
+        test_input = data.distribute(
+            run_data.test, strategy, config.global_batch_size, training=False,
+            sharding=(config.input_sharding if isinstance(run_data.test, FileSource)
+                      else "examples"))
     steps_per_epoch = config.steps_per_epoch or train_input.steps_per_epoch
     steps_per_execution = resolve_steps_per_execution(
         config.steps_per_execution, steps_per_epoch, config.backup_every_steps)
