@@ -189,8 +189,8 @@ def test_prepare_data_refuses_another_dataset(capsys, monkeypatch, tmp_path):
     _block(monkeypatch, "tfmulti.data")
     message = _one_error(["prepare-data", "--dataset=cifar10", f"--data_dir={tmp_path / 'd'}"],
                          capsys, "tfmulti prepare-data: error: ")
-    assert message == ("only fashion_mnist is prepared from local files; for 'cifar10' run "
-                       "`tfds build cifar10` with internet access.")
+    assert message == ("only fashion_mnist and tfmulti_text are prepared from local files; for "
+                       "'cifar10' run `tfds build cifar10` with internet access.")
     assert not (tmp_path / "d").exists()
 
 

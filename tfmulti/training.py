@@ -109,7 +109,7 @@ def _write_outputs(config: TrainConfig, model, metrics: dict) -> None:
     def write(stage: str) -> None:
         write_json_atomic(os.path.join(stage, "metrics.json"), metrics, sort_keys=True)
         # A pipeline is saved unpartitioned: a plain Keras model anyone can load.
-        unpartitioned = model.to_sequential(name=config.model_name) \
+        unpartitioned = model.to_model(name=config.model if config.builtin_model else None) \
             if config.model_parallel else model
         unpartitioned.save(os.path.join(stage, "model.keras"))
 

@@ -31,6 +31,7 @@ WORKERS = {
     "overhead": "tfmulti.bench.overhead:worker",
     "streaming": "tfmulti.bench.streaming:worker",
     "devices": "tfmulti.bench.devices:worker",
+    "gpu_check": "tfmulti.bench.gpu_check:worker",
 }
 """Worker kind -> "module:function"."""
 

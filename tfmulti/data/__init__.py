@@ -7,6 +7,8 @@
   (`from_files`);
 * `streaming`: global batches sharded over workers and streamed to every
   replica ahead of the step (`distribute`).
+* `text`: `tfmulti_text`, byte-level language modelling prepared offline from
+  the Python standard library's sources, and its unigram baseline.
 
 Batch sizes are always **global**: 256 on 4 replicas is 64 per replica.
 
@@ -27,6 +29,7 @@ from tfmulti.data.catalog import (DataNotFoundError, check_prepared_files, datas
                                   prepare_fashion_mnist, read_idx, synthetic,
                                   synthetic_regression)
 from tfmulti.data.sources import FileSource, as_dataset, from_files
+from tfmulti.data import text  # registers tfmulti_text with `load`
 from tfmulti.data.streaming import (DistributedInput, distribute, input_pipeline,
                                     per_replica_batch_size, steps_per_epoch)
 
@@ -34,4 +37,4 @@ __all__ = ["DataNotFoundError", "DistributedInput", "FileSource", "as_dataset",
            "check_prepared_files", "dataset_info", "default_data_dir", "distribute",
            "find_fashion_mnist_idx", "from_files", "input_pipeline", "load",
            "per_replica_batch_size", "prepare_fashion_mnist", "read_idx", "steps_per_epoch",
-           "synthetic", "synthetic_regression"]
+           "synthetic", "synthetic_regression", "text"]

@@ -41,6 +41,9 @@ FASHION_MNIST_CLASSES = (
     "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 )
 SYNTHETIC_NAMES = ("synthetic", "synthetic_regression")
+LOADERS: dict = {}
+"""Datasets other modules of this package make (`tfmulti.data.text`): the
+name before any "/config" -> loader(name, split, data_dir, source_dir)."""
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -285,7 +288,8 @@ def check_prepared_files(name: str, split: str, data_dir: str) -> None:
             raise DataNotFoundError(
                 f"the prepared {name!r} data in {builder.data_dir} is damaged ({part} split: "
                 f"{what}); delete that folder and prepare it again"
-                + (" (`tfmulti prepare-data`)." if name == "fashion_mnist" else
+                + (" (`tfmulti prepare-data`)."
+                   if name.partition("/")[0] in ("fashion_mnist", *LOADERS) else
                    " (`tfds build` with internet access, or download=True)."))
 
 
@@ -311,6 +315,9 @@ def load(
           `default_data_dir()`).
         * "fashion_mnist" only: the IDX files of the Debian package
           `dataset-fashion-mnist` (or `source_dir`), prepared into `data_dir`.
+        * "tfmulti_text" (`tfmulti.data.text`): byte-level language
+          modelling on the Python standard library's sources (or
+          `source_dir`), prepared into `data_dir`; (inputs, targets) int32.
         * With `download=True` only: a TFDS download (needs the internet;
           offline it hangs for minutes before failing, hence off by default).
 
@@ -333,6 +340,9 @@ def load(
         return maker(split, **kwargs)
     if num_examples is not None:
         raise ValueError(f"`num_examples` applies to synthetic data only, not {name!r}.")
+    loader = LOADERS.get(name.partition("/")[0])
+    if loader is not None:  # e.g. tfmulti_text, prepared on first use
+        return loader(name, split, data_dir or default_data_dir(), source_dir)
     import tensorflow_datasets as tfds
 
     data_dir = data_dir or default_data_dir()

@@ -1,5 +1,7 @@
 """Model parallelism by manual device placement: the GPipe pipeline (and the
-data x pipeline hybrid), the stage partitioner and the schedule tables.
+data x pipeline hybrid), the chain of blocks a model is cut into
+(`blocks`), variables made on their stage's device (`placement`), the stage
+partitioner and the schedule tables.
 
 `PipelineModel` loads lazily (it imports TensorFlow); the schedule helpers
 and `tfmulti.parallel.partition`'s numeric core are pure Python.
