@@ -1,5 +1,5 @@
-"""The fault-injection campaign (tfmulti.bench.chaos, recipes/chaos.py): its
-checks catch what they must (in-process, no cluster), and a small campaign (one
+"""The fault-injection campaign (tfmulti.bench.chaos and chaos_checks,
+recipes/chaos.py): its checks catch what they must (in-process, no cluster), and a small campaign (one
 kill inside the preemption agreement) resumes exactly. The 30-kill campaign is
 not part of the tests; BENCHMARKS.md records it (RELIABILITY)."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tfmulti import _faults
-from tfmulti.bench import chaos
+from tfmulti.bench import chaos, chaos_checks
 
 SETUP = chaos.Setup()
 WINDOWS = chaos.Windows(run=40.0, training_start=25.0, evaluate=6.0, write=0.5)
@@ -91,25 +91,36 @@ def test_keras_arrays_hold_the_weights_and_the_optimizer_step_count(tmp_path):
     x = {"a": np.ones((12, 3), np.float32), "b": np.zeros((12, 3), np.float32)}
     model.fit(x, np.ones((12, 1), np.float32), batch_size=4, epochs=1, verbose=0)
     model.save(tmp_path / "m.keras")
-    arrays = chaos.keras_arrays(str(tmp_path / "m.keras"))
+    arrays = chaos_checks.keras_arrays(str(tmp_path / "m.keras"))
     assert int(arrays["optimizer/vars/0"]) == 3
     kernels = [a for name, a in arrays.items() if name.startswith("layers/")]
     assert sorted(a.shape for a in kernels) == sorted(
         tuple(w.shape) for w in model.get_weights())
-    assert chaos.compare_arrays(arrays, arrays) == []
+    assert chaos_checks.compare_arrays(arrays, arrays) == []
 
 
 def test_compare_arrays_flags_differences_beyond_the_tolerance():
     reference = {"w": np.zeros((2, 2), np.float32), "optimizer/vars/0": np.array(16)}
-    close = {"w": np.full((2, 2), 0.5 * chaos.TOLERANCE, np.float32),
+    close = {"w": np.full((2, 2), 0.5 * chaos_checks.TOLERANCE, np.float32),
              "optimizer/vars/0": np.array(16)}
-    assert chaos.compare_arrays(close, reference) == []
-    far = {**close, "w": np.full((2, 2), 3 * chaos.TOLERANCE, np.float32)}
-    assert chaos.compare_arrays(far, reference) == ["w: differs by up to 3e-05"]
+    assert chaos_checks.compare_arrays(close, reference) == []
+    far = {**close, "w": np.full((2, 2), 3 * chaos_checks.TOLERANCE, np.float32)}
+    assert chaos_checks.compare_arrays(far, reference) == ["w: differs by up to 3e-05"]
     twice = {**close, "optimizer/vars/0": np.array(17)}  # one step trained twice
-    assert chaos.compare_arrays(twice, reference) == ["optimizer/vars/0: differs by up to 1"]
-    assert "only one model" in chaos.compare_arrays({"w": reference["w"]}, reference)[0]
-    assert "shape" in chaos.compare_arrays({**close, "w": np.zeros(4)}, reference)[0]
+    assert chaos_checks.compare_arrays(twice, reference) == ["optimizer/vars/0: differs by up to 1"]
+    assert "only one model" in chaos_checks.compare_arrays({"w": reference["w"]}, reference)[0]
+    assert "shape" in chaos_checks.compare_arrays({**close, "w": np.zeros(4)}, reference)[0]
+
+
+def test_compare_metrics_flags_what_a_resumed_run_lost_or_changed():
+    reference = {"epochs_completed": 2, "test_loss": 2.0, "train_loss": 1.5,
+                 "examples_per_second": 500.0}
+    same = {**reference, "test_loss": 2.0 + 0.5 * chaos_checks.TOLERANCE,
+            "examples_per_second": 200.0}  # timings are not compared
+    assert chaos_checks.compare_metrics(same, reference) == []
+    lost = {**reference, "train_loss": None, "epochs_completed": 3}
+    assert chaos_checks.compare_metrics(lost, reference) == [
+        "metrics.json epochs_completed 3 != 2", "metrics.json train_loss None != 1.5"]
 
 
 def test_snapshot_changes_name_what_was_added_removed_or_rewritten(tmp_path):
@@ -117,12 +128,12 @@ def test_snapshot_changes_name_what_was_added_removed_or_rewritten(tmp_path):
     (tmp_path / "keep" / "a").write_text("one")
     (tmp_path / "gone").write_text("x")
     (tmp_path / "own").mkdir()
-    before = chaos.snapshot(str(tmp_path), exclude=("own",))
+    before = chaos_checks.snapshot(str(tmp_path), exclude=("own",))
     (tmp_path / "keep" / "a").write_text("two")  # same size, other content
     (tmp_path / "gone").unlink()
     (tmp_path / "tfmulti-backup-1").mkdir()  # a leftover
     (tmp_path / "own" / "x").write_text("the run's own: not watched")
-    changes = chaos.snapshot_changes(before, chaos.snapshot(str(tmp_path), exclude=("own",)))
+    changes = chaos_checks.snapshot_changes(before, chaos_checks.snapshot(str(tmp_path), exclude=("own",)))
     assert changes == ["added tfmulti-backup-1", "removed gone", "changed keep/a"]
 
 
@@ -145,26 +156,26 @@ def _resumed(step):
 def test_read_resumes_catches_a_lost_backup_and_a_finished_run_trained_again():
     kept = _output(START, "[worker 0] Epoch 1/2", _saved(4), _saved(8), RESTART, START,
                    _resumed(8), "[worker 0] tfmulti: wrote metrics.json, model.keras")
-    assert chaos.read_resumes(kept, 16) == chaos.Resumes([0, 8], [], [])
+    assert chaos_checks.read_resumes(kept, 16) == chaos_checks.Resumes([0, 8], [], [])
     lost = _output(START, "[worker 0] Epoch 1/2", _saved(4), _saved(8), START, _resumed(4))
-    assert chaos.read_resumes(lost, 16) == chaos.Resumes(
+    assert chaos_checks.read_resumes(lost, 16) == chaos_checks.Resumes(
         [0, 4], ["attempt 2 resumed from step 4, but the backup at step 8 was complete"], [])
     afresh = _output(START, "[worker 0] Epoch 1/2", _saved(4), START, "[worker 0] Epoch 1/2")
-    assert chaos.read_resumes(afresh, 16).problems == [
+    assert chaos_checks.read_resumes(afresh, 16).problems == [
         "attempt 2 started afresh, but the backup at step 4 was complete"]
     preempted = _output(START, "[worker 0] Epoch 1/2",
                         "[worker 0] tfmulti: preempted: saved a backup at global step 6 in /r",
                         START, _resumed(4))
-    assert "the backup at step 6 was complete" in chaos.read_resumes(preempted, 16).problems[0]
+    assert "the backup at step 6 was complete" in chaos_checks.read_resumes(preempted, 16).problems[0]
     # Once the outputs are written, the backup is being removed: a restart from
     # what is left of it (or from nothing) loses nothing but trains again.
     end = _output(START, _saved(16), "[worker 0] tfmulti: wrote metrics.json, ...")
-    assert chaos.read_resumes(end + "\n" + _output(START, _resumed(16)), 16) == \
-        chaos.Resumes([16], [], [])
-    assert chaos.read_resumes(end + "\n" + _output(START, _resumed(12)), 16) == chaos.Resumes(
+    assert chaos_checks.read_resumes(end + "\n" + _output(START, _resumed(16)), 16) == \
+        chaos_checks.Resumes([16], [], [])
+    assert chaos_checks.read_resumes(end + "\n" + _output(START, _resumed(12)), 16) == chaos_checks.Resumes(
         [12], [], ["attempt 2 resumed from step 12 after the outputs were written"])
-    assert chaos.read_resumes(end + "\n" + _output(START, "[worker 0] Epoch 1/2"), 16) == \
-        chaos.Resumes([0], [], ["attempt 2 started afresh after the outputs were written"])
+    assert chaos_checks.read_resumes(end + "\n" + _output(START, "[worker 0] Epoch 1/2"), 16) == \
+        chaos_checks.Resumes([0], [], ["attempt 2 started afresh after the outputs were written"])
 
 
 def test_the_table_counts_kills_where_they_landed(capsys):

@@ -54,8 +54,6 @@ This process never imports TensorFlow; it reads `model.keras` with h5py.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
 import json
 import os
 import random
@@ -67,17 +65,16 @@ import sys
 import tempfile
 import threading
 import time
-import zipfile
 
 from tfmulti import _checks, _faults
 from tfmulti._io import write_json_atomic
+from tfmulti.bench import chaos_checks
 from tfmulti.bench.scaling import TRAIN_RECIPE
 from tfmulti.cluster import exit_codes
 from tfmulti.config import TrainConfig
 
-__all__ = ["PHASES", "Setup", "Trial", "compare_arrays", "format_table", "keras_arrays",
-           "plan_trial", "read_resumes", "run_campaign", "snapshot", "snapshot_changes",
-           "train_config"]
+__all__ = ["PHASES", "Setup", "Trial", "Windows", "format_table", "launch_command",
+           "plan_trial", "run_campaign", "run_trial", "train_config", "worker_pids"]
 
 PHASES = ("save", "restore", "agreement", "evaluate", "write", "anytime")
 """The phases kills aim at, in the order ties are broken."""
@@ -88,16 +85,8 @@ _PHASE_OF_POINT = {"backup.save": "save", "backup.saved": "save",
                    "train.evaluate": "evaluate", "train.write": "write",
                    "io.publish": "write", "backup.delete": "write",
                    "backup.step": "training"}
-TOLERANCE = 1e-5
 _OUTPUTS = ("metrics.json", "model.keras", "logs", ".tfmulti-run.json")
-_COMPARED_METRICS = ("epochs_completed", "steps_per_epoch", "test_loss", "test_accuracy",
-                     "train_loss", "train_accuracy")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_SAVED = re.compile(r"^\[worker 0\] tfmulti: (?:preempted: saved a backup|backup) at global "
-                    r"step (\d+)\b")
-_RESUMED = re.compile(r"^\[worker 0\] tfmulti: resuming from .*: global step (\d+)\b")
-_PUBLISHED = re.compile(r"^\[worker 0\] tfmulti: wrote metrics\.json")
-_ATTEMPT = re.compile(r"^tfmulti launch: starting \d+ workers?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,149 +245,7 @@ def plan_trial(phase: str, rng: random.Random, setup: Setup, windows: Windows,
     return Trial(phase, sig, worker, (kill,))
 
 
-# ----------------------------------------------------------------------------- checks
-
-def keras_arrays(path: str) -> dict:
-    """Every array a `.keras` file stores (weights, and the optimizer's
-    variables, its iteration count first: `optimizer/vars/0`), by h5 path."""
-    import h5py
-    import numpy as np
-
-    with zipfile.ZipFile(path) as archive:
-        data = archive.read("model.weights.h5")
-    arrays = {}
-    with h5py.File(io.BytesIO(data), "r") as f:
-        f.visititems(lambda name, obj: arrays.__setitem__(name, np.array(obj))
-                     if isinstance(obj, h5py.Dataset) else None)
-    return arrays
-
-
-def compare_arrays(arrays: dict, reference: dict) -> list[str]:
-    """What differs from `reference` beyond `TOLERANCE` (empty: equal)."""
-    import numpy as np
-
-    problems = []
-    if sorted(arrays) != sorted(reference):
-        problems.append(f"arrays {sorted(set(arrays) ^ set(reference))} are in only one model")
-    for name in sorted(set(arrays) & set(reference)):
-        a, b = np.asarray(arrays[name], np.float64), np.asarray(reference[name], np.float64)
-        if a.shape != b.shape:
-            problems.append(f"{name}: shape {a.shape} != {b.shape}")
-        elif a.size and float(np.max(np.abs(a - b))) > TOLERANCE:
-            problems.append(f"{name}: differs by up to {float(np.max(np.abs(a - b))):.3g}")
-    return problems
-
-
-def _metric_problems(metrics: dict, reference: dict) -> list[str]:
-    problems = []
-    for name in _COMPARED_METRICS:
-        a, b = metrics.get(name), reference.get(name)
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            if abs(a - b) > TOLERANCE:
-                problems.append(f"metrics.json {name} {a!r} != {b!r}")
-        elif a != b:
-            problems.append(f"metrics.json {name} {a!r} != {b!r}")
-    return problems
-
-
-def snapshot(root: str, exclude: tuple[str, ...] = ()) -> dict:
-    """Every file and folder under `root` (paths relative to it, except those
-    under `exclude`), with its size and content hash, or `dir`."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        rel = os.path.relpath(folder, root)
-        dirs[:] = sorted(d for d in dirs
-                         if os.path.normpath(os.path.join(rel, d)) not in exclude)
-        for d in dirs:
-            found[os.path.normpath(os.path.join(rel, d))] = "dir"
-        for name in files:
-            path = os.path.join(folder, name)
-            try:
-                with open(path, "rb") as f:
-                    digest = hashlib.sha256(f.read()).hexdigest()[:16]
-            except OSError as e:
-                digest = f"unreadable ({e.strerror})"
-            found[os.path.normpath(os.path.join(rel, name))] = \
-                f"{os.path.getsize(path)} {digest}"
-    return found
-
-
-def snapshot_changes(before: dict, after: dict) -> list[str]:
-    """The paths added, removed or changed between two `snapshot`s."""
-    return ([f"added {p}" for p in sorted(set(after) - set(before))]
-            + [f"removed {p}" for p in sorted(set(before) - set(after))]
-            + [f"changed {p}" for p in sorted(set(before) & set(after))
-               if before[p] != after[p]])
-
-
-@dataclasses.dataclass(frozen=True)
-class Resumes:
-    """Where each attempt of a trial's run resumed, read from its output.
-
-    Attributes:
-        steps: the step each attempt resumed from (0: a fresh start), for the
-            attempts that got as far as choosing one.
-        problems: finished backups lost: an attempt that resumed from an older
-            backup than the newest one reported complete before it, while the
-            run's outputs were not yet written.
-        retrained: attempts that trained again after the outputs were written
-            (killed after the end, the backup already removed): nothing is lost,
-            the work is done twice.
-    """
-
-    steps: list[int]
-    problems: list[str]
-    retrained: list[str]
-
-
-def read_resumes(output: str, total_steps: int) -> Resumes:
-    """`Resumes` from the output of a trial's launches (`total_steps`: the run's)."""
-    resumes = Resumes([], [], [])
-    saved, published, attempt, chose = 0, False, 0, False
-
-    def chosen(step: int, what: str) -> None:
-        resumes.steps.append(step)
-        if published and step < total_steps:
-            resumes.retrained.append(f"attempt {attempt} {what} after the outputs were "
-                                     "written")
-        elif step < saved and not published:
-            resumes.problems.append(f"attempt {attempt} {what}, but the backup at step "
-                                    f"{saved} was complete")
-
-    for line in output.splitlines():
-        if _ATTEMPT.match(line):
-            attempt += 1
-            chose = False
-        elif (match := _SAVED.match(line)):
-            saved = max(saved, int(match.group(1)))
-        elif (match := _RESUMED.match(line)):
-            chose = True
-            chosen(int(match.group(1)), f"resumed from step {match.group(1)}")
-        elif _PUBLISHED.match(line):
-            published = True
-        elif line.startswith("[worker 0] Epoch 1/") and attempt and not chose:
-            chose = True
-            chosen(0, "started afresh")
-    return resumes
-
-
 # ----------------------------------------------------------------------------- running
-
-def _plant_neighbours(run_dir: str) -> None:
-    """Another run's files next to this run's directories: checkpoints with
-    TensorFlow's default names, outputs, and a file whose name starts like the
-    backup directory's."""
-    files = {"other-run/backup/ckpt-4.index": b"not ours",
-             "other-run/backup/ckpt-4.data-00000-of-00001": b"not ours either",
-             "other-run/backup/checkpoint": b'model_checkpoint_path: "ckpt-4"\n',
-             "other-run/model/metrics.json": b'{"test_accuracy": 0.5}\n',
-             "backup-notes.txt": b"the user's notes\n"}
-    for rel, content in files.items():
-        path = os.path.join(run_dir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(content)
-
 
 def _children() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
@@ -414,12 +261,15 @@ def _children() -> dict[int, list[int]]:
 
 
 def worker_pids(launcher_pid: int) -> dict[int, int]:
-    """The launch's worker processes below `launcher_pid`, by rank (their
-    TF_CONFIG task index), as this process sees them (in any PID namespace)."""
+    """The worker processes of the launch whose launcher is `launcher_pid`.
+
+    Returns:
+        {rank (TF_CONFIG's task index): pid as this process sees it (the
+        launcher may run them in a PID namespace of their own)}.
+    """
     children, found, stack = _children(), {}, [launcher_pid]
     while stack:
-        pid = stack.pop()
-        for child in children.get(pid, []):
+        for child in children.get(stack.pop(), []):
             stack.append(child)
             try:
                 with open(f"/proc/{child}/environ", "rb") as f:
@@ -435,11 +285,25 @@ def worker_pids(launcher_pid: int) -> dict[int, int]:
     return found
 
 
+@dataclasses.dataclass
+class _Launch:
+    """One launch of a trial: its exit status, its output (each line with its
+    second), its seconds, and the wall-clock kill sent during it, if any."""
+
+    status: int
+    lines: list
+    seconds: float
+    wall_kill: dict | None
+
+    @property
+    def output(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+
 def _launch(command: list[str], env: dict, timeout: float, log_path: str,
-            wall: tuple[float, int, str] | None = None) -> tuple:
-    """Runs one launch (its output, each line with its time, also to
-    `log_path`); returns (exit status, output, seconds, the wall-clock kill
-    sent or None, [(seconds, line)]). `wall`: (delay, worker, signal)."""
+            wall: tuple[float, int, str] | None = None) -> _Launch:
+    """Runs one launch, its output also to `log_path`. `wall`: (seconds, worker,
+    signal) of a kill this process sends."""
     start = time.monotonic()
     lines: list[tuple[float, str]] = []
     proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -452,7 +316,7 @@ def _launch(command: list[str], env: dict, timeout: float, log_path: str,
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    sent: dict | None = None
+    sent = None
     try:
         if wall is not None:
             delay, worker, sig = wall
@@ -460,13 +324,13 @@ def _launch(command: list[str], env: dict, timeout: float, log_path: str,
                 proc.wait(timeout=delay)
             except subprocess.TimeoutExpired:
                 pid = worker_pids(proc.pid).get(worker)
-                if pid is not None:
-                    try:
+                try:
+                    if pid is not None:
                         os.kill(pid, getattr(signal, f"SIG{sig}"))
                         sent = {"worker": worker, "signal": sig, "pid": pid,
-                                "time": time.monotonic() - start, "landed": "anytime"}
-                    except ProcessLookupError:
-                        pass
+                                "time": round(time.monotonic() - start, 2), "landed": "anytime"}
+                except ProcessLookupError:
+                    pass
         proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         lines.append((time.monotonic() - start, f"chaos: the launch took over {timeout:g} s; "
@@ -475,121 +339,134 @@ def _launch(command: list[str], env: dict, timeout: float, log_path: str,
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            pass
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         reader.join(timeout=30)
-    text = "\n".join(f"{t:8.2f} {line}" for t, line in lines)
     with open(log_path, "w") as f:
-        f.write(text + "\n")
-    return (exit_codes.exit_status(proc.returncode), "\n".join(line for _, line in lines),
-            time.monotonic() - start, sent, lines)
+        f.write("".join(f"{t:8.2f} {line}\n" for t, line in lines))
+    return _Launch(exit_codes.exit_status(proc.returncode), lines,
+                   time.monotonic() - start, sent)
 
 
 def _worker_env(tmp: str, faults: str) -> dict:
     env = {**os.environ, "TMPDIR": tmp, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"]
                                          if env.get("PYTHONPATH") else "")
+    env.pop(_faults.ENV, None)
     if faults:
         env[_faults.ENV] = faults
-    else:
-        env.pop(_faults.ENV, None)
     return env
 
 
-def run_trial(trial: Trial | None, setup: Setup, folder: str,
-              reference: dict | None) -> dict:
-    """Runs one trial (None: the uninterrupted reference) in `folder`; returns its
-    record: the kills that fired, the launches, the checks and `exact`."""
-    run_dir, tmp, markers = (os.path.join(folder, name) for name in ("run", "tmp", "faults"))
-    backup_dir, model_dir = os.path.join(run_dir, "backup"), os.path.join(run_dir, "model")
-    for path in (run_dir, tmp, markers):
-        os.makedirs(path, exist_ok=True)
-    _plant_neighbours(run_dir)
-    watched = {"run": (run_dir, ("backup", "model")), "tmp": (tmp, ())}
-    before = {key: snapshot(path, exclude) for key, (path, exclude) in watched.items()}
-    command = launch_command(setup, backup_dir, model_dir)
-    env = _worker_env(tmp, _faults.format_faults(list(trial.faults)) if trial else "")
-    start = time.monotonic()
-    launches, outputs, wall_kill, code, all_lines = [], [], None, None, []
-    for n in range(setup.max_launches):
-        wall = ((trial.wall_delay, trial.worker, trial.signal)
-                if trial is not None and trial.wall_delay is not None and n == 0 else None)
-        code, output, seconds, sent, lines = _launch(
-            command, env, setup.launch_timeout, os.path.join(folder, f"launch-{n + 1}.log"),
-            wall)
-        wall_kill = wall_kill or sent
-        outputs.append(output)
-        all_lines.append(lines)
-        launches.append({"exit_status": code, "seconds": round(seconds, 1),
-                         "restarts": output.count("tfmulti launch: restart ")})
-        if code == 0:
-            break
-    output = "\n".join(outputs)
+def _fired(trial: Trial | None, launches: list[_Launch]) -> dict:
+    """The kills that fired (from the faults' `once` files and the wall-clock
+    kill), and whether, where and how the trial's own kill landed."""
     kills = []
-    for f in (trial.faults if trial else ()):
+    for fault in (trial.faults if trial else ()):
         try:
-            with open(f.once) as marker:
-                kills.append(json.load(marker))
+            with open(fault.once) as f:
+                kills.append(json.load(f))
         except (OSError, ValueError):
-            pass
-    if wall_kill:
-        kills.append(wall_kill)
-    record = {"phase": trial.phase if trial else "reference", "folder": folder,
-              "plan": trial.describe() if trial else "", "launches": launches,
-              "seconds": round(time.monotonic() - start, 1), "kills": kills}
-    targeted = [k for k in kills if trial and (trial.wall_delay is not None
-                                               or k["point"] == trial.faults[-1].point)]
-    record["fired"] = trial is None or bool(targeted)
-    if targeted:
-        kill = targeted[-1]
-        record["landed"] = (kill["landed"] if kill["landed"] == "anytime"
-                            else _PHASE_OF_POINT.get(kill["landed"], kill["landed"]))
-        record["signal"] = kill["signal"]
-        record["worker"] = kill["worker"]
-    problems = []
-    if code != 0:
-        problems.append(f"the run did not complete in {setup.max_launches} launches "
-                        f"(last exit status {code})")
+            pass  # never fired
+    kills += [launch.wall_kill for launch in launches if launch.wall_kill]
+    if trial is None:
+        return {"kills": kills, "fired": True}
+    own = [k for k in kills if trial.wall_delay is not None or k["point"] == trial.faults[-1].point]
+    if not own:
+        return {"kills": kills, "fired": False}
+    landed = own[-1]["landed"]
+    return {"kills": kills, "fired": True, "signal": own[-1]["signal"],
+            "worker": own[-1]["worker"], "landed": _PHASE_OF_POINT.get(landed, landed)}
+
+
+def _check(setup: Setup, model_dir: str, backup_dir: str, launches: list[_Launch],
+           reference: dict | None) -> tuple[list[str], dict]:
+    """The problems of a trial's run once its launches ended (see the module's
+    docstring), and what it ended with (arrays, metrics, resumes)."""
+    problems, found = [], {}
+    status = launches[-1].status
+    if status != 0:
+        problems.append(f"the run did not complete in {len(launches)} launches (last exit "
+                        f"status {status})")
     complete = all(os.path.exists(os.path.join(model_dir, n))
                    for n in ("metrics.json", "model.keras"))
-    if code == 0 and not complete:
+    if status == 0 and not complete:
         problems.append("the launch succeeded but metrics.json or model.keras is missing")
-    record["arrays"] = None
     if complete:
-        arrays = keras_arrays(os.path.join(model_dir, "model.keras"))
+        found["arrays"] = chaos_checks.keras_arrays(os.path.join(model_dir, "model.keras"))
         with open(os.path.join(model_dir, "metrics.json")) as f:
-            metrics = json.load(f)
-        iterations = int(arrays.get("optimizer/vars/0", -1))
-        record["iterations"] = iterations
-        if iterations != setup.total_steps:
-            problems.append(f"the optimizer ran {iterations} steps, not {setup.total_steps}")
+            found["metrics"] = json.load(f)
+        found["iterations"] = int(found["arrays"].get("optimizer/vars/0", -1))
+        if found["iterations"] != setup.total_steps:
+            problems.append(f"the optimizer ran {found['iterations']} steps, not "
+                            f"{setup.total_steps}")
         if reference is not None:
-            problems += compare_arrays(arrays, reference["arrays"])
-            problems += _metric_problems(metrics, reference["metrics"])
-        record["arrays"], record["metrics"] = arrays, metrics
-    resumes = read_resumes(output, setup.total_steps)
-    record["resumed_from"] = resumes.steps
-    record["retrained"] = resumes.retrained
+            problems += chaos_checks.compare_arrays(found["arrays"], reference["arrays"])
+            problems += chaos_checks.compare_metrics(found["metrics"], reference["metrics"])
+    resumes = chaos_checks.read_resumes("\n".join(launch.output for launch in launches),
+                                        setup.total_steps)
+    found["resumed_from"], found["retrained"] = resumes.steps, resumes.retrained
     problems += resumes.problems
-    changed = [f"{key}: {c}" for key, (path, exclude) in watched.items()
-               for c in snapshot_changes(before[key], snapshot(path, exclude))]
-    problems += [f"outside the run's directories, {c}" for c in changed]
-    if code == 0:
+    if status == 0:
         if os.path.exists(backup_dir):
             problems.append(f"the backup is still there after a clean end: "
                             f"{sorted(os.listdir(backup_dir))}")
-        extra = sorted(set(os.listdir(model_dir)) - set(_OUTPUTS)) \
+        left = sorted(set(os.listdir(model_dir)) - set(_OUTPUTS)) \
             if os.path.isdir(model_dir) else []
-        if extra:
-            problems.append(f"model_dir holds leftovers: {extra}")
-    record["problems"] = problems
-    record["exact"] = not problems
-    record["timeline"] = all_lines
-    return record
+        if left:
+            problems.append(f"model_dir holds leftovers: {left}")
+    return problems, found
+
+
+def run_trial(trial: Trial | None, setup: Setup, folder: str,
+              reference: dict | None = None) -> dict:
+    """Runs one trial in `folder`: the run with `trial`'s kill armed, launched
+    again until it completes (at most `setup.max_launches` times), then checked.
+
+    Args:
+        trial: the kill; None: the uninterrupted reference.
+        setup: the run and the launcher's settings.
+        folder: a new folder for the trial (the run's directories, its workers'
+            TMPDIR, the faults' markers, one log per launch).
+        reference: the reference's record (its `arrays` and `metrics`); None:
+            nothing to compare with.
+
+    Returns:
+        The trial's record: its plan, the kills that fired and where they landed,
+        the launches, where each attempt resumed, the problems found, and
+        `exact` (no problem).
+    """
+    run_dir, tmp = os.path.join(folder, "run"), os.path.join(folder, "tmp")
+    backup_dir, model_dir = os.path.join(run_dir, "backup"), os.path.join(run_dir, "model")
+    for path in (run_dir, tmp, os.path.join(folder, "faults")):
+        os.makedirs(path, exist_ok=True)
+    chaos_checks.plant_neighbours(run_dir)
+    watched = {"next to the run": (run_dir, ("backup", "model")), "the workers' TMPDIR": (tmp, ())}
+    before = {key: chaos_checks.snapshot(path, skip) for key, (path, skip) in watched.items()}
+    command = launch_command(setup, backup_dir, model_dir)
+    env = _worker_env(tmp, _faults.format_faults(list(trial.faults)) if trial else "")
+    start = time.monotonic()
+    launches: list[_Launch] = []
+    while len(launches) < setup.max_launches and (not launches or launches[-1].status != 0):
+        wall = ((trial.wall_delay, trial.worker, trial.signal)
+                if trial is not None and trial.wall_delay is not None and not launches else None)
+        launches.append(_launch(command, env, setup.launch_timeout,
+                                os.path.join(folder, f"launch-{len(launches) + 1}.log"), wall))
+    problems, found = _check(setup, model_dir, backup_dir, launches, reference)
+    problems += [f"{key} {change}" for key, (path, skip) in watched.items()
+                 for change in chaos_checks.snapshot_changes(
+                     before[key], chaos_checks.snapshot(path, skip))]
+    return {"phase": trial.phase if trial else "reference", "folder": folder,
+            "plan": trial.describe() if trial else "", **_fired(trial, launches),
+            "launches": [{"exit_status": launch.status, "seconds": round(launch.seconds, 1),
+                          "restarts": launch.output.count("tfmulti launch: restart ")}
+                         for launch in launches],
+            "seconds": round(time.monotonic() - start, 1), **found,
+            "timeline": [launch.lines for launch in launches],
+            "problems": problems, "exact": not problems}
 
 
 def _windows(record: dict, setup: Setup) -> Windows:
