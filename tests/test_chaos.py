@@ -69,6 +69,23 @@ def test_bad_arguments_fail_before_anything_runs(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # starts the recipe (which stops before TensorFlow)
+@pytest.mark.parametrize("flag, message", [
+    ("--phases=save,lunch", "--phases must be a non-empty subset of ['save'"),
+    ("--kills=0", "flag --kills=0: 0 is not a positive integer"),
+    ("--grace_period=-1", "--grace_period must be a finite number > 0, got -1.0"),
+])
+def test_the_recipe_refuses_bad_flags_in_one_line(tmp_path, flag, message):
+    from tests._util import run_recipe
+
+    result = run_recipe("chaos", flag, f"--output={tmp_path / 'out.json'}",
+                        f"--workdir={tmp_path / 'work'}", timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("chaos.py: error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert os.listdir(tmp_path) == []  # nothing written, nothing run
+
+
 # ----------------------------------------------------------------------------- checks
 
 def _user_loss(y, p):
