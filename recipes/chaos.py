@@ -19,6 +19,7 @@ exactly, lost); writes every trial's record to --output. The method:
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +43,8 @@ _GRACE_PERIOD = flags.DEFINE_float("grace_period", chaos.Setup.grace_period,
 
 
 def main(argv):
+    # SIGTERM stops the campaign as Ctrl-C does: the launch under way is stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         result = chaos.run_campaign(
             _KILLS.value, _OUTPUT.value, phases=tuple(_PHASES.value), seed=_SEED.value,

@@ -235,3 +235,62 @@ def test_a_kill_inside_the_preemption_agreement_resumes_exactly(tmp_path, capsys
     row = next(line.split() for line in printed.splitlines() if line.startswith("agreement "))
     assert row == ["agreement", "1", "1", "0", "1", "0"], printed[-2000:]
     assert sorted(os.listdir(work)) == ["reference"]  # the passed trial's folder is removed
+
+
+@pytest.mark.cluster
+def test_sigterm_to_the_campaign_stops_its_launch_and_workers(tmp_path):
+    """Stopping the campaign (SIGTERM, as Ctrl-C) stops the launch under way: no
+    launcher or worker is left behind. Also finds the workers from outside
+    their PID namespace (`worker_pids`, what the `anytime` kills use)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests._util import RECIPES
+
+    proc = subprocess.Popen(
+        [sys.executable, str(RECIPES / "chaos.py"), "--kills=1", f"--workdir={tmp_path / 'w'}",
+         f"--output={tmp_path / 'out.json'}"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+    below = set()  # every process the campaign started, killed if the test fails
+    try:
+        deadline, pids = time.monotonic() + 120, {}
+        while len(pids) < 2:
+            assert time.monotonic() < deadline, "the reference launch's workers never started"
+            time.sleep(0.2)
+            pids = chaos.worker_pids(proc.pid)
+        below = _descendants(proc.pid)
+        assert sorted(pids) == [0, 1] and set(pids.values()) <= below
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while [pid for pid in below if os.path.exists(f"/proc/{pid}")]:
+            assert time.monotonic() < deadline, f"processes {sorted(below)} still running"
+            time.sleep(0.2)
+        below = set()  # all gone
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        for pid in below:  # only after a failure, while they still run
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _descendants(pid: int) -> set[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError):
+            pass
+    found, grew = set(), True
+    while grew:
+        new = {p for p, parent in parents.items() if parent in found | {pid}} - found
+        found |= new
+        grew = bool(new)
+    return found
