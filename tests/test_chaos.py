@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from tfmulti import _faults
 from tfmulti.bench import chaos, chaos_checks
 
 SETUP = chaos.Setup()
-WINDOWS = chaos.Windows(run=40.0, training_start=25.0, evaluate=6.0, write=0.5)
+WINDOWS = chaos.Windows(progress=(25.0, 2.0, 3.0, 0.5, 0.5), evaluate=6.0, write=0.5)
 
 
 # ----------------------------------------------------------------------------- plans
@@ -32,7 +33,9 @@ def test_every_phase_plans_a_kill_armed_where_it_says(phase, tmp_path):
         assert trial.signal in ("KILL", "TERM") and trial.worker in (0, 1)
         if phase == "anytime":
             assert not trial.faults
-            assert 0.5 * WINDOWS.training_start <= trial.wall_delay <= WINDOWS.run
+            after, delay = trial.wall
+            assert 0 <= delay <= WINDOWS.progress[after]
+            seen.add(after)
             continue
         # What the workers get parses back to the same faults.
         assert _faults.parse(_faults.format_faults(list(trial.faults))) == list(trial.faults)
@@ -50,7 +53,9 @@ def test_every_phase_plans_a_kill_armed_where_it_says(phase, tmp_path):
             assert 1 <= trigger.hit < SETUP.total_steps - 1
         if kill.point in ("io.publish", "backup.delete"):
             assert kill.worker == 0  # only the chief writes
-    if phase != "anytime":  # both signals, both workers (the chief only writes)
+    if phase == "anytime":  # from the start and after each progress line
+        assert seen == set(range(len(WINDOWS.progress)))
+    else:  # both signals, both workers (the chief only writes)
         assert {s for _, s, _ in seen} == {"KILL", "TERM"}
         assert {w for _, _, w in seen} == {0, 1}
 
@@ -242,7 +247,6 @@ def test_sigterm_to_the_campaign_stops_its_launch_and_workers(tmp_path):
     """Stopping the campaign (SIGTERM, as Ctrl-C) stops the launch under way: no
     launcher or worker is left behind. Also finds the workers from outside
     their PID namespace (`worker_pids`, what the `anytime` kills use)."""
-    import signal
     import subprocess
     import sys
     import time
@@ -294,3 +298,34 @@ def _descendants(pid: int) -> set[int]:
         found |= new
         grew = bool(new)
     return found
+
+
+@pytest.mark.slow  # starts two small Python processes (no TensorFlow)
+def test_an_anytime_kill_lands_after_the_chosen_progress_line(tmp_path):
+    """The campaign's own kill: after worker 0's 2nd progress line and 0.3 s, the
+    worker (found by its TF_CONFIG below the launch) gets the signal, wherever it
+    is; here, in a sleep between its 2nd and 3rd lines."""
+    import sys
+    import textwrap
+
+    worker = textwrap.dedent('''
+        import sys, time
+        for i in range(3):
+            print(f"[worker 0] tfmulti: line {i}", flush=True)
+            time.sleep(2 if i == 1 else 0.1)
+        print("never killed", flush=True)
+    ''')
+    launcher = textwrap.dedent(f'''
+        import json, os, subprocess, sys
+        env = {{**os.environ, "TF_CONFIG": json.dumps({{"task": {{"index": 0}}}})}}
+        child = subprocess.run([sys.executable, "-c", {worker!r}], env=env, timeout=60)
+        print("worker exit", child.returncode, flush=True)
+    ''')
+    launch = chaos._launch([sys.executable, "-c", launcher], dict(os.environ), 60,
+                           str(tmp_path / "log"), wall=(2, 0.3, 0, "TERM"))
+    lines = [line for _, line in launch.lines]
+    assert lines == ["[worker 0] tfmulti: line 0", "[worker 0] tfmulti: line 1",
+                     f"worker exit {-signal.SIGTERM}"], lines
+    assert launch.wall_kill["signal"] == "TERM" and launch.wall_kill["worker"] == 0
+    line_1_at = launch.lines[1][0]
+    assert 0.3 <= launch.wall_kill["time"] - line_1_at < 1.9

@@ -39,8 +39,11 @@ so far:
     evaluate   during the test split's evaluation (a random delay into it)
     write      during the final writes: the chief writing the outputs, each
                rename into `model_dir`, or the removal of the backup
-    anytime    this process signals a worker at a random wall-clock time of
-               the run, wherever it is (no failpoint)
+    anytime    this process signals a worker wherever it is (no failpoint):
+               after the launch's start or one of worker 0's progress lines
+               (`MILESTONE`), picked at random, by a random part of the time
+               to the next one in the reference run (so that a machine
+               faster or slower than during the reference still gets it)
 
 The phased kills use the failpoints of `tfmulti._faults` (`TFMULTI_FAULTS`);
 each records where it fired and the last failpoint the process had passed
@@ -86,6 +89,9 @@ _PHASE_OF_POINT = {"backup.save": "save", "backup.saved": "save",
                    "io.publish": "write", "backup.delete": "write",
                    "backup.step": "training"}
 _OUTPUTS = ("metrics.json", "model.keras", "logs", ".tfmulti-run.json")
+MILESTONE = re.compile(r"^\[worker 0\] (?:tfmulti: |Epoch \d)")
+"""Worker 0's progress lines: the same sequence in every run until a kill (its
+strategy, each epoch, each backup, the outputs written, its summary)."""
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -168,19 +174,22 @@ def launch_command(setup: Setup, backup_dir: str, model_dir: str) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class Trial:
     """One kill: `signal` to worker `worker`, aimed at `phase`. `faults` are the
-    failpoints armed (a trigger first where the phase needs one); `wall_delay`,
-    for `anytime`, the seconds after the launch at which this process signals the
-    worker itself."""
+    failpoints armed (a trigger first where the phase needs one); `wall`, for
+    `anytime`, when this process signals the worker itself: (`after`, `delay`),
+    `delay` seconds after worker 0 printed its `after`-th progress line
+    (`MILESTONE`; 0: the launch's start)."""
 
     phase: str
     signal: str
     worker: int
     faults: tuple[_faults.Fault, ...] = ()
-    wall_delay: float | None = None
+    wall: tuple[int, float] | None = None
 
     def describe(self) -> str:
-        if self.wall_delay is not None:
-            return f"SIG{self.signal} to worker {self.worker} at {self.wall_delay:.1f} s"
+        if self.wall is not None:
+            after, delay = self.wall
+            return (f"SIG{self.signal} to worker {self.worker} {delay:.1f} s after "
+                    + (f"worker 0's progress line {after}" if after else "the launch"))
         return _faults.format_faults(
             [dataclasses.replace(f, once=None) for f in self.faults])
 
@@ -189,8 +198,8 @@ class Trial:
 class Windows:
     """Seconds the random delays span, measured on the reference run."""
 
-    run: float  # the whole launch
-    training_start: float  # from the launch to the first epoch
+    progress: tuple[float, ...]  # from the launch to worker 0's first progress line, and
+    # from each to the next (the last: to the end of the launch)
     evaluate: float  # from the last backup to the end of the evaluation
     write: float  # from there to the outputs written
     save: float = 0.25
@@ -215,8 +224,9 @@ def plan_trial(phase: str, rng: random.Random, setup: Setup, windows: Windows,
                              delay=round(delay, 3), once=os.path.join(markers, name))
 
     if phase == "anytime":
-        return Trial(phase, sig, worker, wall_delay=rng.uniform(0.5 * windows.training_start,
-                                                                windows.run))
+        after = rng.randrange(len(windows.progress))
+        return Trial(phase, sig, worker,
+                     wall=(after, round(rng.uniform(0, windows.progress[after]), 2)))
     if phase == "save":
         hit = rng.randint(1, setup.saves)
         kill = (fault("backup.save", hit=hit, delay=rng.uniform(0, windows.save))
@@ -301,11 +311,16 @@ class _Launch:
 
 
 def _launch(command: list[str], env: dict, timeout: float, log_path: str,
-            wall: tuple[float, int, str] | None = None) -> _Launch:
-    """Runs one launch, its output also to `log_path`. `wall`: (seconds, worker,
-    signal) of a kill this process sends."""
+            wall: tuple[int, float, int, str] | None = None) -> _Launch:
+    """Runs one launch, its output also to `log_path`. `wall`: (after, delay,
+    worker, signal): this process signals the worker `delay` seconds after worker
+    0's `after`-th progress line (0: the start)."""
     start = time.monotonic()
     lines: list[tuple[float, str]] = []
+    progress = [0]
+    reached = threading.Event()
+    if wall is None or wall[0] == 0:
+        reached.set()
     proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="backslashreplace",
                             start_new_session=True)
@@ -313,24 +328,21 @@ def _launch(command: list[str], env: dict, timeout: float, log_path: str,
     def read():
         for line in proc.stdout:
             lines.append((time.monotonic() - start, line.rstrip("\n")))
+            if MILESTONE.match(line):
+                progress[0] += 1
+                if wall is not None and progress[0] >= wall[0]:
+                    reached.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     sent = None
     try:
         if wall is not None:
-            delay, worker, sig = wall
-            try:
-                proc.wait(timeout=delay)
-            except subprocess.TimeoutExpired:
-                pid = worker_pids(proc.pid).get(worker)
-                try:
-                    if pid is not None:
-                        os.kill(pid, getattr(signal, f"SIG{sig}"))
-                        sent = {"worker": worker, "signal": sig, "pid": pid,
-                                "time": round(time.monotonic() - start, 2), "landed": "anytime"}
-                except ProcessLookupError:
-                    pass
+            while not reached.wait(0.1) and proc.poll() is None \
+                    and time.monotonic() - start < timeout:
+                pass
+            if reached.is_set():
+                sent = _signal_later(proc, start, *wall[1:])
         proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         lines.append((time.monotonic() - start, f"chaos: the launch took over {timeout:g} s; "
@@ -349,6 +361,26 @@ def _launch(command: list[str], env: dict, timeout: float, log_path: str,
         f.write("".join(f"{t:8.2f} {line}\n" for t, line in lines))
     return _Launch(exit_codes.exit_status(proc.returncode), lines,
                    time.monotonic() - start, sent)
+
+
+def _signal_later(proc: subprocess.Popen, start: float, delay: float, worker: int,
+                  sig: str) -> dict | None:
+    """Signals the launch's worker `worker` in `delay` seconds, unless the launch
+    ended by then; returns what was sent."""
+    try:
+        proc.wait(timeout=delay)
+        return None
+    except subprocess.TimeoutExpired:
+        pass
+    pid = worker_pids(proc.pid).get(worker)
+    try:
+        if pid is not None:
+            os.kill(pid, getattr(signal, f"SIG{sig}"))
+            return {"worker": worker, "signal": sig, "pid": pid,
+                    "time": round(time.monotonic() - start, 2), "landed": "anytime"}
+    except ProcessLookupError:
+        pass  # between the lookup and the signal
+    return None
 
 
 def _worker_env(tmp: str, faults: str) -> dict:
@@ -374,7 +406,7 @@ def _fired(trial: Trial | None, launches: list[_Launch]) -> dict:
     kills += [launch.wall_kill for launch in launches if launch.wall_kill]
     if trial is None:
         return {"kills": kills, "fired": True}
-    own = [k for k in kills if trial.wall_delay is not None or k["point"] == trial.faults[-1].point]
+    own = [k for k in kills if trial.wall is not None or k["point"] == trial.faults[-1].point]
     if not own:
         return {"kills": kills, "fired": False}
     landed = own[-1]["landed"]
@@ -451,8 +483,8 @@ def run_trial(trial: Trial | None, setup: Setup, folder: str,
     start = time.monotonic()
     launches: list[_Launch] = []
     while len(launches) < setup.max_launches and (not launches or launches[-1].status != 0):
-        wall = ((trial.wall_delay, trial.worker, trial.signal)
-                if trial is not None and trial.wall_delay is not None and not launches else None)
+        wall = ((*trial.wall, trial.worker, trial.signal)
+                if trial is not None and trial.wall is not None and not launches else None)
         launches.append(_launch(command, env, setup.launch_timeout,
                                 os.path.join(folder, f"launch-{len(launches) + 1}.log"), wall))
     problems, found = _check(setup, model_dir, backup_dir, launches, reference)
@@ -473,11 +505,11 @@ def _windows(record: dict, setup: Setup) -> Windows:
     """The reference run's timings (its one launch's output lines)."""
     lines = record["timeline"][0]
     total = record["launches"][0]["seconds"]
+    marks = [0.0] + [t for t, line in lines if MILESTONE.match(line)] + [total]
 
     def first(pattern):
         return next((t for t, line in lines if re.search(pattern, line)), None)
 
-    epoch = first(r"^\[worker 0\] Epoch 1/") or 0.5 * total
     last_backup = first(rf"^\[worker 0\] tfmulti: backup at global step {setup.total_steps}\b")
     # Worker 1 prints its summary once `train` returned: the chief starts writing.
     evaluated = first(r"^\[worker 1\] tfmulti: test_")
@@ -485,8 +517,8 @@ def _windows(record: dict, setup: Setup) -> Windows:
     if None in (last_backup, evaluated, written):
         raise RuntimeError(f"the reference run's output lacks the lines that time its phases; "
                            f"see {record['folder']}")
-    return Windows(run=total, training_start=epoch, evaluate=max(0.5, evaluated - last_backup),
-                   write=max(0.2, written - evaluated))
+    return Windows(progress=tuple(b - a for a, b in zip(marks, marks[1:])),
+                   evaluate=max(0.5, evaluated - last_backup), write=max(0.2, written - evaluated))
 
 
 def _counts(records: list[dict]) -> dict:
