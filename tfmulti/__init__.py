@@ -8,7 +8,8 @@ enforces this, see `setup.cfg`, `[importlinter]`):
     assembly      runs: a config's strategy, inputs and compiled model
     model parallel  parallel: pipeline, partitioner, schedules
     core          models, data, strategy, footprint (the memory model),
-                  optimizers, workarounds (upstream bug fixes), devices
+                  optimizers, workarounds (upstream bug fixes), devices,
+                  transformer (the byte-level language model)
     cluster       cluster: TF_CONFIG, launcher, supervisor, notebook launcher
                   (no TensorFlow)
     configuration config, config_flags, _checks, _tables (no TensorFlow)
@@ -32,7 +33,7 @@ __version__ = "0.2.0"
 # Public submodules, reachable as attributes (`tfmulti.data.load(...)`).
 _SUBMODULES = ("backup", "bench", "cluster", "config", "data", "devices", "footprint",
                "insight", "models", "optimizers", "parallel", "runs", "strategy", "training",
-               "workarounds")
+               "transformer", "workarounds")
 # Public names re-exported here: name -> module.
 _NAMES = {
     "configure_virtual_devices": "tfmulti.devices",
@@ -54,7 +55,8 @@ __all__ = sorted([*_SUBMODULES, *_NAMES, "__version__"])
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time they load on first use
     from tfmulti import (backup, bench, cluster, config, data, devices, footprint, insight,
-                         models, optimizers, parallel, runs, strategy, training, workarounds)
+                         models, optimizers, parallel, runs, strategy, training, transformer,
+                         workarounds)
     from tfmulti.cluster.launcher import launch
     from tfmulti.cluster.notebook_launcher import notebook_launcher
     from tfmulti.config import TrainConfig

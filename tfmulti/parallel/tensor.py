@@ -57,9 +57,10 @@ from keras.src.initializers.random_initializers import compute_fans
 
 from tfmulti import _checks
 from tfmulti import devices as devices_lib
+from tfmulti import transformer
 
 __all__ = ["ColumnParallelDense", "ParallelMultiHeadAttention", "RowParallelDense",
-           "run_on_device"]
+           "run_on_device", "split_transformer"]
 
 # Initializers that draw every element independently of the shape: a shard
 # drawn with them is distributed as the same slice of a whole kernel.
@@ -718,3 +719,68 @@ class ParallelMultiHeadAttention(_Sharded, keras.layers.MultiHeadAttention):
         if self._use_bias:
             layer.output_dense.bias.assign(keras.ops.convert_to_numpy(self.output_bias))
         return layer
+
+
+_SPLITS = {
+    "heads": ParallelMultiHeadAttention.from_layer,
+    "column": ColumnParallelDense.from_layer,
+    "row": RowParallelDense.from_layer,
+    "column_gathered": lambda layer, devices: ColumnParallelDense.from_layer(
+        layer, devices, gather_output=True),
+}
+
+
+def split_transformer(model: keras.Model, devices, *, name: str | None = None) -> keras.Model:
+    """The tensor-parallel form of a `tfmulti.transformer` language model,
+    with its weights.
+
+    The same graph (`tfmulti.transformer.assemble`) with every block's
+    attention split by heads and its MLP by columns then rows, and the
+    output head by vocabulary columns (`tfmulti.transformer.TENSOR_PARALLEL`):
+    device i of T holds 1/T of those weights. The embeddings and LayerNorms
+    are copied whole onto devices[0], which also runs the residual stream.
+    The given model is left as it is.
+
+    Args:
+        model: a model built by `tfmulti.transformer.build_transformer`.
+        devices: T device names; T must divide the heads, the MLP width and
+            the vocabulary.
+        name: the new model's name; default: the model's, + "_tp<T>".
+
+    Returns:
+        A functional `keras.Model` with the same inputs and outputs.
+
+    Raises:
+        ValueError: not a transformer from `build_transformer`, unknown or
+            repeated devices, or sizes that T does not divide.
+
+    Example:
+        >>> import numpy as np, tfmulti
+        >>> from tfmulti.parallel.tensor import split_transformer
+        >>> plain = tfmulti.transformer.build_transformer(seq_len=8, d_model=16, num_heads=2,
+        ...                                               num_layers=1, seed=0)
+        >>> split = split_transformer(plain, ["CPU:0", "CPU:1"])
+        >>> tokens = np.arange(16, dtype="int32").reshape(2, 8)
+        >>> bool(np.allclose(split(tokens), plain(tokens), atol=1e-5))
+        True
+    """
+    layers = transformer.layers_by_name(model)
+    if "block0_attention" not in layers or "lm_head" not in layers:
+        raise ValueError(f"model {model.name!r} is not a transformer from "
+                         "tfmulti.transformer.build_transformer; split its layers with "
+                         "ColumnParallelDense/RowParallelDense/ParallelMultiHeadAttention."
+                         "from_layer instead.")
+    devices = _resolve(devices)
+    sizes = transformer.transformer_sizes(model)
+    kinds = {n: transformer.TENSOR_PARALLEL.get(transformer.role_of(n)) for n in layers}
+    split = {n: _SPLITS[kind](layers[n], devices) if kind else
+             layers[n].__class__.from_config(layers[n].get_config())
+             for n, kind in kinds.items()}
+    with tf.device(devices[0]):  # the whole layers are built here, on their first call
+        result = transformer.assemble(split, seq_len=sizes["seq_len"],
+                                      padding_mask=sizes["padding_mask"],
+                                      name=name or f"{model.name}_tp{len(devices)}")
+    for n, kind in kinds.items():
+        if not kind:
+            split[n].set_weights(layers[n].get_weights())
+    return result
