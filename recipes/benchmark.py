@@ -10,6 +10,7 @@ Suites (`tfmulti.bench`; each suite module's docstring explains its method):
              and time to a test accuracy of 0.87
   overhead   tfmulti's fit vs a hand-written tf.distribute loop
   streaming  input and compute of equal cost on a core each, overlapped
+  tensor     the transformer: tensor-parallel T=2 vs unsplit, pipeline vs naive
   all        every suite above.
 
 Writes FILE.json after every suite (every measurement, median/min/max of each

@@ -31,7 +31,8 @@ two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
 
 
 def test_suites_registry_lists_every_suite_module_in_order():
-    assert list(bench.SUITES) == ["scaling", "pipeline", "baseline", "overhead", "streaming"]
+    assert list(bench.SUITES) == ["scaling", "pipeline", "baseline", "overhead", "streaming",
+                                  "tensor"]
     for name, module in bench.SUITES.items():
         assert module.__name__ == f"tfmulti.bench.{name}"
         for attribute in ("run", "check", "summarize", "plot"):
@@ -393,6 +394,32 @@ def test_pipeline_worker_times_each_configuration():
     assert all(len(t) == 2 and min(t) > 0 for t in out["step_seconds"].values())
     assert list(out["matmul_gflops_by_rows"]) == ["64", "128", "256", "384", "512", "1024"]
     assert min(out["matmul_gflops_by_rows"].values()) > 0
+
+
+TOY_TRANSFORMER = {"seq_len": 16, "d_model": 32, "num_heads": 4, "num_layers": 2, "batch": 8,
+                   "steps": 1}
+
+
+@pytest.mark.slow
+def test_tensor_workers_time_each_configuration():
+    # The tensor suite's workers at a toy shape: the unsplit and the T=2
+    # step, the naive and a pipelined step, each timed once per repeat.
+    out = _harness.run_worker("tensor", timeout=300, repeats=2, **TOY_TRANSFORMER)
+    assert set(out["step_seconds"]) == {"unsplit", "T=2"}
+    assert all(len(t) == 2 and min(t) > 0 for t in out["step_seconds"].values())
+    out = _harness.run_worker("tensor_pipeline", timeout=300, repeats=1,
+                              microbatches={"naive": 1, "M=2": 2}, **TOY_TRANSFORMER)
+    assert set(out["step_seconds"]) == {"naive", "M=2"}
+    assert all(len(t) == 1 and min(t) > 0 for t in out["step_seconds"].values())
+
+
+def test_tensor_suite_checks_its_sizes():
+    tensor = bench.SUITES["tensor"]
+    tensor.check(d_model=32, batch=8)
+    with pytest.raises(ValueError, match=r"`option` must be one of \['seq_len'"):
+        tensor.check(width=3)
+    with pytest.raises(ValueError, match="`d_model` must be a positive integer, got 0"):
+        tensor.check(d_model=0)
 
 
 @pytest.mark.slow

@@ -31,6 +31,8 @@ WORKERS = {
     "overhead": "tfmulti.bench.overhead:worker",
     "streaming": "tfmulti.bench.streaming:worker",
     "devices": "tfmulti.bench.devices:worker",
+    "tensor": "tfmulti.bench.tensor:tensor_worker",
+    "tensor_pipeline": "tfmulti.bench.tensor:pipeline_worker",
 }
 """Worker kind -> "module:function"."""
 
