@@ -60,7 +60,7 @@ from tfmulti import devices as devices_lib
 from tfmulti import transformer
 
 __all__ = ["ColumnParallelDense", "ParallelMultiHeadAttention", "RowParallelDense",
-           "run_on_device", "split_transformer"]
+           "run_on_device", "split_transformer", "stage_placement", "tensor_parallel_degree"]
 
 # Initializers that draw every element independently of the shape: a shard
 # drawn with them is distributed as the same slice of a whole kernel.
@@ -209,6 +209,7 @@ class _Sharded:
 
     def _place(self, devices) -> None:
         self._devices = _resolve(devices)
+        self._shard_index = []  # (variable, shard) of every split weight
         self.supports_jit = False  # XLA would collapse the placement
 
     @property
@@ -228,10 +229,32 @@ class _Sharded:
 
     def _shard_weight(self, name, index, full_shape, shard_shape, initializer, regularizer):
         with tf.device(self._devices[index]):
-            return self.add_weight(
+            variable = self.add_weight(
                 name=f"{name}_{index}", shape=shard_shape,
                 initializer=_shard_initializer(initializer, full_shape, shard_shape, index),
                 regularizer=regularizer)
+        self._shard_index.append((variable, index))
+        return variable
+
+    def shard_of(self, variable) -> int | None:
+        """The shard (device index) a variable of this layer belongs to, or
+        None for an unsplit one (held on the home device)."""
+        return next((i for v, i in self._shard_index if v is variable), None)
+
+    def retarget(self, devices) -> None:
+        """Points the layer at other devices (T of them, shard i on
+        devices[i]) for its next calls; moving its variables there is the
+        caller's (`PipelineModel` moves them with their values, see
+        `stage_placement`).
+
+        Raises:
+            ValueError: not T devices, or unknown or repeated devices.
+        """
+        devices = _resolve(devices)
+        if len(devices) != self.tensor_parallel:
+            raise ValueError(f"layer {self.name!r} is split over {self.tensor_parallel} devices; "
+                             f"got {len(devices)} ({devices}).")
+        self._devices = devices
 
 
 def _dense_config(layer) -> dict:
@@ -784,3 +807,52 @@ def split_transformer(model: keras.Model, devices, *, name: str | None = None) -
         if not kind:
             split[n].set_weights(layers[n].get_weights())
     return result
+
+
+def tensor_parallel_degree(layers) -> int:
+    """T, the number of devices the tensor-parallel layers among `layers`
+    are split over; 1 when there are none.
+
+    Raises:
+        ValueError: layers split over different numbers of devices.
+    """
+    degrees = {layer.name: layer.tensor_parallel for layer in layers
+               if isinstance(layer, _Sharded)}
+    if len(set(degrees.values())) > 1:
+        raise ValueError(f"the tensor-parallel layers are split over different numbers of "
+                         f"devices ({degrees}); split every layer over T devices.")
+    return next(iter(degrees.values()), 1)
+
+
+def stage_placement(layers, group) -> list[tuple[str, list]]:
+    """Where a pipeline stage's variables go when the stage runs on a group
+    of T devices, and the stage's tensor-parallel layers pointed at them.
+
+    Shard i of every tensor-parallel layer goes to group[i]; everything else
+    (whole layers, unsplit biases, random-seed state) to group[0], the
+    stage's home. With one device, everything goes there.
+
+    Args:
+        layers: the stage's layers (each variable is placed once).
+        group: T device names (the stage's devices).
+
+    Returns:
+        [(device, variables)], one entry per device of `group`.
+
+    Raises:
+        ValueError: tensor-parallel layers split over other than T devices.
+    """
+    group = [devices_lib.canonical_device_name(d) for d in group]
+    placed = {d: [] for d in group}
+    seen = set()
+    for layer in layers:
+        sharded = isinstance(layer, _Sharded)
+        if sharded:
+            layer.retarget(group)
+        for variable in layer.variables:
+            if id(variable) in seen:
+                continue
+            seen.add(id(variable))
+            shard = layer.shard_of(variable) if sharded else None
+            placed[group[shard or 0]].append(variable)
+    return list(placed.items())
