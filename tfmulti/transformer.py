@@ -33,6 +33,7 @@ import keras
 import numpy as np
 
 from tfmulti import _checks
+from tfmulti.config import TRANSFORMER, check_transformer_sizes
 
 __all__ = ["PositionEmbedding", "ROLES", "TENSOR_PARALLEL", "assemble", "build_transformer",
            "count_parameters", "layers_by_name", "role_of", "sample", "transformer_sizes"]
@@ -185,7 +186,7 @@ def assemble(layers: Mapping[str, keras.layers.Layer], *, seq_len: int,
 def build_transformer(*, vocab_size: int = 256, seq_len: int = 128, d_model: int = 128,
                       num_heads: int = 4, num_layers: int = 2, mlp_ratio: int = 4,
                       dropout: float = 0.0, padding_mask: bool = False, seed: int | None = None,
-                      name: str = "transformer") -> keras.Model:
+                      name: str = TRANSFORMER) -> keras.Model:
     """A decoder-only transformer language model (see the module docstring).
 
     Args:
@@ -211,13 +212,8 @@ def build_transformer(*, vocab_size: int = 256, seq_len: int = 128, d_model: int
         ValueError: a size that is not a positive integer, `num_heads` not
             dividing `d_model`, or a dropout rate outside [0, 1).
     """
-    for arg, value in (("vocab_size", vocab_size), ("seq_len", seq_len), ("d_model", d_model),
-                       ("num_heads", num_heads), ("num_layers", num_layers),
-                       ("mlp_ratio", mlp_ratio)):
-        _checks.positive_int(arg, value)
-    if d_model % num_heads:
-        raise ValueError(f"`num_heads` ({num_heads}) must divide `d_model` ({d_model}); use "
-                         f"e.g. num_heads={_largest_divisor(d_model, num_heads)}.")
+    check_transformer_sizes(seq_len=seq_len, d_model=d_model, num_heads=num_heads,
+                            num_layers=num_layers, mlp_ratio=mlp_ratio, vocab_size=vocab_size)
     _checks.finite_number("dropout", dropout, minimum=0)
     if not dropout < 1:
         raise ValueError(f"`dropout` must be in [0, 1), got {dropout!r}.")
@@ -226,10 +222,6 @@ def build_transformer(*, vocab_size: int = 256, seq_len: int = 128, d_model: int
     layers = _make_layers(vocab_size, seq_len, d_model, num_heads, num_layers, mlp_ratio,
                           dropout)
     return assemble(layers, seq_len=seq_len, padding_mask=padding_mask, name=name)
-
-
-def _largest_divisor(n: int, limit: int) -> int:
-    return max(d for d in range(1, limit + 1) if n % d == 0)
 
 
 def layers_by_name(model: keras.Model) -> dict:

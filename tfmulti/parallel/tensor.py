@@ -49,6 +49,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -60,7 +62,8 @@ from tfmulti import devices as devices_lib
 from tfmulti import transformer
 
 __all__ = ["ColumnParallelDense", "ParallelMultiHeadAttention", "RowParallelDense",
-           "run_on_device", "split_transformer", "stage_placement", "tensor_parallel_degree"]
+           "WeightShare", "device_shares", "run_on_device", "split_transformer",
+           "stage_placement", "tensor_parallel_degree"]
 
 # Initializers that draw every element independently of the shape: a shard
 # drawn with them is distributed as the same slice of a whole kernel.
@@ -856,3 +859,75 @@ def stage_placement(layers, group) -> list[tuple[str, list]]:
             shard = layer.shard_of(variable) if sharded else None
             placed[group[shard or 0]].append(variable)
     return list(placed.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightShare:
+    """A device's part of one unsplit variable: what `tfmulti.footprint`
+    counts (a shape and a dtype), and whether it trains."""
+
+    shape: tuple
+    dtype: str
+    trainable: bool
+
+
+def _unsplit_variables(layer, kind: str) -> list:
+    """The variables of an unsplit layer that its split form keeps whole, on
+    the home device: a row-parallel Dense's bias, attention's output bias."""
+    if kind == "row":
+        return [layer.bias] if layer.use_bias else []
+    if kind == "heads":
+        return [layer.output_dense.bias] if layer.use_bias else []
+    return []
+
+
+# What each device holds of a split layer's output, as (fraction on every
+# device, fraction on the home device in addition): column shards hold their
+# slice (a gathered output also whole on the home); row and head shards hold
+# a whole partial sum each, summed on the home.
+_OUTPUT_SHARES = {"column": lambda T: (1 / T, 0.0), "column_gathered": lambda T: (1 / T, 1.0),
+                  "row": lambda T: (1.0, 1.0), "heads": lambda T: (1.0, 1.0)}
+
+
+def device_shares(layer, kind: str | None, T: int) -> list[tuple[list, float]]:
+    """What each of T devices holds of an unsplit, built layer once it is
+    split as `kind` (see `tfmulti.transformer.TENSOR_PARALLEL`), for a
+    memory estimate made before anything is split or placed.
+
+    Args:
+        layer: the unsplit layer.
+        kind: "column", "column_gathered", "row", "heads"; None: the layer
+            stays whole, on device 0 (the home).
+        T: the number of devices.
+
+    Returns:
+        Per device: (its `WeightShare`s of the layer's variables, the
+        fraction of the layer's unsplit output it holds).
+
+    Example:
+        >>> import keras
+        >>> from tfmulti.parallel.tensor import device_shares
+        >>> dense = keras.layers.Dense(8)
+        >>> dense.build((None, 4))
+        >>> [([w.shape for w in weights], out) for weights, out in
+        ...  device_shares(dense, "row", 2)]
+        [([(16,), (8,)], 2.0), ([(16,)], 1.0)]
+    """
+    shares = [([], 0.0) for _ in range(T)]
+    if kind is None:
+        return [([WeightShare(tuple(v.shape), str(v.dtype), v.trainable) for v in layer.weights],
+                 1.0)] + shares[1:]
+    whole = {id(v) for v in _unsplit_variables(layer, kind)}
+    each, home = _OUTPUT_SHARES[kind](T)
+    out = []
+    for t in range(T):
+        weights = []
+        for v in layer.weights:
+            if id(v) in whole:
+                if t == 0:
+                    weights.append(WeightShare(tuple(v.shape), str(v.dtype), v.trainable))
+            else:
+                weights.append(WeightShare((int(np.prod(v.shape)) // T,), str(v.dtype),
+                                           v.trainable))
+        out.append((weights, each + (home if t == 0 else 0.0)))
+    return out
