@@ -15,8 +15,8 @@ import subprocess
 import sys
 import time
 
-__all__ = ["fmt", "machine_worker", "plot_results", "report", "run_worker", "summary",
-]
+__all__ = ["fmt", "machine_worker", "plot_results", "plot_step_seconds", "report", "run_worker",
+           "summary"]
 
 WORKER_MODULE = "tfmulti.bench.worker"
 # The directory holding the `tfmulti` package this process runs, so that a
@@ -82,6 +82,18 @@ def machine_worker() -> dict:
     env = environment.env_report()
     return {key: env[key] for key in ("cpu_model", "onednn", "cpu_count", "tensorflow",
                                       "keras", "platform")}
+
+
+def plot_step_seconds(step_seconds: dict, ax, title: str) -> None:
+    """A suite's panel: the median step time of each configuration (name ->
+    `summary` of seconds per step), min-max as error bars."""
+    names = list(step_seconds)
+    medians = [step_seconds[n]["median"] * 1000 for n in names]
+    ax.bar(names, medians,
+           yerr=[[m - step_seconds[n]["min"] * 1000 for n, m in zip(names, medians)],
+                 [step_seconds[n]["max"] * 1000 - m for n, m in zip(names, medians)]])
+    ax.set_ylabel("training step (ms)")
+    ax.set_title(title)
 
 
 def plot_results(results: dict, path: str, draw: dict) -> None:

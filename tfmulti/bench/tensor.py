@@ -77,24 +77,6 @@ def _compile(model):
     return model
 
 
-def _time_interleaved(models: dict, ds, steps: int, repeats: int) -> dict:
-    """Each model warmed up (one epoch), then per repeat every model trains
-    3 epochs in turn; a repeat's figure is its median epoch's seconds/step."""
-    from tfmulti.bench.fixtures import EpochStepTimer
-
-    for model in models.values():
-        model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)  # builds, traces
-    results = {name: [] for name in models}
-    times: list[float] = []
-    for _ in range(repeats):
-        for name, model in models.items():
-            times.clear()
-            model.fit(ds, steps_per_epoch=steps, epochs=_EPOCHS, verbose=0,
-                      callbacks=[EpochStepTimer(steps, times)])
-            results[name].append(statistics.median(times))
-    return results
-
-
 def tensor_worker(repeats: int, seq_len: int, d_model: int, num_heads: int, num_layers: int,
                   batch: int, steps: int) -> dict:
     """Step times of the transformer unsplit and split T=2, interleaved, in
@@ -104,12 +86,13 @@ def tensor_worker(repeats: int, seq_len: int, d_model: int, num_heads: int, num_
         {"step_seconds": {"unsplit": [...], "T=2": [...]}}, one figure per repeat.
     """
     ds = _setup(None, seq_len, batch)
+    from tfmulti.bench.fixtures import interleaved_step_seconds
     from tfmulti.parallel.tensor import split_transformer
 
     plain = _transformer(seq_len, d_model, num_heads, num_layers)
     split = split_transformer(plain, [f"CPU:{i}" for i in range(_DEVICES)])
     models = {"unsplit": _compile(plain), f"T={_DEVICES}": _compile(split)}
-    return {"step_seconds": _time_interleaved(models, ds, steps, repeats)}
+    return {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, _EPOCHS)}
 
 
 def pipeline_worker(repeats: int, microbatches: dict, seq_len: int, d_model: int,
@@ -124,6 +107,7 @@ def pipeline_worker(repeats: int, microbatches: dict, seq_len: int, d_model: int
         {"step_seconds": name -> seconds per step, one per repeat}.
     """
     ds = _setup(1, seq_len, batch)
+    from tfmulti.bench.fixtures import interleaved_step_seconds
     from tfmulti.parallel import PipelineModel
 
     models = {}
@@ -132,7 +116,7 @@ def pipeline_worker(repeats: int, microbatches: dict, seq_len: int, d_model: int
                               devices=[f"CPU:{i}" for i in range(_DEVICES)],
                               num_microbatches=m)
         models[name] = _compile(model)
-    return {"step_seconds": _time_interleaved(models, ds, steps, repeats)}
+    return {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, _EPOCHS)}
 
 
 def check(**shape) -> None:
@@ -202,11 +186,6 @@ def summarize(r: dict) -> list[str]:
 
 def plot(r: dict, ax) -> None:
     """Median step time of each configuration, min-max as error bars."""
-    steps = r["step_seconds"]
-    names = list(steps)
-    ax.bar(names, [steps[n]["median"] * 1000 for n in names],
-           yerr=[[(steps[n]["median"] - steps[n]["min"]) * 1000 for n in names],
-                 [(steps[n]["max"] - steps[n]["median"]) * 1000 for n in names]])
-    ax.set_ylabel("training step (ms)")
-    ax.set_title(f"Transformer: T=2 x{r['tensor_overhead']['median']:.2f}, "
-                 f"pipeline {r['pipeline_speedup']['median']:.2f}x")
+    _harness.plot_step_seconds(r["step_seconds"], ax,
+                               f"Transformer: T=2 x{r['tensor_overhead']['median']:.2f}, "
+                               f"pipeline {r['pipeline_speedup']['median']:.2f}x")
