@@ -209,23 +209,63 @@ def test_plan_errors():
 
 
 def test_functional_models():
-    # Two inputs.
+    # Two inputs joined by a stateless layer: the join is a side computation
+    # of the one block, recomputed by the stage that needs it.
     a, b = keras.Input((4,)), keras.Input((4,))
-    two_inputs = keras.Model([a, b], keras.layers.Dense(2)(keras.layers.Concatenate()([a, b])))
-    with pytest.raises(ValueError, match=r"is not a stack of layers; pipeline stages need a "
-                                         r"keras.Sequential or a list of layers"):
-        partition.plan_partition(two_inputs, 1)
-    # A branch (residual).
+    two_inputs = keras.Model([a, b], keras.layers.Dense(2, name="d")(
+        keras.layers.Concatenate()([a, b])))
+    plan = partition.plan_partition(two_inputs, 1)
+    assert [s.layer_names for s in plan.stages] == [("d",)]
+    # A residual block stays whole: blocks "first" and "inner..residual".
     x = keras.Input((4,))
-    h = keras.layers.Dense(4)(x)
-    branch = keras.Model(x, keras.layers.Add()([h, keras.layers.Dense(4)(h)]))
-    with pytest.raises(ValueError, match=r"is not a stack of layers"):
-        partition.plan_partition(branch, 2)
+    h = keras.layers.Dense(4, name="first")(x)
+    branch = keras.Model(x, keras.layers.Add(name="residual")(
+        [h, keras.layers.Dense(4, name="inner")(h)]), name="branch")
+    plan = partition.plan_partition(branch, 2)
+    assert [s.layer_names for s in plan.stages] == [("first",), ("inner", "residual")]
+    assert partition.layer_costs(branch, "params") == [20, 20]
+    with pytest.raises(ValueError, match=r"^model 'branch' cannot be cut into 3 stages: it has 2 "
+                                         r"blocks"):
+        partition.plan_partition(branch, 3)
+    with pytest.raises(ValueError, match=r"^stage sizes \(1, 2\) sum to 3 but the stack has 2 "
+                                         r"blocks"):
+        partition.plan_partition(branch, 2, method=[1, 2])
     # A single chain is accepted, in call order.
     x = keras.Input((4,))
     y = keras.layers.Dense(6, name="c2")(keras.layers.Dense(5, name="c1")(x))
     plan = partition.plan_partition(keras.Model(x, y), 2, method="flops")
     assert [s.layer_names for s in plan.stages] == [("c1",), ("c2",)]
+
+
+def test_flops_of_attention_and_embedding():
+    # Self-attention of width d over T positions: 4 projections (T*d*d
+    # multiply-adds each) and 2 attention products (T*T*d each), 2 FLOPs per
+    # multiply-add; an embedding is a gather: one read per output element.
+    seq, width, heads = 6, 8, 2
+    tokens = keras.Input((seq,), dtype="int32")
+    x = keras.layers.Embedding(50, width, name="embedding")(tokens)
+    attended = keras.layers.MultiHeadAttention(heads, width // heads, name="attention")(x, x)
+    model = keras.Model(tokens, keras.layers.Add(name="residual")([x, attended]))
+    costs = partition.layer_costs(model, "flops")
+    assert costs == [seq * width,  # embedding
+                     2 * (4 * seq * width ** 2 + 2 * seq ** 2 * width) + seq * width]
+    # Cross-attention: queries of 3 positions over 5 keys of width 4 (another
+    # projection width), value dim 6, output width 7.
+    query, memory = keras.Input((3, 8)), keras.Input((5, 4))
+    layer = keras.layers.MultiHeadAttention(2, 5, value_dim=6, output_shape=7, use_bias=False)
+    cross = keras.Model([query, memory], layer(query, memory))
+    macs = (3 * 8 * 10 + 5 * 4 * 10 + 5 * 4 * 12  # query, key, value projections
+            + 3 * 5 * 10 + 3 * 5 * 12  # scores, weighted values
+            + 3 * 12 * 7)  # output projection
+    assert partition.layer_costs(cross, "flops") == [2 * macs]
+
+
+def test_time_method_on_a_functional_model_with_integer_inputs():
+    tokens = keras.Input((4,), dtype="int32")
+    x = keras.layers.Embedding(10, 8)(tokens)
+    model = keras.Model(tokens, keras.layers.Dense(3)(keras.layers.Dense(8)(x)))
+    costs = partition.layer_costs(model, "time", batch_size=2)
+    assert len(costs) == 3 and all(c > 0 for c in costs)
 
 
 def test_table_and_repr():

@@ -35,11 +35,19 @@ def _loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def _copy(model):
+    """The same model (architecture and weights), with layers of its own."""
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
 def _pair(num_stages, num_microbatches, num_replicas=1, remat=False, **layer_kwargs):
     """A pipeline and the same model unpartitioned, with equal weights."""
     keras.utils.set_random_seed(0)
-    reference = keras.Sequential([keras.Input((12,)), *_layers(**layer_kwargs)])
-    pipeline = PipelineModel(reference, num_stages=num_stages,
+    model = keras.Sequential([keras.Input((12,)), *_layers(**layer_kwargs)])
+    reference = _copy(model)
+    pipeline = PipelineModel(model, num_stages=num_stages,
                              num_microbatches=num_microbatches, num_replicas=num_replicas,
                              remat=remat)
     reference.compile(optimizer=keras.optimizers.SGD(LR), loss=_loss())
@@ -101,13 +109,14 @@ def test_regularization_counts_as_in_the_unpartitioned_model(replicas, micro, re
     # regularizer: the same losses and weights as the unpartitioned model, the
     # weight penalty counted once however many replicas hold the weights.
     keras.utils.set_random_seed(0)
-    reference = keras.Sequential([
+    model = keras.Sequential([
         keras.Input((12,)),
         keras.layers.Dense(16, kernel_regularizer=keras.regularizers.L2(0.5),
                            activity_regularizer=keras.regularizers.L1(0.1)),
         keras.layers.Dense(16, activation="tanh", kernel_regularizer=keras.regularizers.L1(0.2)),
         keras.layers.Dense(10, kernel_regularizer=keras.regularizers.L2(0.3))])
-    pipeline = PipelineModel(reference, num_stages=2, num_microbatches=micro,
+    reference = _copy(model)
+    pipeline = PipelineModel(model, num_stages=2, num_microbatches=micro,
                              num_replicas=replicas, remat=remat)
     for model in (reference, pipeline):
         model.compile(optimizer=keras.optimizers.SGD(LR), loss=_loss())
@@ -170,17 +179,64 @@ def test_variables_and_optimizer_slots_live_on_their_stage_device(optimizer):
     assert slot_count == (2 * len(stage_of) if optimizer == "adam" else 0)
 
 
-def test_unbuilt_layers_are_built_on_the_host():
-    # The whole model first exists unsplit: built under the caller's device
-    # scope it would all land on one device, which a model too big for one
-    # accelerator does not fit. The originals are built on CPU:0, the copies
-    # on their stages.
+def test_unbuilt_layers_are_built_on_their_stage_devices():
+    # The whole model never exists unsplit on one device (it may fit none):
+    # each unbuilt layer the caller passed gets its variables on its stage's
+    # device, whatever the caller's device scope, and it is those layer
+    # objects that train.
     layers = _layers()
     with tf.device("/CPU:3"):
         pipeline = PipelineModel(layers, input_shape=(12,), num_stages=2)
-    assert {v.value.device[-5:] for l in layers for v in l.weights} == {"CPU:0"}
+    devices = [{v.value.device[-5:] for v in layer.weights} for layer in layers]
+    assert devices == [{"CPU:0"}, {"CPU:0"}, {"CPU:1"}, {"CPU:1"}]
     assert [row["variable_devices"][0][-5:] for row in pipeline.placement()] == ["CPU:0",
                                                                                   "CPU:1"]
+    assert pipeline.replicas[0][1].layers[-1] is layers[-1]
+
+
+def test_built_layers_move_to_their_stage_with_their_weights_and_train():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((12,)), *_layers()])
+    initial = model.get_weights()
+    reference = _copy(model)
+    x, y = _data()
+    model.predict(x[:4], verbose=0)  # traced before the move, it reads the moved variables
+    pipeline = PipelineModel(model, num_stages=2, num_microbatches=2)
+    assert [{v.value.device[-5:] for v in layer.weights} for layer in model.layers] == [
+        {"CPU:0"}, {"CPU:0"}, {"CPU:1"}, {"CPU:1"}]
+    for a, b in zip(model.get_weights(), initial):
+        np.testing.assert_array_equal(a, b)
+    for m in (pipeline, reference):
+        m.compile(optimizer=keras.optimizers.SGD(LR), loss=_loss())
+        m.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    # The caller's model and layers hold the trained weights.
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert not np.allclose(model.layers[0].kernel.numpy(), initial[0])
+    np.testing.assert_allclose(model.predict(x, verbose=0), reference.predict(x, verbose=0),
+                               atol=1e-5)
+
+
+def test_a_stack_without_input_shape_builds_from_the_first_batch():
+    # As keras.Sequential does: no input_shape, the first batch decides.
+    keras.utils.set_random_seed(0)
+    layers = _layers()
+    pipeline = PipelineModel(layers, num_stages=2, num_microbatches=2)
+    assert pipeline.plan is None and not layers[0].built
+    pipeline.compile(optimizer="adam", loss=_loss())
+    x, y = _data()
+    pipeline.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert pipeline.plan.sizes == (2, 2)
+    assert [{v.value.device[-5:] for v in layer.weights} for layer in layers] == [
+        {"CPU:0"}, {"CPU:0"}, {"CPU:1"}, {"CPU:1"}]
+    # Adam's slots were made on their variables' devices after the build.
+    slots = {v.value.device[-5:] for v in pipeline.optimizer.variables if len(v.shape)}
+    assert slots == {"CPU:0", "CPU:1"}
+    assert pipeline.to_sequential().count_params() == sum(l.count_params() for l in layers)
+    unbuilt = PipelineModel(_layers(), num_stages=2)
+    with pytest.raises(RuntimeError, match=r"memory_report\(\) needs the stages, which are built "
+                                           r"from the first batch"):
+        unbuilt.memory_report(BATCH)
 
 
 def test_hybrid_places_replicas_on_their_own_devices():
@@ -289,13 +345,6 @@ def test_bad_inputs():
         PipelineModel(_layers(dropout=0.1), input_shape=(12,), remat=True)
     with pytest.raises(ValueError, match=r"remat=True.*moving statistics.*batch_normalization"):
         PipelineModel(_layers(batchnorm=True), input_shape=(12,), remat=True)
-    inputs = keras.Input((12,))
-    branch = keras.layers.Add()([keras.layers.Dense(12)(inputs), inputs])
-    functional = keras.Model(inputs, keras.layers.Dense(10)(branch))
-    with pytest.raises(ValueError, match=r"not a stack of layers"):
-        PipelineModel(functional, num_stages=2)
-    with pytest.raises(ValueError, match=r"`input_shape` is required"):
-        PipelineModel(_layers(), num_stages=2)
     pipeline = PipelineModel(_layers(), input_shape=(12,), num_stages=2, num_microbatches=3)
     pipeline.compile(optimizer="sgd", loss=_loss())
     x, y = _data()
@@ -303,3 +352,190 @@ def test_bad_inputs():
         pipeline.fit(x, y, batch_size=BATCH, verbose=0)
     with pytest.raises(ValueError, match=r"keeps XLA off"):
         pipeline.compile(optimizer="sgd", loss=_loss(), jit_compile=True)
+
+
+# --- functional models: chains of blocks, side inputs, accumulation ---------------
+
+
+def _transformer(vocab=32, seq=8, width=16, heads=2, num_blocks=2):
+    """A small decoder: token and position embeddings, pre-LayerNorm blocks of
+    causal self-attention (with a padding mask input) and an MLP, a head. The
+    attention projections have no bias: a key bias has an exactly zero
+    gradient (softmax ignores a shift), which Adam would turn from rounding
+    noise into +-lr steps that differ between any two summation orders."""
+    tokens = keras.Input((seq,), dtype="int32", name="tokens")
+    positions = keras.Input((seq,), dtype="int32", name="positions")
+    mask = keras.Input((seq,), dtype="int32", name="mask")
+    attention_mask = keras.ops.expand_dims(keras.ops.cast(mask, "bool"), 1)
+    x = keras.layers.Add()([keras.layers.Embedding(vocab, width)(tokens),
+                            keras.layers.Embedding(seq, width)(positions)])
+    for _ in range(num_blocks):
+        h = keras.layers.LayerNormalization()(x)
+        h = keras.layers.MultiHeadAttention(heads, width // heads, use_bias=False)(
+            h, h, attention_mask=attention_mask, use_causal_mask=True)
+        x = keras.layers.Add()([x, h])
+        h = keras.layers.Dense(4 * width, activation="gelu")(keras.layers.LayerNormalization()(x))
+        x = keras.layers.Add()([x, keras.layers.Dense(width)(h)])
+    logits = keras.layers.Dense(vocab)(keras.layers.LayerNormalization()(x))
+    return keras.Model({"tokens": tokens, "positions": positions, "mask": mask}, logits,
+                       name="decoder")
+
+
+def _token_batch(n, vocab=32, seq=8, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(3, seq + 1, (n, 1))
+    x = {"tokens": rng.integers(0, vocab, (n, seq)).astype("int32"),
+         "positions": np.tile(np.arange(seq, dtype="int32"), (n, 1)),
+         "mask": (np.arange(seq)[None, :] < lengths).astype("int32")}
+    return x, rng.integers(0, vocab, (n, seq))
+
+
+def test_functional_transformer_trains_like_the_unpartitioned_model():
+    keras.utils.set_random_seed(0)
+    model = _transformer()
+    reference = _copy(model)
+    pipeline = PipelineModel(model, num_stages=2, num_microbatches=2)  # no input_shape
+    for m in (pipeline, reference):
+        m.compile(optimizer=keras.optimizers.Adam(1e-2), loss=_loss())
+    x, y = _token_batch(16)
+    h_p = pipeline.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)  # 4 Adam steps
+    h_r = reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    np.testing.assert_allclose(h_p.history["loss"], h_r.history["loss"], atol=1e-5)
+    assert h_p.history["loss"][1] < h_p.history["loss"][0]
+    # The model the caller passed, and its layer objects, hold the trained weights.
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    # Every layer lives on its stage: both attention layers, the mask reaching both.
+    attention = [l for l in model.layers if isinstance(l, keras.layers.MultiHeadAttention)]
+    mask = [t.name for t in model.inputs].index("mask")
+    for s, stage in enumerate(pipeline.replicas[0]):
+        assert {v.value.device[-5:] for v in stage.weights} == {f"CPU:{s}"}
+        assert attention[s] in stage.layers
+        assert mask in pipeline._side_keys[s]
+    slots = {v.value.device[-5:] for v in pipeline.optimizer.variables if len(v.shape)}
+    assert slots == {"CPU:0", "CPU:1"}
+    expected = reference.predict(x, batch_size=8, verbose=0)
+    np.testing.assert_allclose(pipeline.predict(x, batch_size=8, verbose=0), expected, atol=1e-5)
+    np.testing.assert_allclose(pipeline.to_model()(x), expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"'decoder' is a functional model.*use to_model\(\)"):
+        pipeline.to_sequential()
+    with pytest.raises(ValueError, match=r"inputs \['mask'\] are missing"):
+        pipeline.predict({k: x[k] for k in ("tokens", "positions")}, verbose=0)
+
+
+def _residual_mlp():
+    """Dict inputs; three residual blocks, each scaled by a side input."""
+    features = keras.Input((12,), name="features")
+    scale = keras.Input((1,), name="scale")
+    x = keras.layers.Dense(16, name="embed")(features)
+    for i in range(3):
+        h = keras.layers.Dense(16, activation="tanh", name=f"inner{i}")(x)
+        h = keras.layers.Multiply(name=f"scaled{i}")([h, scale])
+        x = keras.layers.Add(name=f"residual{i}")([x, h])
+    return keras.Model({"features": features, "scale": scale},
+                       keras.layers.Dense(10, name="head")(x), name="residual_mlp")
+
+
+@pytest.mark.parametrize("stages,micro,replicas,accumulate", [(3, 2, 1, 1), (2, 1, 2, 2)])
+def test_functional_chain_with_residuals_and_a_side_input(stages, micro, replicas, accumulate):
+    keras.utils.set_random_seed(0)
+    model = _residual_mlp()
+    reference = _copy(model)
+    pipeline = PipelineModel(model, num_stages=stages, num_microbatches=micro,
+                             num_replicas=replicas, accumulate_steps=accumulate, partition="flops")
+    assert pipeline.plan.num_stages == stages and sum(pipeline.plan.sizes) == 5
+    for m in (pipeline, reference):
+        m.compile(optimizer=keras.optimizers.SGD(LR), loss=_loss())
+    features, y = _data(n=64)
+    x = {"features": features, "scale": np.linspace(0.5, 1.5, 64, dtype="float32")[:, None]}
+    h_p = pipeline.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    h_r = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    np.testing.assert_allclose(h_p.history["loss"], h_r.history["loss"], atol=1e-5)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    for s in range(stages):
+        # Stages after the first receive the residual stream and the side input.
+        assert pipeline._side_keys[s] == ((0, 1) if s == 0 else (1,))
+    if replicas > 1:  # replica 0 trains the caller's layers, the copies stay equal
+        assert model.get_layer("head") in pipeline.replicas[0][-1].layers
+        for s in range(stages):
+            for w0, w1 in zip(pipeline.replicas[0][s].get_weights(),
+                              pipeline.replicas[1][s].get_weights()):
+                np.testing.assert_array_equal(w0, w1)
+        assert {row["variable_devices"][0][-5:] for row in pipeline.placement()
+                if row["replica"] == 1} == {"CPU:2", "CPU:3"}
+
+
+def test_a_branch_crossing_every_cut_is_refused_naming_the_layer():
+    x = keras.Input((12,))
+    skip = keras.layers.Dense(16, name="skip_source")(x)
+    h = keras.layers.Dense(16, name="middle")(keras.layers.Dense(16)(skip))
+    joined = keras.layers.Concatenate(name="join")([skip, h])
+    model = keras.Model(x, keras.layers.Dense(10)(joined), name="branchy")
+    # Three blocks: skip_source | dense..join (the skip crosses every point) | head.
+    assert PipelineModel(model, num_stages=3).plan.sizes == (1, 1, 1)
+    with pytest.raises(ValueError, match=r"model 'branchy' cannot be cut into 4 stages: it has 3 "
+                                         r"blocks.*output of layer 'skip_source' is used by "
+                                         r"layer 'join'"):
+        PipelineModel(model, num_stages=4)
+
+
+def test_accumulation_equals_the_big_batch_step():
+    # accumulate_steps=2: a batch of 32 rows is 2 rounds of 16 (2 micro-batches
+    # of 8 each), one Adam update: the same as one step on the 32 rows.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((12,)), *_layers()])
+    reference = _copy(model)
+    pipeline = PipelineModel(model, num_stages=2, num_microbatches=2, accumulate_steps=2)
+    for m in (pipeline, reference):
+        m.compile(optimizer=keras.optimizers.Adam(1e-2), loss=_loss())
+    x, y = _data()
+    h_p = pipeline.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    h_r = reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert int(pipeline.optimizer.iterations) == 3  # one update per 32-row batch
+    np.testing.assert_allclose(h_p.history["loss"], h_r.history["loss"], atol=1e-5)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert pipeline.memory_report(BATCH)[0]["activation_batch"] == BATCH // 4
+    fresh = PipelineModel(_layers(), input_shape=(12,), num_microbatches=2, accumulate_steps=2)
+    fresh.compile(optimizer="sgd", loss=_loss())
+    with pytest.raises(ValueError, match=r"the batch \(30\) must split into 2 accumulation "
+                                         r"step\(s\) x 1 replica\(s\) x 2 micro-batches"):
+        fresh.train_on_batch(x[:30], y[:30])
+    with pytest.raises(ValueError, match=r"`accumulate_steps` must be a positive integer"):
+        PipelineModel(_layers(), input_shape=(12,), accumulate_steps=0)
+
+
+class _SelfPlaced(keras.layers.Layer):
+    """Makes its weight on CPU:3 itself, as a tensor-parallel layer makes its shards."""
+
+    places_own_variables = True
+
+    def build(self, input_shape):
+        from tfmulti.parallel import placement
+
+        with placement.outside_symbolic_pass(), tf.device("/CPU:3"):
+            self.scale = self.add_weight(shape=(input_shape[-1],), initializer="random_uniform")
+
+    def call(self, inputs):
+        return inputs * self.scale
+
+
+def test_a_layer_that_places_its_own_variables_keeps_them_where_it_made_them():
+    layers = [keras.layers.Dense(8), _SelfPlaced(), keras.layers.Dense(4)]
+    pipeline = PipelineModel(layers, input_shape=(12,), num_stages=2, num_replicas=2,
+                             partition=[1, 2])
+    assert layers[1].scale.value.device.endswith("CPU:3")
+    assert layers[2].kernel.value.device.endswith("CPU:1")
+    copy = pipeline.replicas[1][1].layers[1]  # replica 1's copy: the same values
+    assert isinstance(copy, _SelfPlaced) and copy is not layers[1]
+    np.testing.assert_array_equal(copy.scale.numpy(), layers[1].scale.numpy())
+
+
+def test_remat_refuses_dropout_inside_a_layer():
+    x = keras.Input((4, 8))
+    attended = keras.layers.MultiHeadAttention(2, 4, dropout=0.1, name="attention")(x, x)
+    model = keras.Model(x, keras.layers.Dense(2)(keras.layers.Dense(8)(attended)))
+    with pytest.raises(ValueError, match=r"`remat=True` recomputes activations, which would "
+                                         r"redraw the random masks of \['dropout"):
+        PipelineModel(model, num_stages=2, remat=True)

@@ -34,7 +34,7 @@ import math
 import re
 
 __all__ = ["COLUMNS", "OPTIMIZER_SLOTS", "dtype_bytes", "format_footprint", "output_elements",
-           "slot_bytes_by_device", "stack_footprint", "variables_bytes"]
+           "slot_bytes_by_device", "stack_footprint", "stage_footprint", "variables_bytes"]
 
 OPTIMIZER_SLOTS = {"adam": 2, "sgd": 0}
 """Per-weight state tensors of the optimizers tfmulti builds by name."""
@@ -113,12 +113,43 @@ def stack_footprint(layers, input_shape: tuple, *, micro_batch: int, num_microba
         A dict of bytes: `COLUMNS`, plus "activations_per_microbatch" and
         "activation_batch" (examples per micro-batch).
     """
-    trainable = [v for layer in layers for v in layer.trainable_weights]
-    outputs = sum(_output_bytes(layers, tuple(input_shape), compute_dtype)) * micro_batch
+    outputs = sum(_output_bytes(layers, tuple(input_shape), compute_dtype))
     input_dtype = (input_dtype or compute_dtype
                    or getattr(layers[0], "compute_dtype", None) or "float32")
-    kept_input = (math.prod(int(d) for d in input_shape) * micro_batch * dtype_bytes(input_dtype)
-                  if receives_input else 0)
+    received = (math.prod(int(d) for d in input_shape) * dtype_bytes(input_dtype)
+                if receives_input else 0)
+    return stage_footprint(layers, output_bytes=outputs, received_bytes=received,
+                           micro_batch=micro_batch, num_microbatches=num_microbatches,
+                           optimizer_slots=optimizer_slots, slot_bytes=slot_bytes, remat=remat)
+
+
+def stage_footprint(layers, *, output_bytes: int, micro_batch: int, received_bytes: int = 0,
+                    num_microbatches: int = 1, optimizer_slots: int | None = None,
+                    slot_bytes: int | None = None, remat: bool = False) -> dict:
+    """The training memory of one device holding `layers`, from the bytes
+    per example of what it keeps for the backward pass (for any graph of
+    layers; `stack_footprint` works them out for a stack).
+
+    Args:
+        layers: the device's built Keras layers (their variables are counted
+            once each).
+        output_bytes: bytes per example of the outputs of the layer calls
+            the device runs.
+        micro_batch: examples per forward pass.
+        received_bytes: bytes per example of the input received from another
+            device and kept for the backward pass (0: none).
+        num_microbatches: micro-batches whose activations are held at once.
+        optimizer_slots: per-weight optimizer tensors; or give `slot_bytes`.
+        slot_bytes: the measured bytes of the optimizer slots.
+        remat: only the received input is kept per micro-batch, plus one
+            micro-batch's recomputed outputs.
+
+    Returns:
+        The dict `stack_footprint` returns.
+    """
+    trainable = [v for layer in layers for v in layer.trainable_weights]
+    outputs = output_bytes * micro_batch
+    kept_input = received_bytes * micro_batch
     per_micro = kept_input if remat else kept_input + outputs
     if slot_bytes is None:
         slot_bytes = (optimizer_slots or 0) * variables_bytes(trainable)

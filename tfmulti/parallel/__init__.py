@@ -1,6 +1,7 @@
 """Model parallelism by manual device placement: the GPipe pipeline (and the
 data x pipeline hybrid), tensor-parallel layers (`tfmulti.parallel.tensor`),
-the stage partitioner and the schedule tables.
+the chain of blocks a model is cut into (`blocks`), variables made on their
+stage's device (`placement`), the stage partitioner and the schedule tables.
 
 `PipelineModel` and the tensor-parallel layers load lazily (they import
 TensorFlow); the schedule helpers

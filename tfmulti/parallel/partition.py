@@ -1,12 +1,15 @@
-"""Contiguous pipeline-stage partitioner for a stack of Keras layers.
+"""Contiguous pipeline-stage partitioner for a stack of Keras layers or a
+chain of blocks.
 
-Splits a stack of layers (a `keras.Sequential`, a linear functional model or a
-list of layers) into `num_stages` contiguous, non-empty stages so that the most
-expensive stage is as cheap as possible, the way GPipe/torchgpipe's
-`balance_by_time`/`balance_by_size` and DeepSpeed's
-`PipelineModule(partition_method=...)` do. The cost of a layer is its parameter
-count ("params"), its estimated forward FLOPs per example ("flops") or its
-measured forward time ("time"); stage sizes can also be given explicitly.
+Splits a stack of layers (a `keras.Sequential` or a list of layers) or a
+functional model's chain of blocks (runs of layers between points crossed by
+a single tensor, `tfmulti.parallel.blocks`) into `num_stages` contiguous,
+non-empty stages so that the most expensive stage is as cheap as possible,
+the way GPipe/torchgpipe's `balance_by_time`/`balance_by_size` and
+DeepSpeed's `PipelineModule(partition_method=...)` do. The cost of a layer
+(block) is its parameter count ("params"), its estimated forward FLOPs per
+example ("flops", attention and embeddings included) or its measured forward
+time ("time"); stage sizes can also be given explicitly.
 
 The numeric core (`partition_costs`, `validate_sizes`, `balance_ratio`) is pure
 Python; Keras is imported only inside the functions that look at layers.
@@ -197,13 +200,16 @@ def _better(cand: tuple[float, float], top: tuple[float, float]) -> bool:
     return cand[1] < top[1]
 
 
-def validate_sizes(sizes: Sequence[int], num_layers: int, num_stages: int) -> list[int]:
+def validate_sizes(sizes: Sequence[int], num_layers: int, num_stages: int,
+                   unit: str = "layers") -> list[int]:
     """Checks explicitly given stage sizes against the stack.
 
     Args:
-        sizes: Layers per stage, in stack order.
-        num_layers: The number of layers in the stack.
+        sizes: Layers (blocks) per stage, in stack order.
+        num_layers: The number of layers (blocks) in the stack.
         num_stages: The number of stages the sizes must describe.
+        unit: what the sizes count, for messages: "layers" (the default) or
+            "blocks".
 
     Returns:
         The sizes as a list of ints.
@@ -225,16 +231,16 @@ def validate_sizes(sizes: Sequence[int], num_layers: int, num_stages: int) -> li
     for i, size in enumerate(sizes):
         if not _checks.is_int(size):
             raise ValueError(
-                f"sizes[{i}] must be an integer number of layers; "
+                f"sizes[{i}] must be an integer number of {unit}; "
                 f"received {size!r} ({type(size).__name__}).")
         if size < 1:
             raise ValueError(
-                f"sizes[{i}] is {size}; every stage needs at least one layer.")
+                f"sizes[{i}] is {size}; every stage needs at least one {unit[:-1]}.")
     sizes = [int(size) for size in sizes]
     if sum(sizes) != num_layers:
         raise ValueError(
             f"stage sizes {tuple(sizes)} sum to {sum(sizes)} but the stack has {num_layers} "
-            f"layers; the sizes must add up to {num_layers}.")
+            f"{unit}; the sizes must add up to {num_layers}.")
     return sizes
 
 
@@ -275,139 +281,89 @@ def _per_example_shape(input_shape) -> tuple:
     return shape
 
 
-def _not_a_stack(model) -> ValueError:
-    return ValueError(
-        f"model {model.name!r} ({type(model).__name__}) is not a stack of layers; pipeline "
-        "stages need a keras.Sequential or a list of layers (a functional model must be a "
-        "single chain: one input, one output, no branches).")
+def _chain(layers, input_shape):
+    """The model's chain of blocks (`tfmulti.parallel.blocks`): a stack's
+    layers, a functional model's blocks; a chain passes through."""
+    from tfmulti.parallel import blocks
 
-
-def _functional_chain(model) -> list:
-    """The layers of a functional model that is a single chain, input to output."""
-    import keras
-
-    inputs = getattr(model, "inputs", None)
-    outputs = getattr(model, "outputs", None)
-    if not inputs or not outputs or len(inputs) != 1 or len(outputs) != 1:
-        raise _not_a_stack(model)
-    chain, tensor = [], outputs[0]
-    while True:
-        history = getattr(tensor, "_keras_history", None)
-        if history is None:
-            raise _not_a_stack(model)
-        op = history.operation
-        if isinstance(op, keras.layers.InputLayer):
-            break
-        node = op._inbound_nodes[history.node_index]
-        if len(node.input_tensors) != 1 or len(node.output_tensors) != 1:
-            raise _not_a_stack(model)
-        chain.append(op)
-        tensor = node.input_tensors[0]
-    if tensor is not inputs[0]:
-        raise _not_a_stack(model)
-    chain.reverse()
-    if [id(layer) for layer in chain] != [
-            id(layer) for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]:
-        raise _not_a_stack(model)  # a layer outside the chain, or one used twice
+    if isinstance(layers, blocks.Chain):
+        return layers
+    shape = _per_example_shape(input_shape) if input_shape is not None else None
+    chain = blocks.chain_of(layers, input_shape=shape)
+    if chain.inputs is None:  # a stack of unknown input shape: its layers must be built
+        unbuilt = [layer for layer in chain.stack if not layer.built]
+        if unbuilt:
+            raise ValueError(
+                f"layer {unbuilt[0].name!r} is not built, so its weights and costs are "
+                "unknown; pass input_shape=(...) (the per-example shape, without the batch "
+                "dimension) or build the model first, e.g. with keras.Input.")
     return chain
 
 
-def _as_stack(layers) -> tuple[list, tuple | None]:
-    """(list of layers, per-example input shape if the model knows it)."""
-    import keras
-
-    shape = None
-    if isinstance(layers, keras.Model):
-        stack = (list(layers.layers) if isinstance(layers, keras.Sequential)
-                 else _functional_chain(layers))
-        try:
-            shape = tuple(layers.input_shape)[1:]
-        except (AttributeError, ValueError, TypeError):
-            shape = None
-    elif isinstance(layers, keras.layers.Layer):
-        raise ValueError(
-            f"got a single layer {layers.name!r}; pass a keras.Sequential or a list of layers.")
-    elif isinstance(layers, (list, tuple)):
-        stack = list(layers)
-        for i, layer in enumerate(stack):
-            if not isinstance(layer, keras.layers.Layer):
-                raise ValueError(
-                    f"layers[{i}] is a {type(layer).__name__}, not a keras layer; "
-                    "pass a keras.Sequential or a list of keras layers.")
-    else:
-        raise ValueError(
-            f"expected a keras.Sequential or a list of layers; received {type(layers).__name__}.")
-    if not stack:
-        raise ValueError("the layer stack is empty; pass at least one layer.")
-    seen = set()
-    for layer in stack:
-        if id(layer) in seen:
-            raise ValueError(
-                f"layer {layer.name!r} appears more than once in the stack; a layer's weights "
-                "live on one stage, so a shared layer cannot be pipelined: use separate layers.")
-        seen.add(id(layer))
-    return stack, shape
+def _unit(chain) -> str:
+    return "layers" if chain.stack is not None else "blocks"
 
 
-def _output_shape(layer, shape: tuple) -> tuple:
-    import keras
-
-    try:
-        out = layer.compute_output_shape(shape)
-    except NotImplementedError:
-        out = layer.compute_output_spec(keras.KerasTensor(shape)).shape
-    if isinstance(out, dict) or (isinstance(out, (list, tuple)) and out
-                                 and isinstance(out[0], (list, tuple, dict))):
-        raise ValueError(
-            f"layer {layer.name!r} has several outputs {out}; a pipeline stack needs "
-            "one tensor between consecutive layers.")
-    return tuple(out)
-
-
-def _ensure_built(stack: list, input_shape: tuple | None) -> None:
-    """Builds unbuilt layers in order from `input_shape`, or explains what is missing."""
-    unbuilt = [layer for layer in stack if not layer.built]
-    if not unbuilt:
-        return
-    if input_shape is None:
-        raise ValueError(
-            f"layer {unbuilt[0].name!r} is not built, so its weights and costs are unknown; "
-            "pass input_shape=(...) (the per-example shape, without the batch dimension) "
-            "or build the model first, e.g. with keras.Input.")
-    shape = (None, *input_shape)
-    for layer in stack:
-        if not layer.built:
-            layer.build(shape)
-        shape = _output_shape(layer, shape)
-
-
-def _shapes(stack: list, input_shape: tuple | None, method: str) -> list[tuple]:
-    """[(batch, *in_shape)] for each layer plus the final output shape."""
-    if input_shape is None:
+def _check_shapes(chain, method: str) -> None:
+    """Shapes known along the chain, for "flops" and "time"."""
+    if chain.inputs is None:
         raise ValueError(
             f'method "{method}" needs the input shape; pass input_shape=(...) (the '
             "per-example shape, without the batch dimension), e.g. input_shape=(784,).")
-    if any(d is None for d in input_shape):
-        raise ValueError(
-            f'method "{method}" needs a fully known input shape; received {input_shape}. '
-            "Pass concrete sizes, e.g. a typical sequence length.")
-    shapes = [(None, *input_shape)]
-    for layer in stack:
-        shapes.append(_output_shape(layer, shapes[-1]))
-    return shapes
+    for tensor in chain.inputs:
+        shape = tuple(tensor.shape[1:])
+        if any(d is None for d in shape):
+            raise ValueError(
+                f'method "{method}" needs a fully known input shape; received {shape}. '
+                "Pass concrete sizes, e.g. a typical sequence length.")
 
 
-def _layer_flops(layer, in_shape: tuple, out_shape: tuple) -> float:
+def _argument(node, index: int, name: str):
+    """A call argument of a graph node, by keyword or position."""
+    kwargs, args = node.arguments.kwargs, node.arguments.args
+    if kwargs.get(name) is not None:
+        return kwargs[name]
+    return args[index] if len(args) > index else None
+
+
+def _attention_flops(layer, node) -> float:
+    """MultiHeadAttention: the query, key, value and output projections and
+    the two attention products (scores, weighted values)."""
+    from tfmulti.parallel.blocks import per_example_elements
+
+    query, value = _argument(node, 0, "query"), _argument(node, 1, "value")
+    key = _argument(node, 2, "key")
+    key = value if key is None else key
+    heads, key_dim = layer.num_heads, layer.key_dim
+    value_dim = layer.value_dim or key_dim
+
+    def positions(tensor):
+        return per_example_elements(tensor) // int(tensor.shape[-1])
+
+    tq, tk, tv = positions(query), positions(key), positions(value)
+    out_dim = per_example_elements(node.outputs[0]) // tq
+    macs = (tq * int(query.shape[-1]) * heads * key_dim + tk * int(key.shape[-1]) * heads * key_dim
+            + tv * int(value.shape[-1]) * heads * value_dim + tq * tk * heads * key_dim
+            + tq * tk * heads * value_dim + tq * heads * value_dim * out_dim)
+    return 2.0 * macs
+
+
+def _node_flops(node) -> float:
+    """Forward FLOPs per example of one call of a layer (see `layer_costs`)."""
     import keras
 
-    if any(d is None for d in out_shape[1:]):
-        raise ValueError(
-            f"the output shape of layer {layer.name!r} is {out_shape}; FLOPs need fully "
-            "known shapes, so pass a concrete input_shape.")
-    out_elements = math.prod(out_shape[1:])
+    from tfmulti.parallel.blocks import per_example_elements
+
+    layer = node.operation
+    for tensor in node.outputs:
+        if any(d is None for d in tensor.shape[1:]):
+            raise ValueError(
+                f"the output shape of layer {layer.name!r} is {tuple(tensor.shape)}; FLOPs "
+                "need fully known shapes, so pass a concrete input_shape.")
+    out_elements = sum(per_example_elements(t) for t in node.outputs)
     if isinstance(layer, keras.layers.Dense):
         # Every output element is a dot product over the last input axis.
-        flops = 2 * in_shape[-1] * out_elements
+        flops = 2 * int(node.input_tensors[0].shape[-1]) * out_elements
         return float(flops + (out_elements if layer.use_bias else 0))
     if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)):
         # kernel = (*kernel_size, cin / groups, filters): a multiply-add per kernel
@@ -415,7 +371,11 @@ def _layer_flops(layer, in_shape: tuple, out_shape: tuple) -> float:
         positions = out_elements // layer.filters
         flops = 2 * math.prod(layer.kernel.shape) * positions
         return float(flops + (out_elements if layer.use_bias else 0))
-    return float(out_elements)  # elementwise estimate
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        return _attention_flops(layer, node)
+    # Embedding is a gather (one read per output element, no arithmetic);
+    # anything else counts as elementwise work on its outputs.
+    return float(out_elements)
 
 
 def _sync(outputs) -> None:
@@ -427,84 +387,105 @@ def _sync(outputs) -> None:
     keras.ops.convert_to_numpy(tensor[index] if index else tensor)
 
 
-def _layer_times(stack: list, input_shape: tuple, batch_size: int) -> list[float]:
-    import keras
+def _sample_inputs(chain, batch_size: int) -> list:
+    """A batch for the chain's inputs: floats uniform in [0, 1), integers 0,
+    booleans True (valid token ids, positions and masks)."""
     import numpy as np
 
     _checks.positive_int("batch_size", batch_size)
     rng = np.random.default_rng(0)
-    shape = (int(batch_size), *input_shape)
-    if isinstance(stack[0], keras.layers.Embedding):
-        x = rng.integers(0, stack[0].input_dim, size=shape).astype("int32")
-    else:
-        x = rng.standard_normal(shape).astype("float32")
-    times = []
-    for layer in stack:
+    batch = []
+    for tensor in chain.inputs:
+        shape = (int(batch_size), *(int(d) for d in tensor.shape[1:]))
+        dtype = np.dtype(tensor.dtype)
+        if dtype.kind == "f":
+            batch.append(rng.random(shape).astype(dtype))
+        else:
+            batch.append(np.ones(shape, dtype) if dtype.kind == "b" else np.zeros(shape, dtype))
+    return batch
+
+
+def _block_times(chain, batch_size: int) -> list[float]:
+    inputs = _sample_inputs(chain, batch_size)
+    times, carry = [], None
+    for b, block in enumerate(chain.blocks):
+        model = chain.stage_model(b, b + 1, name=f"timed_block{b}")
+        args = ([carry] if block.entry is not None else []) + [
+            inputs[k] for k in chain.stage_side_keys(b, b + 1)]
         for _ in range(_TIME_WARMUP):
-            y = layer(x)
-            _sync(y)
+            carry = model(args)
+            _sync(carry)
         samples = []
         for _ in range(_TIME_REPEATS):
             start = time.perf_counter()
-            y = layer(x)
-            _sync(y)
+            carry = model(args)
+            _sync(carry)
             samples.append(time.perf_counter() - start)
         times.append(float(statistics.median(samples)))
-        x = y
     return times
 
 
+def _layer_params(layers) -> int:
+    return sum(int(layer.count_params()) for layer in layers if hasattr(layer, "count_params"))
+
+
 def layer_costs(layers, method: str, input_shape=None, batch_size: int = 32) -> list[float]:
-    """One cost per layer of a stack.
+    """One cost per layer of a stack, or per block of a functional model
+    (`tfmulti.parallel.blocks`: the runs of layers between single-tensor cuts).
 
     Methods:
-        "params": the layer's parameter count (`layer.count_params()`).
-        "flops": estimated forward FLOPs per example. Dense: 2*in*out per output
-            position, + out for the bias; Conv1D/2D/3D: 2*kh*kw*(cin/groups)*cout
-            per output position, + cout for the bias; any other layer: its number
-            of output elements (an elementwise cost). Shapes come from
-            `compute_output_shape` along the stack, starting at `input_shape`.
-        "time": the measured eager forward time in seconds of each layer on a
-            random batch of `batch_size` examples (each layer gets the previous
-            layer's output): one warm-up call, then the median of 5 calls timed
-            with `time.perf_counter`. Noisy: it depends on the machine, its load,
-            the device and the batch size; use it on the target hardware and
-            prefer "flops" for reproducible plans.
+        "params": the parameter count of the layer (`layer.count_params()`),
+            or of the block's layers.
+        "flops": estimated forward FLOPs per example, summed over the
+            block's layer calls. Dense: 2*in*out per output position, + out
+            for the bias; Conv1D/2D/3D: 2*kh*kw*(cin/groups)*cout per output
+            position, + cout for the bias; MultiHeadAttention: its four
+            projections and the two attention products, for self-attention
+            of width d over T positions 2*(4*T*d^2 + 2*T^2*d) (biases and
+            the softmax not counted); Embedding: a gather, its number of
+            output elements; any other layer: its number of output elements
+            (an elementwise cost). Shapes come from the model's graph (a
+            stack's from `input_shape`).
+        "time": the measured eager forward time in seconds of each layer or
+            block on a batch of `batch_size` examples (each gets the
+            previous one's output; model inputs: floats uniform in [0, 1),
+            integers 0, booleans True): one warm-up call, then the median of
+            5 calls timed with `time.perf_counter`. Noisy: it depends on the
+            machine, its load, the device and the batch size; use it on the
+            target hardware and prefer "flops" for reproducible plans.
 
     Args:
-        layers: A built keras.Sequential, a linear functional model or a list of
-            layers (built, or buildable from `input_shape`).
+        layers: A keras.Sequential, a functional model or a list of layers
+            (built, or buildable from `input_shape`).
         method: One of "params", "flops", "time".
-        input_shape: The per-example input shape, without the batch dimension.
-            Defaults to None: the model's own input shape when it has one;
-            required for "flops" and "time" otherwise.
+        input_shape: A stack's per-example input shape, without the batch
+            dimension. Defaults to None: the model's own input shape when it
+            has one; required for "flops" and "time" otherwise.
         batch_size: Batch size for "time"; defaults to 32.
 
     Returns:
-        A list of non-negative floats, one per layer.
+        A list of non-negative floats, one per layer (block).
 
     Raises:
-        ValueError: For an unknown method, a model that is not a stack of
-            layers, unbuilt layers without `input_shape`, or shapes that are
-            not fully known for "flops"/"time".
+        ValueError: For an unknown method, a model that cannot be cut (see
+            `tfmulti.parallel.blocks.chain_of`), unbuilt layers without
+            `input_shape`, or shapes that are not fully known for
+            "flops"/"time".
     """
     if method not in COST_METHODS:
         raise ValueError(
             f"unknown cost method {method!r}; valid methods: {', '.join(COST_METHODS)} "
             "(or pass explicit stage sizes to plan_partition).")
-    stack, model_shape = _as_stack(layers)
-    shape = _per_example_shape(input_shape) if input_shape is not None else model_shape
-    _ensure_built(stack, shape)
-    return _costs(stack, method, shape, batch_size)
+    return _costs(_chain(layers, input_shape), method, batch_size)
 
 
-def _costs(stack: list, method: str, shape: tuple | None, batch_size: int) -> list[float]:
+def _costs(chain, method: str, batch_size: int) -> list[float]:
     if method == "params":
-        return [float(layer.count_params()) for layer in stack]
-    shapes = _shapes(stack, shape, method)
+        return [float(_layer_params(block.layers)) for block in chain.blocks]
+    _check_shapes(chain, method)
     if method == "flops":
-        return [_layer_flops(layer, shapes[i], shapes[i + 1]) for i, layer in enumerate(stack)]
-    return _layer_times(stack, shape, batch_size)
+        return [math.fsum(_node_flops(node) for node in block.nodes) for block in chain.blocks]
+    return _block_times(chain, batch_size)
 
 
 # ---------------------------------------------------------------------------
@@ -600,50 +581,49 @@ def _format_cost(cost: float) -> str:
 
 def plan_partition(layers, num_stages: int, method="params", input_shape=None,
                    batch_size: int = 32) -> PartitionPlan:
-    """Plans contiguous pipeline stages for a stack of layers.
+    """Plans contiguous pipeline stages for a stack of layers or a chain of blocks.
 
     Args:
-        layers: A keras.Sequential (its `model.layers`), a functional model that
-            is a single chain, or a list of layers.
-        num_stages: The number of stages, 1 <= num_stages <= number of layers.
+        layers: A keras.Sequential (its `model.layers`), a list of layers,
+            or a functional model (cut into blocks where a single tensor
+            crosses; see `tfmulti.parallel.blocks`).
+        num_stages: The number of stages, 1 <= num_stages <= number of layers
+            (blocks).
         method: "params" (the default), "flops" or "time" (see `layer_costs`),
-            balanced exactly by `partition_costs`; or a sequence of stage sizes,
-            checked by `validate_sizes` (stage costs are then parameter counts).
-        input_shape: The per-example input shape, without the batch dimension.
-            Defaults to None: the model's own input shape when it has one.
-            Needed to build unbuilt layers (each is built in order with
-            `layer.build(shape)`) and for "flops"/"time".
+            balanced exactly by `partition_costs`; or a sequence of stage sizes
+            in layers (blocks), checked by `validate_sizes` (stage costs are
+            then parameter counts).
+        input_shape: A stack's per-example input shape, without the batch
+            dimension. Defaults to None: the model's own input shape when it
+            has one. Needed to build unbuilt layers (called in order on a
+            `keras.Input` of that shape) and for "flops"/"time".
         batch_size: Batch size for "time"; defaults to 32.
 
     Returns:
         A `PartitionPlan`.
 
     Raises:
-        ValueError: If the model is not a stack of layers (branches, several
-            inputs or outputs, a subclassed model, a shared layer), layers are
-            unbuilt and `input_shape` is missing, `method` is unknown, explicit
-            sizes are invalid, or `num_stages` is invalid for the stack.
+        ValueError: If the model cannot be cut into `num_stages` stages (a
+            branch crossing every cut, several outputs, a subclassed model, a
+            layer used twice in a stack), layers are unbuilt and
+            `input_shape` is missing, `method` is unknown, explicit sizes are
+            invalid, or `num_stages` is invalid for the model.
     """
-    stack, model_shape = _as_stack(layers)
-    shape = _per_example_shape(input_shape) if input_shape is not None else model_shape
     num_stages = _check_num_stages(num_stages)
     if isinstance(method, str):
         if method not in COST_METHODS:
             raise ValueError(
                 f"unknown method {method!r}; valid methods: {', '.join(COST_METHODS)}, "
                 "or a list of stage sizes.")
-        if num_stages > len(stack):
-            raise ValueError(
-                f"num_stages ({num_stages}) exceeds the number of layers ({len(stack)}); "
-                f"use at most {len(stack)} stages.")
-        _ensure_built(stack, shape)
-        costs = _costs(stack, method, shape, batch_size)
+        chain = _chain(layers, input_shape)
+        _check_stage_count(chain, num_stages)
+        costs = _costs(chain, method, batch_size)
         sizes = partition_costs(costs, num_stages)
         name = method
     elif isinstance(method, Sequence):
-        sizes = validate_sizes(method, len(stack), num_stages)
-        _ensure_built(stack, shape)
-        costs = _costs(stack, "params", shape, batch_size)
+        chain = _chain(layers, input_shape)
+        sizes = validate_sizes(method, len(chain.blocks), num_stages, unit=_unit(chain))
+        costs = _costs(chain, "params", batch_size)
         name = EXPLICIT
     else:
         raise ValueError(
@@ -652,12 +632,22 @@ def plan_partition(layers, num_stages: int, method="params", input_shape=None,
 
     stages, start = [], 0
     for size in sizes:
-        group = stack[start:start + size]
+        group = [layer for block in chain.blocks[start:start + size] for layer in block.layers]
         stages.append(StagePlan(
             layer_names=tuple(layer.name for layer in group),
-            num_params=sum(int(layer.count_params()) for layer in group),
-            param_bytes=variables_bytes(v for layer in group for v in layer.weights),
+            num_params=_layer_params(group),
+            param_bytes=variables_bytes(v for layer in group
+                                        for v in getattr(layer, "weights", ())),
             cost=math.fsum(costs[start:start + size]),
         ))
         start += size
     return PartitionPlan(stages=tuple(stages), method=name, sizes=tuple(sizes))
+
+
+def _check_stage_count(chain, num_stages: int) -> None:
+    if chain.stack is not None and num_stages > len(chain.blocks):
+        n = len(chain.blocks)
+        raise ValueError(
+            f"num_stages ({num_stages}) exceeds the number of layers ({n}); "
+            f"use at most {n} stages.")
+    chain.check_num_stages(num_stages)

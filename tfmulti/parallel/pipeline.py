@@ -1,9 +1,15 @@
 """GPipe-style pipeline parallelism (and data x pipeline hybrid) for Keras 3
 on TensorFlow, by manual device placement.
 
-A stack of layers is cut into S contiguous stages, one per device. Every
-stage's variables, optimizer slots, forward ops and backward ops live on that
-stage's device. A training step splits each (per-replica) batch into M
+A stack of layers, or a functional model's chain of blocks (cut where a
+single tensor crosses, residuals inside blocks; `tfmulti.parallel.blocks`),
+is cut into S contiguous stages, one per device; model inputs that later
+blocks use (an attention mask, positions) reach every stage that uses them.
+Every stage's variables, optimizer slots, forward ops and backward ops live
+on that stage's device. The stages run the layer objects the caller passed:
+unbuilt ones are built on their stage's device (`tfmulti.parallel.placement`),
+built ones move there with their weights, so the caller's references see
+the trained weights. A training step splits each (per-replica) batch into M
 micro-batches and runs the GPipe schedule (Huang et al. 2019): all forwards,
 then all backwards, gradients summed over micro-batches and applied once, so
 a step equals a full-batch step. Each stage's backward for each micro-batch
@@ -14,7 +20,13 @@ tape over the whole forward does not allow.
 
 Hybrid: with `num_replicas=R`, R pipelines over R*S devices each take 1/R of
 the global batch; each stage's gradients are averaged over the replicas and
-every replica applies the same update, so the replicas stay identical.
+every replica applies the same update, so the replicas stay identical
+(replica 0 holds the caller's layers, the others copies).
+
+Gradient accumulation: with `accumulate_steps=k` a batch of k x B rows is k
+sequential rounds of B rows (each a GPipe step's gradient), gradients of
+loss_j / k summed and applied once: the step on the whole batch, with the
+activation memory of a B-row step.
 
 XLA stays off (`jit_compile=False`): it would compile the placed graph as one
 cluster and collapse the placement.
@@ -56,6 +68,7 @@ from keras.src.trainers import data_adapters
 
 from tfmulti import _checks, footprint
 from tfmulti import devices as devices_lib
+from tfmulti.parallel import blocks, placement
 from tfmulti.parallel import partition as partition_lib
 
 __all__ = ["PipelineModel", "check_remat"]
@@ -72,11 +85,13 @@ _RANDOM_LAYERS = (keras.layers.Dropout, keras.layers.GaussianNoise,
 def check_remat(layers) -> None:
     """Refuses rematerialization for layers whose recomputation would differ:
     random layers that draw (Dropout with a rate > 0, ...) would redraw their
-    masks, stateful ones (BatchNorm) would update their statistics twice.
+    masks, stateful ones (BatchNorm) would update their statistics twice;
+    layers inside others count (a MultiHeadAttention's dropout).
 
     Raises:
         ValueError: naming the layers.
     """
+    layers = [l for layer in layers for l in layer._flatten_layers()]
     random_layers = [l.name for l in layers if isinstance(l, _RANDOM_LAYERS)
                      and getattr(l, "rate", getattr(l, "stddev", 1)) != 0]
     if random_layers:
@@ -91,25 +106,8 @@ def check_remat(layers) -> None:
             f"statistics of {stateful} twice per micro-batch; use remat=False.")
 
 
-def _layers_of(model_or_layers) -> list:
-    if isinstance(model_or_layers, keras.Sequential):
-        return list(model_or_layers.layers)
-    if isinstance(model_or_layers, keras.Model):
-        raise ValueError(
-            f"model {model_or_layers.name!r} is not a stack of layers; pipeline stages "
-            "need a keras.Sequential or a list of layers.")
-    layers = list(model_or_layers)
-    if not layers:
-        raise ValueError("`layers` is empty; pass a keras.Sequential or a list of layers.")
-    for layer in layers:
-        if not isinstance(layer, keras.layers.Layer):
-            raise ValueError(f"{layer!r} is not a keras layer; pass a keras.Sequential "
-                             "or a list of layers.")
-    return layers
-
-
 def _check_stage_count(num_stages, num_layers: int, devices=None) -> None:
-    if num_stages is None or num_stages <= num_layers:
+    if num_stages <= num_layers:
         return
     if devices is None:
         raise ValueError(
@@ -121,8 +119,7 @@ def _check_stage_count(num_stages, num_layers: int, devices=None) -> None:
 
 
 def _clone(layer):
-    """A fresh, unbuilt layer with the same config (weights are copied after
-    it is built on its device)."""
+    """A fresh, unbuilt layer with the same config."""
     return layer.__class__.from_config(layer.get_config())
 
 
@@ -136,6 +133,12 @@ def _split(tensor, num: int):
     return [tensor[i * step:(i + 1) * step] for i in range(num)]
 
 
+def _split_all(flat: list, num: int) -> list[list]:
+    """`num` parts of a list of tensors: part i holds slice i of each."""
+    parts = [_split(t, num) for t in flat]
+    return [[p[i] for p in parts] for i in range(num)]
+
+
 def _penalty(stage, num_microbatches: int):
     """The stage's regularization for one micro-batch, or None: its activity
     losses from its latest call (each a mean over the micro-batch) and its
@@ -147,91 +150,102 @@ def _penalty(stage, num_microbatches: int):
     return tf.add_n([tf.cast(tf.reduce_sum(l), tf.float32) for l in losses]) / num_microbatches
 
 
+class _Source:
+    """The model or layers the user gave, held outside Keras' tracking (the
+    stages track the same layers)."""
+
+    def __init__(self, model_or_layers):
+        self.value = model_or_layers
+
+    @property
+    def model(self):
+        return self.value if isinstance(self.value, keras.Model) else None
+
+
 class PipelineModel(keras.Model):
     """A Keras model whose layers run as a pipeline over devices.
 
     Args:
-        layers: a `keras.Sequential` or a list of layers (a stack: each layer
-            feeds the next). Unbuilt layers are built in host memory before
-            their copies are placed; for a model too big for one accelerator,
-            build it under `tf.device("/CPU:0")` (or leave it unbuilt).
-        input_shape: per-example input shape; needed unless `layers` is a
-            built `keras.Sequential`.
+        layers: a `keras.Sequential`, a list of layers (a stack: each layer
+            feeds the next) or a functional model that is a chain of blocks:
+            cut where a single tensor crosses, residuals inside blocks, any
+            number of inputs (a dict or list: token ids, an attention mask,
+            positions), one output (see `tfmulti.parallel.blocks`). Model
+            inputs used by later blocks (side inputs) reach every stage that
+            uses them.
+        input_shape: a stack's per-example input shape; optional: without
+            it, a stack of unbuilt layers is built from the first batch (as
+            `keras.Sequential` is).
         devices: R*S device names, replica-major (replica 0's stages first);
             default: the first R*S logical GPUs, else logical CPUs.
         num_stages: S; default: `len(devices) // num_replicas`, or 2.
         num_microbatches: M, micro-batches per replica batch (must divide it).
-        partition: how to cut the stack: "params" (default), "flops", "time"
-            (see `tfmulti.parallel.partition`), or explicit stage sizes.
+        partition: how to cut the stack (chain of blocks): "params"
+            (default), "flops", "time" (see `tfmulti.parallel.partition`),
+            or explicit stage sizes.
         num_replicas: R data-parallel pipelines (hybrid); default 1.
         remat: recompute each stage's activations in the backward pass and
             keep only the stage inputs (less activation memory, ~1/3 more
             compute); refused for layers that draw random numbers (Dropout),
             whose recomputation would not match.
+        accumulate_steps: k; one optimizer update per batch of k x B rows,
+            computed as k sequential rounds of B rows (each a GPipe step's
+            gradient), gradients of loss_j / k summed, one apply: equal to
+            the step on the whole batch with the memory of a B-row step. The
+            batch must split into k x R x M parts. Default 1.
         name: model name.
 
-    The model holds copies of the given layers, built on their stage devices
-    with the same weights: after training, read the weights from the model
-    (`model.get_weights()`, `model.to_sequential()`), not from the originals.
+    The pipeline trains the layer objects it is given (replica 0 of a
+    hybrid; the other replicas hold copies kept equal): unbuilt layers are
+    built on their stage's device, built ones move there with their weights,
+    so the caller's references to the layers (and to the model it passed)
+    see the trained weights (also through functions traced before the move).
 
     Raises:
-        ValueError: not a stack of layers, more stages than layers, missing or
-            unknown devices, a device count that is not R*S, M < 1, remat with
-            random layers, or unbuilt layers without `input_shape`.
+        ValueError: a model that cannot be cut into S stages (the error names
+            the layer whose branch crosses every cut), more stages than
+            layers, missing or unknown devices, a device count that is not
+            R*S, M or k < 1, or remat with random layers.
     """
 
     def __init__(self, layers, *, input_shape=None, devices=None, num_stages=None,
                  num_microbatches: int = 1, partition="params", num_replicas: int = 1,
-                 remat: bool = False, name: str = "pipeline", **kwargs):
+                 remat: bool = False, accumulate_steps: int = 1, name: str = "pipeline",
+                 **kwargs):
         super().__init__(name=name, **kwargs)
-        layers = _layers_of(layers)
         _checks.positive_int("num_replicas", num_replicas)
         _checks.positive_int("num_microbatches", num_microbatches)
-        if input_shape is None:
-            try:
-                input_shape = tuple(layers[0].input.shape[1:])
-            except (AttributeError, ValueError):
-                raise ValueError("`input_shape` is required for layers that are not built "
-                                 "(e.g. input_shape=(28, 28, 1)).") from None
-        self._input_shape_arg = tuple(input_shape)
-        _check_stage_count(num_stages, len(layers))  # before looking for devices
+        _checks.positive_int("accumulate_steps", accumulate_steps)
+        functional = isinstance(layers, keras.Model) and not isinstance(layers, keras.Sequential)
+        if functional:
+            chain, shape = blocks.chain_of(layers), None
+            check = chain.check_num_stages
+        else:
+            stack, _, shape, _ = blocks._stack(layers)
+            if input_shape is not None:
+                shape = partition_lib._per_example_shape(input_shape)
+
+            def check(count, names=None):
+                _check_stage_count(count, len(stack), names)
+        if num_stages is not None:
+            check(num_stages)  # before looking for devices
         device_names = self._choose_devices(devices, num_stages, num_replicas)
         num_stages = len(device_names) // num_replicas
-        _check_stage_count(num_stages, len(layers), device_names)  # derived from `devices`
-        if remat:
-            check_remat(layers)
+        check(num_stages, device_names)  # derived from `devices`
+        self._source = _Source(layers)
+        self._partition = partition
         self.num_stages = num_stages
         self.num_replicas = num_replicas
         self.num_microbatches = num_microbatches
+        self.accumulate_steps = accumulate_steps
         self.remat = remat
         self.stage_devices = [device_names[r * num_stages:(r + 1) * num_stages]
                               for r in range(num_replicas)]
-        # Plan the cut on the given layers, then build a copy of each stage on
-        # its device: Keras creates variables when a layer is built, under the
-        # device scope active then. Unbuilt layers are built in host memory
-        # (the model may not fit one accelerator, which is why it is split);
-        # layers built before keep their variables where they are.
-        with tf.device("/CPU:0"):
-            _build_stack(layers, self._input_shape_arg)
-        self.plan = partition_lib.plan_partition(
-            layers, num_stages, method=partition, input_shape=self._input_shape_arg)
+        self.plan = None
+        self._chain = None
         self.replicas = []
-        for r in range(num_replicas):
-            stages, start, shape = [], 0, (None, *self._input_shape_arg)
-            for s, size in enumerate(self.plan.sizes):
-                originals = layers[start:start + size]
-                with tf.device(self.stage_devices[r][s]):
-                    stage = keras.Sequential([_clone(l) for l in originals],
-                                             name=f"replica{r}_stage{s}")
-                    stage.build(shape)
-                    for copy, original in zip(stage.layers, originals):
-                        copy.set_weights(original.get_weights())
-                for layer in originals:
-                    shape = layer.compute_output_shape(shape)
-                stages.append(stage)
-                start += size
-            self.replicas.append(stages)
-        self.build((None, *self._input_shape_arg))
+        if functional or shape is not None:
+            self.build(None if functional else (None, *shape))
 
     # ------------------------------------------------------------------ set-up
 
@@ -258,15 +272,90 @@ class PipelineModel(keras.Model):
                 f"num_replicas ({num_replicas}) = {num_stages * num_replicas}.")
         return names
 
+    def build(self, input_shape=None):
+        """Cuts the model into stages and places them (a stack of unbuilt
+        layers: from the first batch's shape, `(batch, *per_example)`)."""
+        if self._chain is not None:
+            return
+        shape = None
+        if self._source.model is None or isinstance(self._source.model, keras.Sequential):
+            if input_shape is None or isinstance(input_shape, dict):
+                raise ValueError("a stack of layers takes one input tensor; pass input_shape=.")
+            shape = tuple(input_shape)[1:]
+        # Keras may build a model from symbolic inputs (fit's first batch);
+        # the variables are made for real, each on its stage's device.
+        with placement.outside_symbolic_pass():
+            with placement.deferred_variables() as deferred:
+                chain = blocks.chain_of(self._source.value, input_shape=shape)
+            try:
+                self._place_stages(chain, deferred)
+            finally:
+                # Whatever failed, no layer is left without values: those not
+                # placed on a stage get theirs in host memory.
+                placement.place(deferred.remaining(), "/CPU:0", deferred)
+            self._chain = chain
+            if getattr(self, "optimizer", None) is not None:
+                self._build_optimizer_on_stage_devices()
+
+    def _place_stages(self, chain, deferred) -> None:
+        if self.remat:
+            check_remat(chain.layers)
+        chain.check_num_stages(self.num_stages)
+        if self._partition == "time":  # timing runs the layers: they need values
+            placement.place(deferred.remaining(), "/CPU:0", deferred)
+        self.plan = partition_lib.plan_partition(chain, self.num_stages, method=self._partition)
+        self._bounds = [(cut.start, cut.stop) for cut in self.plan.slices]
+        self._side_keys = [chain.stage_side_keys(a, b) for a, b in self._bounds]
+        self._takes_carry = [chain.blocks[a].entry is not None for a, _ in self._bounds]
+        replicas = []
+        for r in range(self.num_replicas):
+            stages = []
+            for s, (a, b) in enumerate(self._bounds):
+                device, name = self.stage_devices[r][s], f"replica{r}_stage{s}"
+                if r == 0:  # the given layer objects
+                    stage = chain.stage_model(a, b, name=name)
+                    own = placement.self_placed(stage)
+                    placement.place([v for v in stage.variables if id(v) not in own], device,
+                                    deferred)
+                else:
+                    stage = _copy_stage(replicas[0][s], device, name)
+                stages.append(stage)
+            replicas.append(stages)
+        self.replicas.extend(replicas)
+
     # ------------------------------------------------------------------ compute
+
+    def _flat_inputs(self, inputs) -> list:
+        """The model inputs as a flat list in the order of the model's inputs."""
+        struct, expected = self._chain.input_struct, len(self._chain.inputs)
+        if isinstance(struct, dict):
+            if not isinstance(inputs, dict):
+                raise ValueError(
+                    f"model {self._chain.name!r} takes a dict of inputs with keys "
+                    f"{sorted(struct)}; received a {type(inputs).__name__}.")
+            missing = sorted(set(struct) - set(inputs))
+            if missing:
+                raise ValueError(
+                    f"inputs {missing} are missing; model {self._chain.name!r} takes "
+                    f"{sorted(struct)}.")
+            return keras.tree.flatten({k: inputs[k] for k in struct})
+        flat = keras.tree.flatten(inputs)
+        if len(flat) != expected:
+            raise ValueError(
+                f"model {self._chain.name!r} takes {expected} input(s); received {len(flat)}.")
+        return flat
+
+    def _stage_args(self, s: int, carry, flat: list) -> list:
+        """Stage s's inputs: the tensor from the previous stage, then its side inputs."""
+        return ([carry] if self._takes_carry[s] else []) + [flat[k] for k in self._side_keys[s]]
 
     def call(self, inputs, training=False):
         """Forward pass: the batch splits over replicas, then micro-batches,
         flowing stage to stage (placed); outputs are concatenated in order."""
-        shards = _split(inputs, self.num_replicas)
+        shards = _split_all(self._flat_inputs(inputs), self.num_replicas)
         outputs = []
-        for r, x in enumerate(shards):
-            outputs.extend(self._forward(r, x, training))
+        for r, flat in enumerate(shards):
+            outputs.extend(self._forward(r, flat, training))
         with tf.device(self.stage_devices[0][-1]):
             return tf.concat(outputs, axis=0) if len(outputs) > 1 else outputs[0]
 
@@ -276,6 +365,8 @@ class PipelineModel(keras.Model):
         `evaluate` adds to the loss): replica 0's weight penalties (the
         replicas hold the same weights) and the mean of the activity losses
         over the micro-batches of the latest call."""
+        if not self.replicas:
+            return []
         weights = [l for stage in self.replicas[0] for l in stage._get_regularization_losses()]
         activity = [l for stages in self.replicas for stage in stages
                     for layer in stage._flatten_layers() for l in layer._get_own_losses()]
@@ -284,58 +375,88 @@ class PipelineModel(keras.Model):
                            / (self.num_replicas * self.num_microbatches))
         return weights
 
-    def _forward(self, r, x, training):
+    def _forward(self, r, flat, training):
         # Micro-batches of uneven size are allowed here (inference, evaluation
         # of a partial last batch).
-        activations = _split(x, self.num_microbatches)
-        for stage, device in zip(self.replicas[r], self.stage_devices[r]):
+        micro = _split_all(flat, self.num_microbatches)
+        carries = [None] * self.num_microbatches
+        for s, (stage, device) in enumerate(zip(self.replicas[r], self.stage_devices[r])):
             with tf.device(device):
-                activations = [stage(a, training=training) for a in activations]
-        return activations
+                carries = [stage(self._stage_args(s, c, m), training=training)
+                           for c, m in zip(carries, micro)]
+        return carries
 
     def train_step(self, data):
         x, y, sample_weight = data_adapters.data_adapter_utils.unpack_x_y_sample_weight(data)
         if sample_weight is not None:
             raise ValueError("PipelineModel does not support sample weights yet.")
-        R, S, M = self.num_replicas, self.num_stages, self.num_microbatches
-        batch = x.shape[0]
-        if batch is not None and batch % (R * M):
+        if self._chain is None:  # a stack's first batch (Keras builds in `call` only)
+            self.build(tuple(keras.tree.flatten(x)[0].shape))
+        R, S, M, K = (self.num_replicas, self.num_stages, self.num_microbatches,
+                      self.accumulate_steps)
+        flat = self._flat_inputs(x)
+        parts = K * R * M
+        batch = flat[0].shape[0]
+        if batch is not None and batch % parts:
+            rounds = f"{K} accumulation step(s) x " if K > 1 else ""
             raise ValueError(
-                f"the batch ({batch}) must split into {R} replica(s) x {M} micro-batches; "
-                f"use a batch that is a multiple of {R * M} (drop the last partial batch).")
+                f"the batch ({batch}) must split into {rounds}{R} replica(s) x {M} "
+                f"micro-batches; use a batch that is a multiple of {parts} (drop the last "
+                "partial batch).")
         if batch is None:
             tf.debugging.assert_equal(
-                tf.shape(x)[0] % (R * M), 0,
-                message=f"batch must be a multiple of num_replicas x num_microbatches = {R * M}")
-        xs = _split(x, R * M)
-        y_splits = [_split(t, R * M) for t in tf.nest.flatten(y)]
-        y_parts = [tf.nest.pack_sequence_as(y, [parts[i] for parts in y_splits])
-                   for i in range(R * M)]
-        per_replica_grads, losses, predictions = [], [], []
-        for r in range(R):
-            grads, loss_r, preds = self._pipeline_step(
-                r, xs[r * M:(r + 1) * M], y_parts[r * M:(r + 1) * M])
-            per_replica_grads.append(grads)
-            losses.append(loss_r)
-            predictions.extend(preds)
-        # Average each stage's gradients over the replicas; every replica
-        # applies the same update.
-        grads_and_vars = []
-        for s in range(S):
-            for i in range(len(per_replica_grads[0][s])):
+                tf.shape(flat[0])[0] % parts, 0,
+                message=f"batch must be a multiple of accumulate_steps x num_replicas x "
+                        f"num_microbatches = {parts}")
+        xs = _split_all(flat, parts)
+        y_splits = [_split(t, parts) for t in tf.nest.flatten(y)]
+        y_parts = [tf.nest.pack_sequence_as(y, [p[i] for p in y_splits]) for i in range(parts)]
+        # sums[r][s][i]: replica r's gradient of stage s's variable i, summed
+        # over the accumulation rounds (on that replica's stage device).
+        sums = [None] * R
+        losses, predictions, previous = [], [], []
+        for j in range(K):
+            # Rounds run one after the other: a round's activations are freed
+            # before the next one's are made.
+            with tf.control_dependencies(previous):
+                round_grads = []
+                for r in range(R):
+                    first = (j * R + r) * M
+                    grads, loss, preds = self._pipeline_step(
+                        r, xs[first:first + M], y_parts[first:first + M])
+                    round_grads.append(grads)
+                    losses.append(loss)
+                    predictions.extend(preds)
+            for r in range(R):
+                if sums[r] is None:
+                    sums[r] = round_grads[r]
+                    continue
+                for s in range(S):
+                    with tf.device(self.stage_devices[r][s]):
+                        sums[r][s] = [_sum([a, g]) for a, g in zip(sums[r][s], round_grads[r][s])]
+            previous = [g for grads in round_grads for row in grads for g in row]
+        self.optimizer.apply_gradients(self._averaged(sums))
+        with tf.device(self.stage_devices[0][-1]):
+            loss = tf.add_n(losses) / (R * K)
+            y_pred = tf.concat(predictions, axis=0)
+        self._loss_tracker.update_state(loss, sample_weight=tf.shape(flat[0])[0])
+        return self.compute_metrics(x, y, y_pred, sample_weight=None)
+
+    def _averaged(self, sums):
+        """(gradient, variable) pairs: each stage's gradients averaged over
+        the replicas and the accumulation rounds; every replica applies the
+        same update."""
+        R, K = self.num_replicas, self.accumulate_steps
+        pairs = []
+        for s in range(self.num_stages):
+            for i in range(len(sums[0][s])):
                 with tf.device(self.stage_devices[0][s]):
-                    parts = [per_replica_grads[r][s][i] for r in range(R)]
-                    mean = parts[0] if R == 1 else tf.add_n(parts) / R
+                    mean = _scaled(_sum([sums[r][s][i] for r in range(R)]), 1 / (R * K))
                 for r in range(R):
                     variable = self.replicas[r][s].trainable_variables[i]
                     with tf.device(self.stage_devices[r][s]):
-                        grads_and_vars.append((tf.identity(mean), variable))
-        self.optimizer.apply_gradients(grads_and_vars)
-        with tf.device(self.stage_devices[0][-1]):
-            loss = tf.add_n(losses) / R
-            y_pred = tf.concat(predictions, axis=0)
-        self._loss_tracker.update_state(loss, sample_weight=tf.shape(x)[0])
-        return self.compute_metrics(x, y, y_pred, sample_weight=None)
+                        pairs.append((_scaled(mean, 1), variable))
+        return pairs
 
     def _pipeline_step(self, r, micro_x, micro_y):
         """GPipe on replica r: forward all micro-batches, then backward, with
@@ -344,8 +465,8 @@ class PipelineModel(keras.Model):
         stages, devices = self.replicas[r], self.stage_devices[r]
         S, M = self.num_stages, self.num_microbatches
         tapes = [[None] * M for _ in range(S)]
-        inputs = [[None] * M for _ in range(S + 1)]
-        inputs[0] = list(micro_x)
+        # carries[s][m]: what stage s receives for micro-batch m (none for s=0).
+        carries = [[None] * M for _ in range(S + 1)]
         # penalties[s][m]: stage s's regularization for micro-batch m (see
         # `_penalty`), part of the loss, differentiated on the stage's device.
         penalties = [[None] * M for _ in range(S)]
@@ -353,15 +474,16 @@ class PipelineModel(keras.Model):
         for m in range(M):
             for s in range(S):
                 with tf.device(devices[s]):
-                    a = inputs[s][m]
+                    a = carries[s][m]
+                    args = self._stage_args(s, a, micro_x[m])
                     if self.remat and s < S - 1:
-                        inputs[s + 1][m] = tf.stop_gradient(stages[s](a, training=True))
+                        carries[s + 1][m] = tf.stop_gradient(stages[s](args, training=True))
                         continue
                     tape = tf.GradientTape()
                     with tape:
                         if s > 0:
                             tape.watch(a)
-                        out = stages[s](a, training=True)
+                        out = stages[s](args, training=True)
                         penalties[s][m] = _penalty(stages[s], M)
                         if s == S - 1:
                             loss = self._data_loss(micro_y[m], out)
@@ -372,7 +494,7 @@ class PipelineModel(keras.Model):
                                 target += penalties[s][m]
                             scaled[m] = self.optimizer.scale_loss(target)
                     tapes[s][m] = tape
-                    inputs[s + 1][m] = out
+                    carries[s + 1][m] = out
         grads = [[None] * len(stage.trainable_variables) for stage in stages]
         for m in range(M):
             upstream = None
@@ -383,25 +505,27 @@ class PipelineModel(keras.Model):
                     if tapes[s][m] is None:  # remat: recompute under a tape now
                         tape = tf.GradientTape()
                         with tape:
-                            tape.watch(inputs[s][m])
-                            out = stage(inputs[s][m], training=True)
+                            if s > 0:
+                                tape.watch(carries[s][m])
+                            out = stage(self._stage_args(s, carries[s][m], micro_x[m]),
+                                        training=True)
                             penalties[s][m] = _penalty(stage, M)
                         target, out_grads = out, upstream
                     elif s == S - 1:
                         tape, target, out_grads = tapes[s][m], scaled[m], None
                     else:
-                        tape, target, out_grads = tapes[s][m], inputs[s + 1][m], upstream
+                        tape, target, out_grads = tapes[s][m], carries[s + 1][m], upstream
                     if s < S - 1 and penalties[s][m] is not None:
                         # d(scaled penalty) / d(penalty) = the loss scale (1
                         # without loss scaling).
                         target = [target, penalties[s][m]]
                         out_grads = [out_grads, self.optimizer.scale_loss(tf.ones([]))]
-                    sources = list(variables) + ([inputs[s][m]] if s > 0 else [])
+                    sources = list(variables) + ([carries[s][m]] if s > 0 else [])
                     result = tape.gradient(target, sources, output_gradients=out_grads)
                     for i, g in enumerate(result[:len(variables)]):
                         if g is None:
                             g = tf.zeros_like(variables[i])
-                        grads[s][i] = g if grads[s][i] is None else grads[s][i] + g
+                        grads[s][i] = g if grads[s][i] is None else _sum([grads[s][i], g])
                     upstream = result[-1] if s > 0 else None
         with tf.device(devices[-1]):
             loss = tf.add_n(losses) / M
@@ -422,7 +546,8 @@ class PipelineModel(keras.Model):
                 "PipelineModel keeps XLA off (`jit_compile=False`): XLA would compile the "
                 "placed stages as one cluster and collapse the device placement.")
         super().compile(*args, jit_compile=False, **kwargs)
-        self._build_optimizer_on_stage_devices()
+        if self._chain is not None:  # else: when the first batch builds the stages
+            self._build_optimizer_on_stage_devices()
 
     def _build_optimizer_on_stage_devices(self) -> None:
         """Creates every optimizer slot on its variable's device. Keras builds
@@ -444,51 +569,88 @@ class PipelineModel(keras.Model):
         finally:
             del optimizer.add_variable_from_reference  # back to the class method
 
+    # ------------------------------------------------------------------ views
+
+    def _built_chain(self, what: str):
+        if self._chain is None:
+            raise RuntimeError(
+                f"{what} needs the stages, which are built from the first batch; call the "
+                "model (or fit) once, or pass input_shape=.")
+        return self._chain
+
     def to_sequential(self, name: str | None = None) -> keras.Sequential:
-        """The unpartitioned model (replica 0's weights) on the default device,
-        for saving as `.keras`, serving, or comparing with the pipeline."""
-        layers = [_clone(l) for stage in self.replicas[0] for l in stage.layers]
-        model = keras.Sequential([keras.Input(self._input_shape_arg), *layers],
+        """The unpartitioned stack (replica 0's weights) on the default
+        device, for saving as `.keras`, serving, or comparing with the
+        pipeline; a functional model's is `to_model()`.
+
+        Raises:
+            ValueError: the pipeline was made from a functional model.
+        """
+        chain = self._built_chain("to_sequential()")
+        if chain.stack is None:
+            raise ValueError(
+                f"model {chain.name!r} is a functional model, not a stack; use to_model().")
+        layers = [_clone(l) for l in chain.stack]
+        model = keras.Sequential([keras.Input(tuple(chain.inputs[0].shape[1:]),
+                                              dtype=chain.inputs[0].dtype), *layers],
                                  name=name or f"{self.name}_sequential")
-        originals = [l for stage in self.replicas[0] for l in stage.layers]
-        for copy, original in zip(model.layers, originals):
+        for copy, original in zip(model.layers, chain.stack):
             copy.set_weights(original.get_weights())
         return model
 
+    def to_model(self, name: str | None = None) -> keras.Model:
+        """The unpartitioned model (replica 0's weights) on the default
+        device: a copy of the functional model given (`to_sequential()` for
+        a stack), for saving as `.keras`, serving, or comparing."""
+        chain = self._built_chain("to_model()")
+        if chain.stack is not None:
+            return self.to_sequential(name=name)
+        source = self._source.model
+        clone = keras.models.clone_model(source)
+        clone.set_weights(source.get_weights())
+        return keras.Model(clone._inputs_struct, clone._outputs_struct,
+                           name=name or f"{self.name}_model")
+
     def memory_report(self, batch_size: int, optimizer: str | None = None) -> list[dict]:
         """Bytes per device, by the memory model `tfmulti estimate-memory` uses
-        (`tfmulti.footprint.stack_footprint`): parameters, gradients,
-        optimizer slots, and the activations kept for the backward pass, per
-        micro-batch and at the step's peak (GPipe keeps all M micro-batches'
-        until the backward pass starts; with remat only the stage inputs,
-        plus one micro-batch's recomputed outputs).
+        (`tfmulti.footprint`): parameters, gradients, optimizer slots, and
+        the activations kept for the backward pass (the outputs of every
+        layer call of the stage), per micro-batch and at the step's peak
+        (GPipe keeps all M micro-batches' until the backward pass starts;
+        with remat only the stage inputs, plus one micro-batch's recomputed
+        outputs). With accumulation, a round's batch (B / k rows) is what a
+        step holds at once.
 
         Args:
-            batch_size: the global batch (split over replicas, then micro-batches).
+            batch_size: the global batch (split over accumulation rounds,
+                replicas, then micro-batches).
             optimizer: the optimizer's name ("adam", "sgd") when the model is
                 not compiled yet; a compiled model's built optimizer slots are
                 measured instead.
         """
-        micro = max(batch_size // (self.num_replicas * self.num_microbatches), 1)
+        chain = self._built_chain("memory_report()")
+        micro = max(batch_size // (self.accumulate_steps * self.num_replicas
+                                   * self.num_microbatches), 1)
         opt = getattr(self, "optimizer", None)
         measured = (footprint.slot_bytes_by_device(opt, devices_lib.canonical_device_name)
                     if opt is not None and opt.built else None)
         slots = footprint.OPTIMIZER_SLOTS.get(optimizer or "", 0)
         rows = []
         for r, stages in enumerate(self.replicas):
-            shape, received = tuple(self._input_shape_arg), None
             for s, stage in enumerate(stages):
+                a, b = self._bounds[s]
                 device = devices_lib.canonical_device_name(self.stage_devices[r][s])
+                entry = chain.blocks[a].entry
                 rows.append({"device": device, "replica": r, "stage": s,
-                             **footprint.stack_footprint(
-                                 stage.layers, shape, micro_batch=micro,
-                                 num_microbatches=self.num_microbatches,
+                             **footprint.stage_footprint(
+                                 _own_layers(stage),
+                                 output_bytes=sum(blocks.output_bytes(node)
+                                                  for node in chain.stage_nodes(a, b)),
+                                 received_bytes=0 if entry is None else blocks.tensor_bytes(entry),
+                                 micro_batch=micro, num_microbatches=self.num_microbatches,
                                  optimizer_slots=slots,
                                  slot_bytes=None if measured is None else measured.get(device, 0),
-                                 receives_input=s > 0, input_dtype=received,
                                  remat=self.remat and s < self.num_stages - 1)})
-                shape = tuple(stage.compute_output_shape((None, *shape))[1:])
-                received = stage.layers[-1].compute_dtype
         return rows
 
     def placement(self) -> list[dict]:
@@ -498,15 +660,48 @@ class PipelineModel(keras.Model):
             for s, stage in enumerate(stages):
                 rows.append({
                     "replica": r, "stage": s, "device": self.stage_devices[r][s],
-                    "layers": [l.name for l in stage.layers],
+                    "layers": [l.name for l in _own_layers(stage)],
                     "variable_devices": sorted({v.value.device for v in stage.weights}),
                 })
         return rows
 
 
-def _build_stack(layers, input_shape) -> None:
-    shape = (None, *input_shape)
-    for layer in layers:
-        if not layer.built:
-            layer.build(shape)
-        shape = layer.compute_output_shape(shape)
+def _own_layers(stage) -> list:
+    """A stage's layers, without the inputs of its sub-model."""
+    return [l for l in stage.layers if not isinstance(l, keras.layers.InputLayer)]
+
+
+def _sum(gradients: list):
+    """The sum of gradients; those of a gather (an Embedding's
+    IndexedSlices) stay sparse: their rows are concatenated."""
+    if len(gradients) == 1:
+        return gradients[0]
+    if all(isinstance(g, tf.IndexedSlices) for g in gradients):
+        return tf.IndexedSlices(tf.concat([g.values for g in gradients], 0),
+                                tf.concat([g.indices for g in gradients], 0),
+                                gradients[0].dense_shape)
+    return tf.add_n([tf.convert_to_tensor(g) for g in gradients])
+
+
+def _scaled(gradient, factor: float):
+    """gradient x factor, made on the current device (a copy when factor is 1)."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(_scaled(gradient.values, factor), tf.identity(gradient.indices),
+                                gradient.dense_shape)
+    return tf.identity(gradient) if factor == 1 else gradient * factor
+
+
+def _copy_stage(source, device: str, name: str) -> keras.Model:
+    """A copy of a stage (new layers, same architecture and weights) with
+    its variables made on `device`."""
+    with placement.deferred_variables() as deferred:
+        clone = keras.models.clone_model(source)
+    own = placement.self_placed(clone)
+    pairs = list(zip(clone.weights, source.weights))
+    for copy, weight in pairs:
+        if id(copy) in own:
+            copy.assign(weight.value)
+    placed = [(c, w.value) for c, w in pairs if id(c) not in own]
+    placement.place([c for c, _ in placed], device, deferred, values=[v for _, v in placed])
+    placement.place(deferred.remaining(), device, deferred)  # random seeds' state
+    return keras.Model(clone._inputs_struct, clone._outputs_struct, name=name)
