@@ -7,14 +7,17 @@ ops on their devices."""
 from __future__ import annotations
 
 import collections
+import json
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests._util import WORKERS, run_python
+from tests.workers import layouts
 from tfmulti import optimizers, transformer
-from tfmulti.parallel.tensor import split_transformer
+from tfmulti.parallel.tensor import split_transformer, unsplit_transformer
 
 SIZES = dict(seq_len=8, d_model=16, num_heads=4, num_layers=2, mlp_ratio=2)
 BATCH = 4
@@ -39,11 +42,7 @@ def _compiled(model):
 
 def _unsplit_weights(model):
     """A model's weights in the plain transformer's layout and order."""
-    out = []
-    for layer in transformer.layers_by_name(model).values():
-        out.extend(layer.to_layer().get_weights() if hasattr(layer, "to_layer")
-                   else layer.get_weights())
-    return out
+    return unsplit_transformer(model).get_weights()
 
 
 def test_shapes_sizes_and_the_parameter_count():
@@ -176,3 +175,29 @@ def test_tensor_parallel_form_places_weights_slots_and_matmuls_per_device():
     matmuls = collections.Counter(op.device[-5:] for op in graph.get_operations()
                                   if op.type in ("MatMul", "BatchMatMulV2", "Einsum"))
     assert set(matmuls) == {"CPU:2", "CPU:3"} and matmuls["CPU:2"] == matmuls["CPU:3"], matmuls
+
+
+# ----------------------------------------------------------- data x pipeline x tensor
+
+
+def _assert_layout_equals_the_plain_model(figures: dict, devices: int) -> None:
+    for key in ("forward", "gradients", "adam_losses", "adam_weights"):
+        assert figures[key] <= 1e-5, (key, figures[key])
+    assert figures["replicas_equal"]
+    assert figures["slots_with_their_variable"]
+    assert figures["variable_devices"] == [f"CPU:{i}" for i in range(devices)]
+    # Each device holds the bytes the memory estimate gives it.
+    assert figures["parameters_by_device"] == figures["estimated_parameters_by_device"]
+
+
+@pytest.mark.parametrize("stages,shards", [(2, 1), (2, 2)])
+def test_pipeline_stages_of_tensor_parallel_devices_equal_the_plain_model(stages, shards):
+
+    _assert_layout_equals_the_plain_model(layouts.compare(1, stages, shards), stages * shards)
+
+
+@pytest.mark.slow
+def test_two_replicas_of_two_stages_of_two_devices_equal_the_plain_model():
+    result = run_python([str(WORKERS / "layouts.py"), "2", "2", "2"], timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _assert_layout_equals_the_plain_model(json.loads(result.stdout.strip().splitlines()[-1]), 8)

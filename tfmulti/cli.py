@@ -4,6 +4,8 @@
     tfmulti prepare-data [--dataset fashion_mnist] [--data_dir DIR] [--source_dir DIR]
     tfmulti estimate-memory [--model mlp] [--distribution one_device] [--num_devices N]
                             [--num_stages S --num_microbatches M --num_replicas R --remat]
+                            [--tensor_parallel T --seq_len L --d_model D --num_heads H
+                             --num_layers N]
                             [--global_batch_size B] [--optimizer adam]
                             [--mixed_precision none] [--partition params] [--json]
     tfmulti launch --num_workers N [--pin_cpus] [--port P] [--startup_timeout S]
@@ -35,8 +37,9 @@ __all__ = ["build_parser", "main"]
 DIAGNOSE_EXCLUDES = ("epochs", "steps_per_epoch", "backup_dir", "backup_every_steps",
                      "keep_backup", "model_dir", "verbose")
 ESTIMATE_FIELDS = ("model", "distribution", "num_stages", "num_microbatches", "num_replicas",
-                   "remat", "global_batch_size", "optimizer", "mixed_precision", "partition",
-                   "dropout")
+                   "remat", "tensor_parallel", "global_batch_size", "optimizer",
+                   "mixed_precision", "partition", "dropout", "seq_len", "d_model", "num_heads",
+                   "num_layers")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -62,8 +62,8 @@ from tfmulti import devices as devices_lib
 from tfmulti import transformer
 
 __all__ = ["ColumnParallelDense", "ParallelMultiHeadAttention", "RowParallelDense",
-           "WeightShare", "device_shares", "run_on_device", "split_transformer",
-           "stage_placement", "tensor_parallel_degree"]
+           "DeviceShare", "WeightShare", "device_shares", "run_on_device", "split_transformer",
+           "stage_placement", "tensor_parallel_degree", "unsplit_transformer"]
 
 # Initializers that draw every element independently of the shape: a shard
 # drawn with them is distributed as the same slice of a whole kernel.
@@ -812,6 +812,40 @@ def split_transformer(model: keras.Model, devices, *, name: str | None = None) -
     return result
 
 
+def unsplit_transformer(model: keras.Model, *, name: str | None = None) -> keras.Model:
+    """The plain form of a tensor-parallel transformer (`split_transformer`),
+    with its current weights, built on the current device: for saving,
+    serving, or comparing with the plain model.
+
+    Args:
+        model: a transformer from `split_transformer` (a plain one is copied).
+        name: the new model's name; default: the model's, + "_unsplit".
+
+    Returns:
+        A functional `keras.Model` of plain Keras layers.
+
+    Example:
+        >>> import numpy as np, tfmulti
+        >>> from tfmulti.parallel.tensor import split_transformer, unsplit_transformer
+        >>> plain = tfmulti.transformer.build_transformer(seq_len=8, d_model=16, num_heads=2,
+        ...                                               num_layers=1, seed=0)
+        >>> again = unsplit_transformer(split_transformer(plain, ["CPU:0", "CPU:1"]))
+        >>> all(np.array_equal(a, b) for a, b in zip(again.get_weights(), plain.get_weights()))
+        True
+    """
+    layers = transformer.layers_by_name(model)
+    sizes = transformer.transformer_sizes(model)
+    plain = {n: layer.to_layer() if isinstance(layer, _Sharded) else
+             layer.__class__.from_config(layer.get_config()) for n, layer in layers.items()}
+    result = transformer.assemble(plain, seq_len=sizes["seq_len"],
+                                  padding_mask=sizes["padding_mask"],
+                                  name=name or f"{model.name}_unsplit")
+    for n, layer in layers.items():
+        if not isinstance(layer, _Sharded):
+            plain[n].set_weights(layer.get_weights())
+    return result
+
+
 def tensor_parallel_degree(layers) -> int:
     """T, the number of devices the tensor-parallel layers among `layers`
     are split over; 1 when there are none.
@@ -833,7 +867,9 @@ def stage_placement(layers, group) -> list[tuple[str, list]]:
 
     Shard i of every tensor-parallel layer goes to group[i]; everything else
     (whole layers, unsplit biases, random-seed state) to group[0], the
-    stage's home. With one device, everything goes there.
+    stage's home. With one device, everything goes there. Other layers that
+    place their own variables (`places_own_variables`, see
+    `tfmulti.parallel.placement`) keep them where they are.
 
     Args:
         layers: the stage's layers (each variable is placed once).
@@ -852,6 +888,8 @@ def stage_placement(layers, group) -> list[tuple[str, list]]:
         sharded = isinstance(layer, _Sharded)
         if sharded:
             layer.retarget(group)
+        elif getattr(layer, "places_own_variables", False):
+            continue
         for variable in layer.variables:
             if id(variable) in seen:
                 continue
@@ -871,6 +909,17 @@ class WeightShare:
     trainable: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceShare:
+    """What one device holds of a split layer: its parts of the variables,
+    and the fractions of the unsplit layer's output and input it keeps for
+    the backward pass."""
+
+    weights: tuple
+    output: float
+    input: float
+
+
 def _unsplit_variables(layer, kind: str) -> list:
     """The variables of an unsplit layer that its split form keeps whole, on
     the home device: a row-parallel Dense's bias, attention's output bias."""
@@ -881,15 +930,24 @@ def _unsplit_variables(layer, kind: str) -> list:
     return []
 
 
-# What each device holds of a split layer's output, as (fraction on every
-# device, fraction on the home device in addition): column shards hold their
-# slice (a gathered output also whole on the home); row and head shards hold
-# a whole partial sum each, summed on the home.
-_OUTPUT_SHARES = {"column": lambda T: (1 / T, 0.0), "column_gathered": lambda T: (1 / T, 1.0),
-                  "row": lambda T: (1.0, 1.0), "heads": lambda T: (1.0, 1.0)}
+# What each device keeps of a split layer's output for the backward pass,
+# as (fraction on every device, fraction on the home device in addition):
+# column shards their slice (the next layer's input); a gathered, row or
+# attention output is kept whole on the home, where it is joined (the
+# slices and partial sums it is made of are not needed again).
+_OUTPUT_SHARES = {"column": lambda T: (1 / T, 0.0), "column_gathered": lambda T: (0.0, 1.0),
+                  "row": lambda T: (0.0, 1.0), "heads": lambda T: (0.0, 1.0)}
+# The kinds whose shards each take a copy of the whole input (kept by every
+# device other than the home, which holds the original, for the weight
+# gradient); a row-parallel layer's input is already split.
+_REPLICATED_INPUT = ("column", "column_gathered", "heads")
 
 
-def device_shares(layer, kind: str | None, T: int) -> list[tuple[list, float]]:
+def _weight_share(v, size=None) -> WeightShare:
+    return WeightShare(tuple(v.shape) if size is None else (size,), str(v.dtype), v.trainable)
+
+
+def device_shares(layer, kind: str | None, T: int) -> list[DeviceShare]:
     """What each of T devices holds of an unsplit, built layer once it is
     split as `kind` (see `tfmulti.transformer.TENSOR_PARALLEL`), for a
     memory estimate made before anything is split or placed.
@@ -901,33 +959,26 @@ def device_shares(layer, kind: str | None, T: int) -> list[tuple[list, float]]:
         T: the number of devices.
 
     Returns:
-        Per device: (its `WeightShare`s of the layer's variables, the
-        fraction of the layer's unsplit output it holds).
+        A `DeviceShare` per device.
 
     Example:
         >>> import keras
         >>> from tfmulti.parallel.tensor import device_shares
         >>> dense = keras.layers.Dense(8)
         >>> dense.build((None, 4))
-        >>> [([w.shape for w in weights], out) for weights, out in
-        ...  device_shares(dense, "row", 2)]
-        [([(16,), (8,)], 2.0), ([(16,)], 1.0)]
+        >>> [([w.shape for w in d.weights], d.output) for d in device_shares(dense, "row", 2)]
+        [([(16,), (8,)], 1.0), ([(16,)], 0.0)]
     """
-    shares = [([], 0.0) for _ in range(T)]
     if kind is None:
-        return [([WeightShare(tuple(v.shape), str(v.dtype), v.trainable) for v in layer.weights],
-                 1.0)] + shares[1:]
-    whole = {id(v) for v in _unsplit_variables(layer, kind)}
+        whole = DeviceShare(tuple(_weight_share(v) for v in layer.weights), 1.0, 0.0)
+        return [whole] + [DeviceShare((), 0.0, 0.0)] * (T - 1)
+    unsplit = {id(v) for v in _unsplit_variables(layer, kind)}
     each, home = _OUTPUT_SHARES[kind](T)
-    out = []
+    shares = []
     for t in range(T):
-        weights = []
-        for v in layer.weights:
-            if id(v) in whole:
-                if t == 0:
-                    weights.append(WeightShare(tuple(v.shape), str(v.dtype), v.trainable))
-            else:
-                weights.append(WeightShare((int(np.prod(v.shape)) // T,), str(v.dtype),
-                                           v.trainable))
-        out.append((weights, each + (home if t == 0 else 0.0)))
-    return out
+        weights = tuple(_weight_share(v) if id(v) in unsplit else
+                        _weight_share(v, int(np.prod(v.shape)) // T)
+                        for v in layer.weights if t == 0 or id(v) not in unsplit)
+        copied = 1.0 if t > 0 and kind in _REPLICATED_INPUT else 0.0
+        shares.append(DeviceShare(weights, each + (home if t == 0 else 0.0), copied))
+    return shares
