@@ -289,3 +289,25 @@ def test_cli_takes_the_tensor_parallel_flags(capsys):
     assert capsys.readouterr().err == (
         "tfmulti estimate-memory: error: --tensor_parallel (2) splits model 'transformer', got "
         "model 'mlp'; set --model='transformer' or --tensor_parallel=1.\n")
+
+
+def test_a_training_configuration_is_checked_against_its_budget():
+    from tfmulti.config import TrainConfig
+
+    config = TrainConfig(distribution="hybrid", num_replicas=2, num_stages=2,
+                         num_microbatches=2, global_batch_size=32, dropout=0.0)
+    estimate = memory.estimate_for_config(config)
+    assert estimate == memory.estimate_memory(
+        "mlp", distribution="hybrid", num_replicas=2, num_stages=2, num_microbatches=2,
+        global_batch_size=32, dropout=0.0)
+    memory.check_config(config)  # no budget: nothing to check
+    fullest = max(row["total"] for row in estimate["devices"]) / 2**20
+    memory.check_config(config.replace(device_memory_mb=fullest))
+    with pytest.raises(ValueError, match=r"over the budget of 0.1 MiB per device"):
+        memory.check_config(config.replace(device_memory_mb=0.1))
+    assert memory.estimate_for_config(TrainConfig(distribution="mirrored", devices=(
+        "CPU:0", "CPU:1")))["num_devices"] == 2
+    with pytest.raises(ValueError, match="distribution 'auto' decides them when it runs"):
+        memory.estimate_for_config(TrainConfig())
+    with pytest.raises(ValueError, match="cannot cut stages by measured time"):
+        memory.estimate_for_config(TrainConfig(distribution="pipeline", partition="time"))

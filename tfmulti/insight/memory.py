@@ -21,14 +21,15 @@ from __future__ import annotations
 import keras
 
 from tfmulti import _checks, _tables, footprint, models, transformer
-from tfmulti.config import MODEL_PARALLEL, TRANSFORMER
+from tfmulti.config import MODEL_PARALLEL, TRANSFORMER, TrainConfig
 from tfmulti.insight.estimate_args import DISTRIBUTIONS, check_estimate_arguments
 from tfmulti.parallel import blocks, placement
 from tfmulti.parallel.partition import plan_partition
 from tfmulti.parallel.pipeline import check_remat
 from tfmulti.parallel.tensor import device_shares
 
-__all__ = ["DISTRIBUTIONS", "check_fits", "estimate_memory", "format_memory_estimate"]
+__all__ = ["DISTRIBUTIONS", "check_config", "check_fits", "estimate_for_config", "estimate_memory",
+           "format_memory_estimate"]
 
 _COMPUTE_DTYPES = {"none": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 _CPU_POLICY = {"float16": "bfloat16"}  # same widths; float16 layers need a GPU to be built
@@ -237,6 +238,64 @@ def check_fits(estimate: dict, device_memory_mb: float) -> None:
         f"split the model over more devices (num_stages, tensor_parallel), hold fewer "
         f"examples at once (a smaller global_batch_size, more num_microbatches, remat) or use "
         f"sgd (no optimizer slots).")
+
+
+def estimate_for_config(config: TrainConfig) -> dict:
+    """`estimate_memory` for a training configuration's model and layout.
+
+    Raises:
+        ValueError: a distribution whose devices the configuration does not
+            name (auto, multi_worker, mirrored without `devices` or
+            `num_virtual_devices`), or partition "time" (measured when the
+            run starts).
+    """
+    distribution, layout = config.distribution, {}
+    if distribution == "mirrored":
+        count = len(config.devices) if config.devices else config.num_virtual_devices
+        if not count:
+            raise ValueError("a memory estimate of distribution 'mirrored' needs its devices: "
+                             "set `devices` or `num_virtual_devices`.")
+        layout["num_devices"] = count
+    elif distribution in MODEL_PARALLEL:
+        if config.partition == "time":
+            raise ValueError("a memory estimate cannot cut stages by measured time "
+                             "(partition 'time'); use partition 'params' or 'flops'.")
+        layout.update(num_stages=config.num_stages, num_microbatches=config.num_microbatches,
+                      remat=config.remat, tensor_parallel=config.tensor_parallel,
+                      partition=config.partition,
+                      **({"num_replicas": config.num_replicas} if distribution == "hybrid"
+                         else {}))
+    elif distribution != "one_device":
+        raise ValueError(f"a memory estimate needs the layout's devices; distribution "
+                         f"{distribution!r} decides them when it runs: use one_device, "
+                         f"mirrored, pipeline or hybrid.")
+    sizes = ({k: getattr(config, k) for k in ("seq_len", "d_model", "num_heads", "num_layers")}
+             if config.model == TRANSFORMER else {})
+    return estimate_memory(config.model, distribution=distribution,
+                           global_batch_size=config.global_batch_size,
+                           optimizer=config.optimizer, mixed_precision=config.mixed_precision,
+                           dropout=config.dropout, **layout, **sizes)
+
+
+def check_config(config: TrainConfig) -> None:
+    """Refuses a training configuration some device of its layout cannot
+    hold, by `config.device_memory_mb` (nothing to check without it); for a
+    recipe, before anything is built.
+
+    Raises:
+        ValueError: the layout does not fit (see `check_fits`), or its
+            devices are not known before the run (see `estimate_for_config`).
+
+    Example:
+        >>> from tfmulti.config import TrainConfig
+        >>> from tfmulti.insight import memory
+        >>> memory.check_config(TrainConfig(distribution="pipeline", device_memory_mb=2.5))
+        Traceback (most recent call last):
+            ...
+        ValueError: device 0 (replica 0, stage 0, shard 0) needs 7.40 MiB to train mlp ...
+    """
+    if config.device_memory_mb is not None:
+        check_fits(estimate_for_config(config), config.device_memory_mb)
 
 
 def format_memory_estimate(estimate: dict) -> str:

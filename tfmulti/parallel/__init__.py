@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 _LAZY = {
     "PipelineModel": "tfmulti.parallel.pipeline",
+    "build_parallel_transformer": "tfmulti.parallel.layouts",
     "ColumnParallelDense": "tfmulti.parallel.tensor",
     "RowParallelDense": "tfmulti.parallel.tensor",
     "ParallelMultiHeadAttention": "tfmulti.parallel.tensor",
@@ -28,6 +29,7 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
+    from tfmulti.parallel.layouts import build_parallel_transformer
     from tfmulti.parallel.partition import plan_partition
     from tfmulti.parallel.pipeline import PipelineModel
     from tfmulti.parallel.schedule import (bubble_fraction, gpipe, max_in_flight,
