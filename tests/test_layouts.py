@@ -40,3 +40,21 @@ def test_too_few_devices_names_the_layout_and_the_fix():
     with pytest.raises(ValueError, match=r"`tensor_parallel` \(3\) must divide num_heads \(4\)"):
         build_parallel_transformer(tensor_parallel=3, devices=["CPU:0", "CPU:1", "CPU:2"],
                                    **SIZES)
+
+
+def test_a_padding_mask_input_reaches_every_stage():
+    import numpy as np
+
+    from tfmulti import transformer
+
+    plain = transformer.build_transformer(**SIZES, padding_mask=True, seed=0)
+    model = build_parallel_transformer(num_stages=2, tensor_parallel=2, padding_mask=True,
+                                       seed=0, **SIZES)
+    tokens = np.arange(24, dtype="int32").reshape(3, 8)
+    mask = np.arange(8)[None].repeat(3, 0) < np.array([[8], [5], [2]])
+    inputs = {"tokens": tokens, "padding_mask": mask}
+    # Both stages attend (the blocks are cut between them), each with the mask.
+    assert model.num_stages == 2
+    assert [sum(n.endswith("_attention") for n in row["layers"]) for row in model.placement()] \
+        == [1, 1]
+    np.testing.assert_allclose(model(inputs), plain(inputs), atol=1e-5)

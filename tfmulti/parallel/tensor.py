@@ -80,7 +80,9 @@ def run_on_device(device: str, fn, *args):
     `gradient()` is called; this runs `fn` under a tape of its own and gives
     it a custom gradient that differentiates that tape under `device`. The
     gradients flow to the float tensors among `args` and to the trainable
-    variables `fn` reads; tensors `fn` only closes over (masks) get none.
+    variables `fn` reads; tensors `fn` only closes over (masks) get none. A
+    tensor passed more than once (self-attention's query, key and value) is
+    one input: its gradient counts each use once.
 
     Args:
         device: where `fn`'s forward and backward ops run.
@@ -89,9 +91,6 @@ def run_on_device(device: str, fn, *args):
 
     Returns:
         What `fn` returns.
-
-    A tensor passed more than once (self-attention's query, key and value)
-    is one input: its gradient counts each use once.
 
     Example:
         >>> import tensorflow as tf
@@ -103,7 +102,6 @@ def run_on_device(device: str, fn, *args):
         >>> tape.gradient(y, x).numpy().tolist()
         [2.0, 4.0]
     """
-
     distinct = []
     for x in args:
         if not any(x is d for d in distinct):
