@@ -3,6 +3,8 @@
 #   make test   set up, then run the whole test suite (what CI runs)
 # and the inner loop:
 #   make test-fast   the tests that start no process and run no notebook
+# and on a machine with NVIDIA GPUs:
+#   make gpu-check   tfmulti on the GPUs (at most 8 minutes; JSON + a table)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,7 +12,7 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo test test-fast install data clean
+.PHONY: demo test test-fast gpu-check install data clean
 
 install: $(STAMP)
 
@@ -44,6 +46,9 @@ test: data
 
 test-fast: data
 	$(PYTEST) --durations=10 -m "not cluster and not notebook and not slow"
+
+gpu-check: $(STAMP)
+	$(PY) recipes/gpu_check.py --output=runs/gpu_check.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache build *.egg-info

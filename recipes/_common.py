@@ -34,15 +34,16 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def run(main) -> None:
-    """`app.run(main)`, with user errors (ValueError, FileNotFoundError) as
-    one line in flag names and exit code 2."""
+    """`app.run(main)`, with user errors (ValueError, and OSError such as a
+    missing file, a full disk or no permission) as one line in flag names and
+    exit code 2."""
 
     def guarded(argv):
         if len(argv) > 1:
             usage_error(f"unexpected arguments {argv[1:]}; every option is a --flag.")
         try:
             return main(argv)
-        except (ValueError, FileNotFoundError) as e:
+        except (ValueError, OSError) as e:
             usage_error(config_flags.flag_message(str(e), extra_names=flags.FLAGS))
 
     app.run(guarded, flags_parser=parse_flags)

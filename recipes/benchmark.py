@@ -3,8 +3,9 @@
     python recipes/benchmark.py --suite=scaling --repeats=5 --output=runs/bench/scaling.json
 
 Suites (`tfmulti.bench`; each suite module's docstring explains its method):
-  scaling    2 pinned workers vs 1 (`tfmulti launch --pin_cpus`), and
-             MirroredStrategy over 1, 2 and 4 virtual CPUs
+  scaling    2 pinned workers vs 1 (`tfmulti launch --pin_cpus`), on one host
+             and on 2 simulated hosts, and MirroredStrategy over 1, 2 and 4
+             virtual CPUs
   pipeline   a 2-stage pipeline: naive split, GPipe M = 2 and 4, serial step
   baseline   seed 000's program as written vs tfmulti: throughput at batch 32
              and time to a test accuracy of 0.87
@@ -41,6 +42,9 @@ _SCALING_SPE = flags.DEFINE_integer(
     "scaling_steps_per_execution", 12, "Scaling: steps per tf.function call of every launch "
     "(the same for 1 and 2 workers); must divide the steps per epoch of both (24 and 12 at "
     "the defaults).", lower_bound=1)
+_SIMULATED_HOSTS = flags.DEFINE_boolean(
+    "scaling_simulated_hosts", True, "Scaling: also train across 2 simulated hosts x 1 "
+    "pinned worker (network namespaces: needs root; recorded as skipped otherwise).")
 _EPOCHS = flags.DEFINE_integer("epochs", 4, "Scaling: epochs per launch (the first is a "
                                "warm-up; each later one is a repeat).", lower_bound=2)
 _BASELINE_SPE = flags.DEFINE_integer("baseline_steps_per_execution", 125,
@@ -54,7 +58,8 @@ def main(argv):
     options = {
         "scaling": {"per_worker_batch": _PER_WORKER_BATCH.value,
                     "num_examples": _NUM_EXAMPLES.value,
-                    "steps_per_execution": _SCALING_SPE.value, "epochs": _EPOCHS.value},
+                    "steps_per_execution": _SCALING_SPE.value, "epochs": _EPOCHS.value,
+                    "simulated_hosts": _SIMULATED_HOSTS.value},
         "baseline": {"steps_per_execution": _BASELINE_SPE.value},
     }
     bench.run_benchmark(names, _REPEATS.value, _OUTPUT.value, options=options,

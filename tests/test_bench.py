@@ -152,6 +152,11 @@ def test_scaling_launches_train_py_with_the_distribution_flag():
                            "--steps_per_execution=12", "--model_dir=/tmp/run"]
     assert "--global_batch_size=256" in scaling.launch_command(1, "/tmp/run",
                                                                per_worker_batch=256)
+    # Host 1's launcher of the same 2-worker training across 2 (simulated) hosts.
+    across = scaling.launch_command(2, "/tmp/run", hosts="10.213.0.1:1,10.213.0.2:1",
+                                    host_rank=1)
+    assert across[4:7] == ["--hosts=10.213.0.1:1,10.213.0.2:1", "--host_rank=1", "--pin_cpus"]
+    assert across[7:] == command[6:]
 
 
 def test_scaling_checks_its_options():

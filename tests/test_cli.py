@@ -93,7 +93,7 @@ def no_diagnose(monkeypatch):
     (["--dropout=1"], "--dropout must be in [0, 1), got 1.0."),
     (["--steps_per_execution=many"],
      "--steps_per_execution must be 'auto' or a positive integer, got 'many'."),
-    (["--optimizer=rmsprop"], "--optimizer must be one of ['adam', 'sgd'], got 'rmsprop'."),
+    (["--optimizer=rmsprops"], "--optimizer must be one of ['adam', 'adamw', 'sgd', "),
     (["--distribution=bogus"], "--distribution must be one of ['auto', 'one_device', "
                                "'mirrored', 'multi_worker', 'pipeline', 'hybrid'], got 'bogus'."),
     (["--global_batch_size=abc"], "argument --global_batch_size: expected an integer, got 'abc'"),
@@ -189,8 +189,8 @@ def test_prepare_data_refuses_another_dataset(capsys, monkeypatch, tmp_path):
     _block(monkeypatch, "tfmulti.data")
     message = _one_error(["prepare-data", "--dataset=cifar10", f"--data_dir={tmp_path / 'd'}"],
                          capsys, "tfmulti prepare-data: error: ")
-    assert message == ("only fashion_mnist is prepared from local files; for 'cifar10' run "
-                       "`tfds build cifar10` with internet access.")
+    assert message == ("only fashion_mnist and tfmulti_text are prepared from local files; for "
+                       "'cifar10' run `tfds build cifar10` with internet access.")
     assert not (tmp_path / "d").exists()
 
 
@@ -287,3 +287,39 @@ def test_env_in_a_fresh_process(onednn):
     assert report["cpu_count"] == os.cpu_count()
     assert report["onednn"] is (onednn == "1")
     assert report["tf_config"] == tf_config
+
+
+# ------------------------------------------------------------------- the user's own model
+
+
+OWN_FLAGS = ["--model=tests.own_model:build", "--dataset=tests.own_model:data"]
+
+
+def test_estimate_memory_of_the_users_model(capsys):
+    code, err, out = _main(["estimate-memory", *OWN_FLAGS, "--distribution=mirrored",
+                            "--num_devices=2", "--global_batch_size=64", "--json"], capsys)
+    assert code == 0, err
+    estimate = json.loads(out)
+    assert estimate["model"] == "tests.own_model:build" and len(estimate["devices"]) == 2
+    row = estimate["devices"][0]
+    # 20*32+32 + 32*32+32 + 32*2+2 weights; activations: concat 20, mix 32, block 32,
+    # residual 32, out 2 floats for each of the 32 examples of a replica.
+    assert row["parameters"] == 4 * (672 + 1056 + 66) and row["optimizer_slots"] == \
+        2 * row["parameters"]
+    assert row["activations"] == 4 * 32 * (20 + 32 + 32 + 32 + 2)
+    message = _one_error(["estimate-memory", "--model=tests.own_model:build"], capsys,
+                         "tfmulti estimate-memory: error: ")
+    assert message.startswith("your model function tests.own_model:build takes `input_shape`; "
+                              "pass --dataset")
+
+
+@pytest.mark.slow  # trains for seconds
+def test_diagnose_the_users_model(capsys):
+    code, err, out = _main(["diagnose", *OWN_FLAGS, "--loss=tests.own_model:smooth_loss",
+                            "--distribution=mirrored", "--global_batch_size=64",
+                            "--seconds=0.2", "--no_measure", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["config"]["model"] == "tests.own_model:build"
+    assert report["num_replicas"] == 4 and report["bottleneck"] in ("input", "compute",
+                                                                     "overhead")

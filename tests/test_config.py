@@ -30,7 +30,7 @@ def _refused(match: str, **fields) -> None:
 def test_defaults_are_valid_and_every_field_has_help():
     config = TrainConfig()
     assert config.validate() is None
-    assert config.distribution == "auto" and config.task == "classification"
+    assert config.distribution == "auto" and config.builtin_task == "classification"
     assert not config.model_parallel
     for name, f in FIELDS.items():
         assert f.metadata.get("help", "").strip(), f"{name} has no help text"
@@ -40,7 +40,7 @@ def test_replace_copies_without_validating():
     config = TrainConfig(global_batch_size=64)
     changed = config.replace(global_batch_size=0, model="regression")
     assert config.global_batch_size == 64 and changed.global_batch_size == 0
-    assert changed.task == "regression"
+    assert changed.builtin_task == "regression"
     with pytest.raises(ValueError, match=r"`global_batch_size` must be a positive integer"):
         changed.validate()
 
@@ -57,8 +57,9 @@ def test_model_parallel(distribution, expected):
 
 
 def test_choice_fields():
-    assert set(CHOICE_FIELDS) == {"distribution", "cross_device_ops", "model", "lr_scaling",
-                                  "optimizer", "partition", "mixed_precision", "verbose"}
+    assert set(CHOICE_FIELDS) == {"distribution", "cross_device_ops", "lr_scaling", "task",
+                                  "input_sharding", "cluster_resolver", "partition",
+                                  "mixed_precision", "verbose"}
 
 
 @pytest.mark.parametrize("name", CHOICE_FIELDS)
@@ -71,10 +72,8 @@ def test_choices_refuse_other_values(name):
 @pytest.mark.parametrize("name", CHOICE_FIELDS)
 def test_choices_accept_each_choice(name):
     for choice in FIELDS[name].metadata["choices"]:
-        fields = {name: choice}
-        if name == "model" and MODEL_TASKS[choice] == "regression":
-            fields["dataset"] = "synthetic_regression"
-        TrainConfig(**fields).validate()
+        own = {"model": "my_models:build"} if name == "task" else {}  # mlp classifies
+        TrainConfig(**{name: choice}, **own).validate()
 
 
 def test_mixed_precision_unknown_policy():
@@ -351,16 +350,81 @@ def test_model_tasks_agree_with_the_builders():
     from tfmulti import models
 
     assert set(MODEL_TASKS) == set(models.INPUT_SHAPES)
-    assert FIELDS["model"].metadata["choices"] == tuple(MODEL_TASKS)
     assert set(MODEL_TASKS.values()) == set(config_lib.TASKS)
     for name, task in MODEL_TASKS.items():
         assert models.model_task(name) == task
-        assert TrainConfig(model=name).task == task
+        assert TrainConfig(model=name).builtin_task == task
+        assert TrainConfig(model=name).builtin_model
         built = models.build_model(name)
         assert built.input_shape == (None, *models.INPUT_SHAPES[name])
         assert built.output_shape[-1] == (1 if task == "regression" else 10)
     with pytest.raises(ValueError, match=r"`model` must be one of \['mlp', 'regression', 'cnn'\]"):
         models.model_task("resnet")
+
+
+def test_optimizer_names_are_the_ones_keras_builds():
+    import keras
+    from keras.src import optimizers as keras_optimizers
+
+    wrappers = {"optimizer", "multioptimizer", "optimizermap", "lossscaleoptimizer"}
+    assert set(config_lib.OPTIMIZERS) == set(keras_optimizers.ALL_OBJECTS_DICT) - wrappers
+    for name in config_lib.OPTIMIZERS:
+        assert isinstance(keras.optimizers.get(name), keras.optimizers.Optimizer)
+
+
+# --------------------------------------------------------------------- the user's own
+
+
+@pytest.mark.parametrize("fields", [
+    {"model": "my_models:build"}, {"dataset": "pkg.data:load"}, {"loss": "my.losses:focal"},
+    {"model": print, "dataset": lambda: None}, {"optimizer": "RMSprop"},
+    {"loss": "huber", "metrics": ("auc", "accuracy")}, {"task": "regression", "model": "m:f"},
+    {"accumulate_steps": 4}, {"input_sharding": "files"}, {"cluster_resolver": "slurm"},
+])
+def test_own_model_data_loss_and_keras_names_are_accepted(fields):
+    assert TrainConfig(**fields).validate() is None
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"model": "resnet"}, r"`model` must be one of \['mlp', 'regression', 'cnn'\] or your own "
+                          r"package.module:function, got 'resnet'"),
+    ({"model": "my models:build"}, r"`model` 'my models:build' is not package.module:function"),
+    ({"dataset": "a:b:c"}, r"`dataset` 'a:b:c' is not package.module:function"),
+    ({"dataset": ""}, r"`dataset` must be a name or package.module:function, got ''"),
+    ({"optimizer": "adamm"}, r"`optimizer` must be one of \['adam', 'adamw', 'sgd'"),
+    ({"metrics": "accuracy"}, r"`metrics` must be a list of metric names, got the string"),
+    ({"accumulate_steps": 0}, r"`accumulate_steps` must be a positive integer, got 0"),
+    ({"model": "cnn", "task": "regression"}, r"`task` 'regression' does not fit `model` 'cnn'"),
+])
+def test_own_model_errors_name_the_value(fields, match):
+    _refused(match, **fields)
+
+
+def test_names_of_the_users_functions():
+    config = TrainConfig(model="pkg.models:build", dataset=test_names_of_the_users_functions)
+    assert config.model_name == "pkg.models:build" and not config.builtin_model
+    assert config.dataset_name == f"{__name__}:test_names_of_the_users_functions"
+    assert config.builtin_task is None
+    assert TrainConfig(model="pkg.models:build", task="regression").builtin_task == "regression"
+
+
+def test_directories_must_be_writable_or_creatable(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    _refused(r"`model_dir` '.*afile/run' cannot be created: '.*afile' is a file",
+             model_dir=str(afile / "run"))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        import os
+        if os.access(locked, os.W_OK):  # root writes anywhere: nothing to check there
+            return
+        _refused(r"`backup_dir` '.*locked/b' cannot be created: '.*locked' is not writable",
+                 backup_dir=str(locked / "b"))
+    finally:
+        locked.chmod(0o700)
+    assert TrainConfig(model_dir=str(tmp_path / "new" / "deeper")).validate() is None
 
 
 # -------------------------------------------------------------------------- diagnose

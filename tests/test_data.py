@@ -17,6 +17,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from tfmulti import data
+from tfmulti.data import catalog
 from tfmulti.strategy import get_strategy
 
 NUM_DEVICES = 4  # configured by conftest.py
@@ -253,12 +254,14 @@ def test_skip_steps_continues_the_uninterrupted_stream():
     assert full_batches[:5] != full_batches[5:10]  # epochs are reshuffled
 
 
-def test_unknown_size_has_no_steps(strategy):
+def test_unknown_size_is_counted_for_training_and_read_to_the_end_for_evaluation(strategy):
     ds = _id_dataset(64).filter(lambda x, y: y >= 0)  # cardinality unknown
     dist = data.distribute(ds, strategy, 16, seed=0)
-    assert dist.steps_per_epoch is None and dist.repeat is False
-    ids = _ids(_take_steps(strategy, dist))
-    assert sorted(ids) == list(range(64))
+    assert dist.steps_per_epoch == 4 and dist.repeat is True and dist.num_examples is None
+    assert sorted(_ids(_take_steps(strategy, dist, 4))) == list(range(64))
+    test = data.distribute(ds, strategy, 16, training=False)
+    assert test.steps_per_epoch is None and test.repeat is False
+    assert sorted(_ids(_take_steps(strategy, test))) == list(range(64))
 
 
 # --------------------------------------------------------------------------
@@ -285,7 +288,7 @@ def fake_idx(tmp_path_factory):
         images[:, 0, 0] = np.arange(n)  # every image distinct
         images[0, 1, :2] = (0, 255)  # full value range present
         labels = rng.integers(0, 10, size=(n,), dtype=np.uint8)
-        image_file, label_file = data.FASHION_MNIST_FILES[split]
+        image_file, label_file = catalog.FASHION_MNIST_FILES[split]
         _write_idx(src / image_file, images)
         _write_idx(src / label_file, labels)
         arrays[split] = (images, labels)
@@ -339,7 +342,7 @@ def test_prepare_fashion_mnist_from_idx(tmp_path, fake_idx):
     builder = tfds.builder("fashion_mnist", data_dir=data_dir)
     assert builder.info.splits["test"].num_examples == 5
     assert builder.info.features["label"].num_classes == 10
-    assert builder.info.features["label"].names == list(data.FASHION_MNIST_CLASSES)
+    assert builder.info.features["label"].names == list(catalog.FASHION_MNIST_CLASSES)
 
     test = data.load("fashion_mnist", "test", data_dir=data_dir, source_dir=str(src))
     assert test.element_spec[0] == tf.TensorSpec((28, 28, 1), tf.float32)
@@ -420,7 +423,8 @@ def test_num_examples_must_be_positive(value):
 
 @pytest.mark.parametrize("value", [0, -3])
 def test_shuffle_buffer_must_be_positive(strategy, value):
-    with pytest.raises(ValueError, match=rf"`shuffle_buffer` must be a positive integer, got "
+    with pytest.raises(ValueError, match=rf"`shuffle_buffer` must be a positive integer \(or "
+                                         rf"None\), got "
                                          rf"{value}; a number of examples"):
         data.distribute(_id_dataset(64), strategy, 16, shuffle_buffer=value)
 
@@ -558,3 +562,41 @@ def test_batch_map_runs_after_the_cache_every_epoch():
     for _ in range(2 * dist.steps_per_epoch):  # two epochs
         next(iterator)
     assert len(calls) >= 2 * dist.steps_per_epoch
+
+
+def test_a_truncated_prepared_file_fails_at_load_naming_it(tmp_path, fake_idx):
+    """A cut-off TFRecord file (a full disk, a killed copy) fails at once with
+    the fix, not mid-epoch with a DataLossError."""
+    src, _ = fake_idx
+    data_dir = str(tmp_path / "tfds")
+    data.prepare_fashion_mnist(data_dir=data_dir, source_dir=str(src))
+    (train_file,) = (tmp_path / "tfds" / "fashion_mnist" / "3.0.1").glob("*-train.tfrecord-*")
+    train_file.write_bytes(train_file.read_bytes()[:-10])
+    assert len(list(data.load("fashion_mnist", "test", data_dir=data_dir))) == 5  # intact
+    with pytest.raises(data.DataNotFoundError,
+                       match=r"the prepared 'fashion_mnist' data in .*3.0.1 is damaged \(train "
+                             r"split: .* bytes where its metadata records .*\); delete that "
+                             r"folder and prepare it again \(`tfmulti prepare-data`\)"):
+        data.load("fashion_mnist", "train[:50%]", data_dir=data_dir)
+
+
+@pytest.mark.slow
+def test_workers_preparing_fashion_mnist_at_once_take_turns(tmp_path, fake_idx):
+    """Two processes preparing the same data dir at once (a cluster's workers on
+    first use) both succeed: a lock serializes them, the second finds it prepared."""
+    import subprocess
+    import sys
+
+    src, _ = fake_idx
+    code = ("import sys; from tfmulti.data import catalog; "
+            "catalog.prepare_fashion_mnist(sys.argv[1], sys.argv[2]); print('ok')")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "tfds"), str(src)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        results = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
+    assert len(list(data.load("fashion_mnist", "train", data_dir=str(tmp_path / "tfds")))) == 12

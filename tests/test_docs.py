@@ -379,6 +379,7 @@ def _following_text_block(block: Block) -> Block | None:
 
 
 ESTIMATE_BLOCKS = [b for b in SH_BLOCKS if _estimate_memory_args(b)]
+DOCS_PROJECT = REPO / "tests" / "docs_project"
 
 
 @pytest.mark.slow
@@ -386,7 +387,8 @@ ESTIMATE_BLOCKS = [b for b in SH_BLOCKS if _estimate_memory_args(b)]
 def test_estimate_memory_commands_run(block):
     outputs = []
     for args in _estimate_memory_args(block):
-        result = run_python(["-m", "tfmulti.cli", *args], timeout=240)
+        # From the folder of the user's project the docs name (`my_project:build`).
+        result = run_python(["-m", "tfmulti.cli", *args], timeout=240, cwd=DOCS_PROJECT)
         assert result.returncode == 0, f"{block.id}: tfmulti {' '.join(args)}\n{result.stderr}"
         outputs.append(result.stdout)
     shown = _following_text_block(block)

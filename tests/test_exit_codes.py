@@ -20,4 +20,7 @@ def test_describe_exit_names_signals_and_preemption():
     assert exit_codes.describe_exit(-signal.SIGKILL) == "exit code 137 (killed by SIGKILL)"
     assert exit_codes.describe_exit(exit_codes.PREEMPTED) == (
         "exit code 75 (preempted: saved a backup on SIGTERM)")
-    assert (exit_codes.USAGE, exit_codes.PREEMPTED) == (2, 75)
+    assert exit_codes.describe_exit(exit_codes.PREEMPTED_UNSAVED) == (
+        "exit code 76 (preempted: SIGTERM, but no new backup was saved; a restart resumes "
+        "from the previous one)")
+    assert (exit_codes.USAGE, exit_codes.PREEMPTED, exit_codes.PREEMPTED_UNSAVED) == (2, 75, 76)

@@ -67,7 +67,8 @@ def test_stack_footprint_counts():
                    "activations_per_microbatch": (4 + 2) * 16 * F32,
                    "activation_batch": 16, "total": (4 * params + (4 + 2) * 16) * F32}
     assert tuple(k for k in footprint.COLUMNS if k in row) == footprint.COLUMNS
-    assert footprint.OPTIMIZER_SLOTS == {"adam": 2, "sgd": 0}
+    assert footprint.OPTIMIZER_SLOTS["adam"] == 2 and footprint.OPTIMIZER_SLOTS["sgd"] == 0
+    assert footprint.OPTIMIZER_SLOTS["rmsprop"] == 1
     # No optimizer given: no slots; measured slot bytes win over a slot count.
     assert footprint.stack_footprint(layers, (8,), micro_batch=16)["optimizer_slots"] == 0
     assert footprint.stack_footprint(layers, (8,), micro_batch=16, optimizer_slots=2,

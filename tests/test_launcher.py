@@ -27,15 +27,18 @@ from pathlib import Path
 import pytest
 
 from tests._util import RECIPES, REPO, WORKERS, launch_python
-from tfmulti.cluster import launch, launcher, plan
+from tfmulti.cluster import exit_codes, launch, launcher, plan
+from tfmulti.cluster._process import children
 
 pytestmark = pytest.mark.cluster
 
 LAUNCH_TIMEOUT = 60
 
-# A tiny worker: writes its pid, then behaves as argv[2] says. No TensorFlow.
+# A tiny worker: writes its pid (as the host sees it: the launch runs in a PID namespace),
+# then behaves as argv[2] says. No TensorFlow.
 WORKER = textwrap.dedent('''
     import json, os, socket, sys, time
+    HOST_PID = "int(open('/proc/self/status').read().split('NSpid:')[1].split()[0])"
     rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     ports = [int(a.rsplit(":", 1)[1])
              for a in json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]]
@@ -53,7 +56,7 @@ WORKER = textwrap.dedent('''
             f.write(text)
         os.replace(os.path.join(d, name + ".tmp"), os.path.join(d, name))
 
-    touch(f"pid-{rank}", str(os.getpid()))
+    touch(f"pid-{rank}", str(eval(HOST_PID)))
     if mode == "print":
         print(f"out line of {rank}")
         print(f"err line of {rank}", file=sys.stderr)
@@ -73,12 +76,22 @@ WORKER = textwrap.dedent('''
         time.sleep(300)
     elif mode == "sleep":  # with a child process, which must not be left behind either
         import subprocess
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-        touch(f"child-{rank}", str(child.pid))
+        child = subprocess.Popen([sys.executable, "-c", (
+            "import os, sys, time\\n"
+            f"pid = {HOST_PID}\\n"
+            f"open(os.path.join(sys.argv[1], 'child-{rank}.tmp'), 'w').write(str(pid))\\n"
+            f"os.replace(os.path.join(sys.argv[1], 'child-{rank}.tmp'), "
+            f"os.path.join(sys.argv[1], 'child-{rank}'))\\n"
+            "time.sleep(300)"), d])
         time.sleep(300)
+    elif mode == "exit_76_once":  # preempted without a save, then a clean run
+        if not os.path.exists(os.path.join(d, f"preempted-{rank}")):
+            touch(f"preempted-{rank}")
+            sys.exit(76)
     elif mode == "listen":
-        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)  # like gRPC: [::]:port
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)  # like gRPC: [::]:port,
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # SO_REUSEADDR
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("::", ports[rank]))
         s.listen()
         touch(f"ready-{rank}", str(ports[rank]))
@@ -123,7 +136,7 @@ def _pids(d: Path, n: int) -> list[int]:
 
 @functools.lru_cache(maxsize=None)
 def _isolation_works() -> bool:
-    return launcher._probe_isolation()[0] is not None
+    return launcher._probe_namespaces()[0] is not None
 
 
 def _needs_isolation() -> None:
@@ -141,7 +154,8 @@ def _launch_worker(tmp: Path, mode: str, **options) -> tuple[int, str]:
 class _Launcher:
     """`tfmulti launch` in its own session; killed with its workers if a test fails."""
 
-    def __init__(self, tmp: Path, mode: str, *options: str, num_workers: int = 2):
+    def __init__(self, tmp: Path, mode: str, *options: str, num_workers: int = 2,
+                 env: dict | None = None):
         self.tmp, self.num_workers = tmp, num_workers
         script = tmp / "worker.py"
         script.write_text(WORKER)
@@ -149,7 +163,7 @@ class _Launcher:
             [sys.executable, "-m", "tfmulti.cli", "launch", "--num_workers", str(num_workers),
              *options, "--", sys.executable, str(script), str(tmp), mode],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
+            start_new_session=True, env=env)
 
     def wait_for_pids(self, kinds=("pid",)) -> list[int]:
         names = [f"{kind}-{i}" for kind in kinds for i in range(self.num_workers)]
@@ -165,17 +179,17 @@ class _Launcher:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.communicate(timeout=10)
-        for i in range(self.num_workers):
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
-                os.killpg(int((self.tmp / f"pid-{i}").read_text()), signal.SIGKILL)
+        for pid in _processes_with(str(self.tmp)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
 def cli_launcher(tmp_path):
     started = []
 
-    def start(mode, *options, num_workers=2):
-        started.append(_Launcher(tmp_path, mode, *options, num_workers=num_workers))
+    def start(mode, *options, num_workers=2, env=None):
+        started.append(_Launcher(tmp_path, mode, *options, num_workers=num_workers, env=env))
         return started[-1]
 
     yield start
@@ -204,15 +218,71 @@ def test_pin_cpus_gives_each_worker_its_cores(cli_launcher):
         assert f"[worker {rank}] cpus {list(cpus)} {len(cpus)}" in out.splitlines()
 
 
-def test_without_isolation_a_warning_says_the_ports_are_open(monkeypatch):
-    monkeypatch.setattr(launcher, "_probe_isolation", lambda: (None, "no unshare here"))
-    code, output = launch_python(["-c", "print('hi')"], num_workers=1)
-    assert code == 0
-    lines = output.splitlines()
-    assert lines[0].startswith("tfmulti launch: warning: cannot isolate the workers in a "
-                               "private network namespace (no unshare here); their "
-                               "TensorFlow gRPC ports are unauthenticated and OPEN ON ALL")
-    assert "[worker 0] hi" in lines
+def _deny_namespaces(tmp: Path) -> dict:
+    """An environment whose PATH finds an `unshare` that fails as in a container without
+    the capability (and no unprivileged user namespaces)."""
+    bin_dir = tmp / "denied-bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "unshare"
+    fake.write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Live processes whose command line holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "cmdline").read_bytes() \
+                        and _alive(int(entry.name)):
+                    found.append(int(entry.name))
+    return found
+
+
+def test_isolation_fails_closed_where_no_namespace_can_be_made(tmp_path):
+    # No namespace (simulated by an `unshare` that is denied): one line, exit 2, and no
+    # worker started; --no_isolate runs them (open on all interfaces, as it says).
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    command = [sys.executable, "-m", "tfmulti.cli", "launch", "--num_workers", "2", "--",
+               sys.executable, str(script), str(tmp_path), "print"]
+    env = _deny_namespaces(tmp_path)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env,
+                            timeout=LAUNCH_TIMEOUT)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        "tfmulti launch: error: cannot isolate the workers in a private network namespace "
+        "(`unshare --pid --net`: unshare: unshare failed: Operation not permitted; "
+        "`unshare --pid --net --map-root-user`: unshare: unshare failed: Operation not "
+        "permitted), and their "
+        "TensorFlow gRPC ports are unauthenticated: nothing was started."), line
+    assert "or pass --no_isolate" in line
+    time.sleep(1)
+    assert not list(tmp_path.glob("pid-*")) and not _processes_with(str(tmp_path))
+
+    opened = subprocess.run([*command[:4], "--no_isolate", *command[4:]], cwd=REPO,
+                            capture_output=True, text=True, env=env, timeout=LAUNCH_TIMEOUT)
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    assert "[worker 1] out line of 1" in opened.stdout.splitlines()
+    assert "tfmulti launch: warning: --no_isolate: the workers' TensorFlow gRPC ports are " \
+           "unauthenticated and open on all interfaces" in opened.stdout.splitlines()
+
+
+def test_the_unprivileged_mode_runs_in_a_user_namespace(monkeypatch):
+    # What a non-root user gets where user namespaces are allowed (here forced, as root):
+    # the same isolation, the workers mapped to root of a new user namespace.
+    _needs_isolation()
+    monkeypatch.setattr(launcher, "ISOLATION_MODES", ("userns",))
+    code, output = launch_python(
+        ["-c", "print('uid_map', open('/proc/self/uid_map').read().split())"], num_workers=1)
+    assert code == 0, output
+    assert "workers are isolated in a private network namespace" in output
+    assert "[worker 0] uid_map ['0', '0', '1']" in output.splitlines()  # not the host's map
 
 
 def test_exit_status_is_the_chiefs(tmp_path):
@@ -230,6 +300,25 @@ def test_a_failing_worker_stops_the_others(tmp_path, isolate):
     assert "worker 1 failed with exit code 3; stopping the other workers" in out
     for pid in _pids(tmp_path, 2):
         assert not _alive(pid), f"worker process {pid} is still running"
+
+
+def test_preempted_without_a_backup_is_not_reported_as_saved(tmp_path):
+    # Exit 76: SIGTERM, but the workers did not agree on a step, so nothing new was saved;
+    # the launcher must not say the backup is saved, and --max_restarts still restarts.
+    code, out = _launch_worker(tmp_path, "exit_76_once", isolate=False, grace_period=5)
+    assert code == exit_codes.PREEMPTED_UNSAVED, out
+    assert "its backup is saved" not in out
+    assert "the cluster was preempted, but NO NEW BACKUP was saved (the workers did not " \
+           "agree on a step to save at); a restart resumes from the previous backup" in out
+
+    for name in ("preempted-0", "preempted-1"):
+        (tmp_path / name).unlink()
+    code, out = _launch_worker(tmp_path, "exit_76_once", isolate=False, grace_period=5,
+                               max_restarts=1)
+    assert code == 0, out
+    assert "its backup is saved" not in out
+    assert "the cluster was preempted, but NO NEW BACKUP was saved" in out
+    assert "; 1 restart(s) left" in out and "restart 1 of 1" in out
 
 
 def test_launcher_reports_each_restart_and_gives_up():
@@ -264,6 +353,29 @@ def test_a_killed_launcher_leaves_no_worker_behind(cli_launcher, isolate):
     lau.finish(timeout=10)
     _wait_for(lambda: not any(_alive(p) for p in pids), 20,
               f"the workers and their children {pids} to exit")
+
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["pid_namespace", "subreaper"])
+def test_a_killed_supervisor_leaves_no_process_behind(cli_launcher, tmp_path, namespaces):
+    # The out-of-memory killer's SIGKILL to the supervisor: the workers die by their
+    # parent-death signal, and their own children (not in the workers' process groups'
+    # reach) must die too: by the PID namespace's end, or, where no namespace can be made
+    # (an `unshare` that is denied, --no_isolate), by the reaper above the supervisor.
+    options = () if namespaces else ("--no_isolate",)
+    env = None if namespaces else _deny_namespaces(tmp_path)
+    lau = cli_launcher("sleep", *options, env=env)
+    pids = lau.wait_for_pids(("pid", "child"))
+    marked = _processes_with(str(tmp_path))
+    assert set(pids) <= set(marked), (pids, marked)
+    (middle,) = children(lau.proc.pid)  # the supervisor's parent (under `unshare --pid`)
+    (supervisor,) = children(middle)
+    assert b"tfmulti.cluster.supervisor" in Path(f"/proc/{supervisor}/cmdline").read_bytes()
+    os.kill(supervisor, signal.SIGKILL)
+    code, out, err = lau.finish(timeout=30)
+    _wait_for(lambda: not _processes_with(str(tmp_path)), 20,
+              f"every process of the launch {marked} to exit")
+    assert code == 137, out + err
+    assert "the supervisor was killed (SIGKILL, e.g. by the out-of-memory killer)" in out
 
 
 def test_port_in_use_is_a_clear_error():
@@ -323,10 +435,9 @@ def test_worker_dying_mid_training_stops_the_run(tmp_path):
     assert code == 3, output[-3000:]
     assert out.died_at is not None, output[-3000:]
     assert ended_at - out.died_at < 30, output[-3000:]
-    for rank in (0, 1):
-        pid = int((tmp_path / f"worker-{rank}.pid").read_text())
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    for rank in (0, 1):  # both started (their pids are of the launch's PID namespace)
+        assert (tmp_path / f"worker-{rank}.pid").is_file()
+    assert not _processes_with(str(tmp_path)), "a worker is still running"
 
 
 def test_train_recipe_two_workers_chief_only_writes_and_evaluates_a_partial_last_batch(
@@ -355,7 +466,7 @@ def test_train_recipe_two_workers_chief_only_writes_and_evaluates_a_partial_last
     assert (model_dir / "model.keras").is_file()
     # Only the chief wrote: one set of files, one TensorBoard run, no worker temp dirs.
     names = sorted(p.name for p in model_dir.iterdir())
-    assert names == ["logs", "metrics.json", "model.keras"], names
+    assert names == [".tfmulti-run.json", "logs", "metrics.json", "model.keras"], names
     assert "[worker 0] tfmulti: wrote" in output
     assert "[worker 1] tfmulti: wrote" not in output
     # The partial last batch: the metrics are those of the whole test split.
@@ -364,3 +475,21 @@ def test_train_recipe_two_workers_chief_only_writes_and_evaluates_a_partial_last
     want = model.evaluate(test.batch(256), return_dict=True, verbose=0)
     assert metrics["test_accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
     assert metrics["test_loss"] == pytest.approx(want["loss"], abs=1e-5)
+
+
+@pytest.mark.cluster
+def test_train_recipe_two_workers_train_the_users_model_module(tmp_path):
+    """`tfmulti launch --num_workers 2 -- python recipes/train.py --model=M:F
+    --dataset=M:F`: the user's module (a dotted path from the repository root)."""
+    model_dir = tmp_path / "run"
+    code, output = launch_python(
+        [str(RECIPES / "train.py"), "--distribution=multi_worker",
+         "--model=tests.own_model:build", "--dataset=tests.own_model:data",
+         "--loss=tests.own_model:smooth_loss", "--optimizer=rmsprop", "--learning_rate=0.003",
+         "--global_batch_size=128", "--epochs=2", f"--model_dir={model_dir}"],
+        startup_timeout=240)
+    assert code == 0, output[-4000:]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["num_workers"] == 2 and metrics["num_replicas"] == 2
+    assert metrics["model"] == "tests.own_model:build" and metrics["epochs_completed"] == 2
+    assert metrics["test_loss"] < 0.69 and "[worker 1] tfmulti: wrote" not in output

@@ -141,7 +141,8 @@ def test_half_precision_halves_activations_not_parameters(mixed_precision):
     (dict(distribution="mirrored", num_devices=2, num_stages=2),
      r"`num_stages` \(2\) does not apply to distribution 'mirrored'"),
     (dict(remat=True), r"`remat` \(True\) does not apply to distribution 'one_device'"),
-    (dict(optimizer="rmsprop"), "`optimizer` must be one of"),
+    (dict(optimizer="rmsprops"), "`optimizer` must be one of"),
+    (dict(optimizer="muon"), r"estimate-memory counts the slots of \['adadelta'"),
     (dict(distribution="pipeline", partition="time"), "`partition` must be one of"),
 ])
 def test_bad_arguments(kwargs, message):

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import keras
 
+import tfmulti
 from tfmulti import data, models, strategy as strategy_lib
 
 STEPS = 6
@@ -111,7 +112,17 @@ def test_warmup_ramps_up_where_scaling_does_not_raise_the_rate(scaling, batch, t
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"optimizer": "rmsprop"}, r"`optimizer` must be one of \['adam', 'sgd'\]"),
+    ({"optimizer": "rmsprops"}, r"`optimizer` must be one of \['adam', 'adamw', 'sgd'"),
+    ({"optimizer": 3}, r"`optimizer` must be a Keras optimizer name or a "
+                       r"keras.optimizers.Optimizer, got int"),
+    ({"optimizer": keras.optimizers.SGD(0.1), "learning_rate": 0.5},
+     r"`learning_rate` \(0.5\) applies to an optimizer given by name; set the rate on your SGD"),
+    ({"optimizer": keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(
+        0.1, 10, 0.9)), "lr_scaling": "linear", "global_batch_size": 512},
+     r"need a constant learning rate, but your SGD has a schedule"),
+    ({"loss": "huberr"}, r"`loss` 'huberr' is not a Keras loss name"),
+    ({"metrics": ["acuracy"]}, r"`metrics` lists 'acuracy', which is not a Keras metric name"),
+    ({"metrics": "accuracy"}, r"`metrics` must be a list, got the string 'accuracy'"),
     ({"learning_rate": 0.0}, r"`learning_rate` must be a finite number > 0, got 0.0"),
     ({"learning_rate": float("nan")}, r"`learning_rate` must be a finite number > 0, got nan"),
     ({"learning_rate": float("inf")}, r"`learning_rate` must be a finite number > 0, got inf"),
@@ -128,12 +139,61 @@ def test_compile_errors(kwargs, match):
         models.compile_model(models.build_model("mlp"), **{"task": "classification", **kwargs})
 
 
-def test_compile_needs_a_task():
+def test_compile_needs_a_task_or_a_loss():
     model = models.build_model("mlp")
-    with pytest.raises(TypeError, match=r"compile_model\(\) missing 1 required keyword-only "
-                                        r"argument: 'task'"):
+    with pytest.raises(ValueError, match=r"pass `task` \('classification' or 'regression'\) for "
+                                         r"tfmulti's default loss and metrics, or your own "
+                                         r"`loss`"):
         models.compile_model(model)
     assert not model.compiled
+    models.compile_model(model, loss="mse")
+    assert model.compiled and model.loss == "mse"
+
+
+def _own_functional():
+    from tests import own_model
+
+    return own_model.build(dict(pixels=(16,), extra=(4,)))
+
+
+def test_the_users_optimizer_loss_and_metrics_pass_through():
+    """Keras objects and names are kept as given; tfmulti only scales the rate."""
+    from tests import own_model
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    with strategy.scope():
+        model = _own_functional()
+        xent = keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="xent")
+    optimizer = keras.optimizers.RMSprop(0.01, rho=0.8)  # made outside the scope
+    models.compile_model(model, strategy=strategy, optimizer=optimizer,
+                         loss=own_model.smooth_loss, metrics=["accuracy", xent],
+                         lr_scaling="linear", global_batch_size=512, base_batch_size=256)
+    opt = model.optimizer
+    assert isinstance(opt, keras.optimizers.RMSprop) and opt.rho == 0.8
+    assert opt._distribution_strategy is strategy  # re-made under the model's strategy
+    assert float(keras.ops.convert_to_numpy(opt.learning_rate)) == pytest.approx(0.02)
+    assert model.loss is own_model.smooth_loss
+    x, y = own_model.arrays(64)
+    logs = model.fit(x, y, batch_size=32, epochs=1, verbose=0).history
+    assert set(logs) == {"loss", "accuracy", "xent"}
+
+
+@pytest.mark.parametrize("name", ["sgd", "rmsprop", "adamw", "nadam", "lion", "adagrad"])
+def test_any_keras_optimizer_by_name_with_warmup(name):
+    model = models.build_model("mlp")
+    models.compile_model(model, task="classification", optimizer=name, learning_rate=0.01,
+                         warmup_epochs=1, steps_per_epoch=10)
+    assert type(model.optimizer).__name__.lower() == name
+    schedule = model.optimizer._learning_rate
+    assert isinstance(schedule, models.WarmupSchedule) and schedule.target == 0.01
+
+
+def test_softmax_outputs_get_a_loss_on_probabilities():
+    logits = models.build_model("mlp")
+    probabilities = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, "softmax")])
+    for model, from_logits in ((logits, True), (probabilities, False)):
+        models.compile_model(model, task="classification")
+        assert model.loss.get_config()["from_logits"] is from_logits
 
 
 @pytest.mark.parametrize("name, task", [("mlp", "classification"), ("mlp", "regression"),

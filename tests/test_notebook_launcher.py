@@ -6,6 +6,7 @@ before anything starts."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import threading
 
@@ -30,6 +31,29 @@ def test_notebook_launcher_returns_the_chiefs_value(capsys):
     assert notebook_launcher(train, args=(2,), num_workers=2) == {"rank": 0, "value": 40}
     out = capsys.readouterr().out
     assert "[worker 0] hello from rank 0" in out and "[worker 1] hello from rank 1" in out
+
+
+@pytest.mark.cluster
+def test_notebook_launcher_fails_closed_where_no_namespace_can_be_made(tmp_path, monkeypatch):
+    # As `tfmulti launch`: no private network namespace (an `unshare` that is denied), no
+    # worker: a ValueError naming the reason and isolate=False.
+    fake = tmp_path / "bin" / "unshare"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    ran = tmp_path / "ran"
+
+    def train():
+        open(ran, "w").close()
+
+    with pytest.raises(ValueError, match=r"^cannot isolate the workers in a private network "
+                                         r"namespace \(`unshare --pid --net`: unshare: "
+                                         r"unshare failed: Operation not permitted.*"
+                                         r"nothing was started.*isolate=False"):
+        notebook_launcher(train, num_workers=2)
+    assert not ran.exists()
 
 
 @pytest.mark.cluster

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from tests._util import run_recipe
+from tests._util import RECIPES, REPO, run_python, run_recipe
 from tfmulti import config_flags
 from tfmulti.config import TrainConfig
 from tfmulti.data import DataNotFoundError
@@ -74,6 +74,29 @@ def test_train_recipe_mirrored_bfloat16(tmp_path):
     assert not [p for p in model_dir.iterdir() if p.name.startswith(".tmp-")]
     assert "test_accuracy=" in result.stdout
     _predicts(model_dir, (28, 28, 1), 10)
+
+
+OWN = ["--model=own_model:build", "--dataset=own_model:data", "--loss=own_model:smooth_loss",
+       "--optimizer=rmsprop", "--learning_rate=0.003", "--global_batch_size=128", "--epochs=3"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("distribution, devices", [("one_device", 1), ("mirrored", 4)])
+def test_train_recipe_trains_the_users_model_module(tmp_path, distribution, devices):
+    """--model/--dataset/--loss name the user's module (tests/own_model.py), found
+    in the current directory: a functional model with dict inputs and a residual."""
+    model_dir = tmp_path / "run"
+    result = run_python([str(RECIPES / "train.py"), f"--distribution={distribution}",
+                         f"--num_virtual_devices={devices}", *OWN, f"--model_dir={model_dir}"],
+                        cwd=REPO / "tests")
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = _metrics(model_dir)
+    assert metrics["model"] == "own_model:build" and metrics["dataset"] == "own_model:data"
+    assert metrics["num_replicas"] == devices and metrics["task"] == "classification"
+    assert metrics["epochs_completed"] == 3 and metrics["steps_per_epoch"] == 16
+    assert metrics["test_accuracy"] > 0.65  # learned: the classes are about balanced
+    loaded = keras.models.load_model(model_dir / "model.keras", compile=False)
+    assert loaded.name == "own" and sorted(loaded.input) == ["extra", "pixels"]
 
 
 @pytest.mark.slow

@@ -108,7 +108,7 @@ def test_reuse_keeps_the_strategy_and_data_and_builds_a_new_model():
     second = build_run(config.replace(global_batch_size=128, optimizer="sgd"), reuse=first)
     assert second.strategy is first.strategy
     assert second.train_data is first.train_data and second.test_data is first.test_data
-    assert second.info is first.info
+    assert second.info == first.info and second.train_data is first.train_data
     assert second.model is not first.model
     assert type(second.model.optimizer).__name__ == "SGD"
     assert second.steps_per_epoch == 8 and second.per_replica_batch_size == 32
@@ -165,3 +165,82 @@ def test_the_precision_policy_applies_to_the_model_and_is_restored():
             build_run(TrainConfig(distribution="one_device", mixed_precision="float16",
                                   **SYNTHETIC))
         assert keras.mixed_precision.global_policy().name == before
+
+
+# ------------------------------------------------------------------- the user's own
+
+
+def test_own_model_data_and_loss_from_python():
+    """The user's functions, as Python callables: a functional model with dict
+    inputs and a residual, NumPy data, the user's loss, a Keras optimizer by name."""
+    from tests import own_model
+
+    run = build_run(TrainConfig(distribution="mirrored", model=own_model.build,
+                                dataset=own_model.data, loss=own_model.smooth_loss,
+                                optimizer="rmsprop", learning_rate=0.01, global_batch_size=128,
+                                seed=0, epochs=1))
+    assert run.model.name == "own" and run.info == {
+        "input_shape": {"pixels": (16,), "extra": (4,)}, "num_classes": None,
+        "task": "classification"}  # integer labels
+    assert run.model.loss is own_model.smooth_loss
+    assert type(run.model.optimizer).__name__ == "RMSprop"
+    assert run.steps_per_epoch == 16 and run.test_input.steps_per_epoch == 4
+    variable = run.model.trainable_variables[0]
+    assert len(run.strategy.experimental_local_results(variable.value)) == NUM_DEVICES
+    history = run.model.fit(**run.train_input.fit_kwargs(), epochs=1, verbose=0).history
+    assert set(history) == {"loss", "accuracy"}
+
+
+def test_builtin_model_on_the_users_images_counts_the_classes(capsys):
+    images = np.random.default_rng(0).random((256, 28, 28, 1), dtype=np.float32)
+    labels = np.arange(256) % 7
+
+    def seven_classes():
+        return (images, labels), None  # no test split
+
+    run = build_run(TrainConfig(distribution="one_device", model="mlp", dataset=seven_classes,
+                                global_batch_size=64))
+    assert "7 classes" in capsys.readouterr().out
+    assert run.model.output_shape == (None, 7) and run.test_input is None
+
+
+def test_subclassed_model_and_a_dataset_dict_with_files(tmp_path):
+    from tests import own_model
+
+    paths = own_model.write_tfrecords(tmp_path, num_files=2, per_file=40)
+
+    def files():
+        return {"train": data.from_files(paths, own_model.parse),
+                "test": own_model.arrays(32), "num_classes": 2}
+
+    run = build_run(TrainConfig(distribution="one_device", model=own_model.build_subclassed,
+                                dataset=files, global_batch_size=16, steps_per_epoch=4))
+    assert run.train_input.num_examples is None and run.steps_per_epoch == 4
+    assert run.info["num_classes"] == 2 and run.model.name == "own_subclassed"
+    assert isinstance(run.model.loss, keras.losses.SparseCategoricalCrossentropy)
+
+
+@pytest.mark.parametrize("dataset, match", [
+    (lambda: [1, 2, 3], r"returned list; expected \(train, test\)"),
+    (lambda: {"training": 1}, r"returned a dict with keys \['training'\]; expected 'train'"),
+    (lambda: (object(), None), r"the dataset function's train data: cannot read data of type "
+                               r"object"),
+])
+def test_dataset_function_errors(dataset, match):
+    with pytest.raises(ValueError, match=match):
+        build_run(TrainConfig(distribution="one_device", model="mlp", dataset=dataset))
+
+
+def test_an_optimizer_object_brings_its_own_rate():
+    from tests import own_model
+
+    fields = dict(distribution="one_device", model=own_model.build, dataset=own_model.data,
+                  global_batch_size=128)
+    with pytest.raises(ValueError, match=r"`learning_rate` \(0.5\) applies to an optimizer "
+                                         r"given by name; set the rate on your SGD instead"):
+        build_run(TrainConfig(optimizer=keras.optimizers.SGD(0.1), learning_rate=0.5, **fields))
+    run = build_run(TrainConfig(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                                lr_scaling="linear", base_batch_size=64, **fields))
+    assert run.model.optimizer.momentum == 0.9
+    assert float(keras.ops.convert_to_numpy(run.model.optimizer.learning_rate)) == \
+        pytest.approx(0.2)

@@ -137,6 +137,47 @@ def test_auto_with_a_cluster_resolver_means_multi_worker():
         get_strategy("auto", cluster_resolver="k8s")
 
 
+def test_auto_joins_a_tf_config_cluster_only_under_the_launcher(monkeypatch):
+    """A TF_CONFIG left in a shell must not make "auto" open a port and wait for
+    peers; the launcher's workers (TFMULTI_LAUNCHED=1) do join."""
+    import json
+
+    from tfmulti import strategy as strategy_lib
+
+    joined = []
+    monkeypatch.setattr(strategy_lib, "_multi_worker", lambda *args: joined.append(args) or "mw")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["localhost:2222", "localhost:2223"]},
+        "task": {"type": "worker", "index": 0}}))
+    monkeypatch.delenv("TFMULTI_LAUNCHED", raising=False)
+    with pytest.raises(ValueError, match=r"TF_CONFIG describes a 2-task cluster, but this process "
+                                         r"was not started by `tfmulti launch`, so kind='auto' "
+                                         r"does not join it; pass kind='multi_worker'"):
+        get_strategy("auto")
+    assert joined == []
+    assert get_strategy("multi_worker") == "mw"  # asked for by name: joins
+    monkeypatch.setenv("TFMULTI_LAUNCHED", "1")
+    assert get_strategy("auto") == "mw" and len(joined) == 2
+
+
+def test_cluster_resolver_auto_prefers_tf_config_then_slurm(monkeypatch):
+    from tfmulti import strategy as strategy_lib
+
+    def picked():
+        raise RuntimeError("picked SLURM")
+
+    monkeypatch.setattr(strategy_lib, "slurm_cluster_resolver", picked)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
+    with pytest.raises(ValueError, match=r"kind='multi_worker' needs TF_CONFIG"):
+        get_strategy("multi_worker", cluster_resolver="auto")  # one SLURM task: no cluster
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    with pytest.raises(RuntimeError, match="picked SLURM"):
+        get_strategy("multi_worker", cluster_resolver="auto")
+    assert isinstance(get_strategy("auto", cluster_resolver="auto"),
+                      tf.distribute.MirroredStrategy)  # "auto" names no cluster
+
+
 @pytest.mark.parametrize("kind", ["mirrored", "one_device"])
 def test_cluster_resolver_refused_where_it_does_not_apply(kind):
     with pytest.raises(ValueError, match=rf"applies to 'multi_worker' \(or 'auto'\), not '{kind}'"):
@@ -228,8 +269,6 @@ def test_two_workers_match_mirrored_two_devices(tmp_path):
     # One cluster checks the tuple and the dict inputs and a plain all-reduce
     # in the launcher's network namespace; the MirroredStrategy reference
     # runs in this process.
-    from tfmulti.cluster import launcher
-
     worker = _equivalence_worker()
     code, output = launch_python([str(WORKERS / "equivalence.py"), str(tmp_path)],
                                  startup_timeout=240)
@@ -237,8 +276,7 @@ def test_two_workers_match_mirrored_two_devices(tmp_path):
     assert output.count("done") == 2
     lines = output.splitlines()
     assert "[worker 0] total=3.0" in lines and "[worker 1] total=3.0" in lines, output[-4000:]
-    if launcher._probe_isolation()[0] is not None:
-        assert "workers are isolated in a private network namespace" in output
+    assert "workers are isolated in a private network namespace" in output
     mirrored = get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
     for name, use_dict in worker.VARIANTS.items():
         a, b = worker.run(mirrored, use_dict), _load(tmp_path / f"{name}.npz")

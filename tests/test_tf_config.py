@@ -41,6 +41,14 @@ def test_tf_config_lists_all_workers_and_marks_the_task():
      r"use 'host:port'"),
     ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}',
      r"'cluster' has no 'chief' job"),
+    # Digits that str.isdigit() and int() accept, but no port: full-width, Arabic-Indic.
+    ('{"cluster": {"worker": ["localhost:\uff12\uff12\uff12\uff12"]}, '
+     '"task": {"type": "worker", "index": 0}}',
+     r"cluster.worker\[0\] is 'localhost:２２２２'; the port must be a number in "
+     r"1..65535 \(ASCII digits\)"),
+    ('{"cluster": {"worker": ["localhost:\u0662\u0662\u0662\u0662"]}, '
+     '"task": {"type": "worker", "index": 0}}',
+     r"the port must be a number in 1..65535 \(ASCII digits\)"),
 ])
 def test_malformed_tf_config_is_refused_fast(monkeypatch, text, match):
     import tfmulti

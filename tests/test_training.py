@@ -61,7 +61,8 @@ def test_train_returns_and_writes_metrics_model_and_logs(tmp_path, capsys):
     loaded = keras.saving.load_model(model_dir / "model.keras")
     assert loaded.name == "mlp" and loaded.output_shape == (None, 10)
     assert list((model_dir / "logs").rglob("events.out.tfevents.*"))
-    assert sorted(os.listdir(model_dir)) == ["logs", "metrics.json", "model.keras"]
+    assert sorted(os.listdir(model_dir)) == [".tfmulti-run.json", "logs", "metrics.json",
+                                             "model.keras"]  # no staging folder left
     assert not backup_dir.exists()  # deleted after a clean end (keep_backup=False)
     out = capsys.readouterr().out
     assert "tfmulti: MirroredStrategy with 2 replica(s)" in out
@@ -127,3 +128,50 @@ def test_a_bad_configuration_writes_nothing(tmp_path, fields, match):
             train(config)
     assert _tree(existing) == before
     assert not new.exists() and not (tmp_path / "backup").exists()
+
+
+TINY = dict(dataset="synthetic", num_examples=256, global_batch_size=64, epochs=1, seed=0,
+            verbose=0, distribution="one_device")
+
+
+def test_model_dir_belongs_to_one_run(tmp_path):
+    """Another run's outputs are refused, replaced with overwrite, kept on resume."""
+    model_dir = tmp_path / "run"
+    train(TrainConfig(model_dir=str(model_dir), **TINY))
+    (model_dir / "notes.txt").write_text("the user's own file")
+    before = _tree(model_dir)
+    with pytest.raises(ValueError, match=r"`model_dir` '.*run' is not empty \(.tfmulti-run.json, "
+                                         r"logs, metrics.json, model.keras, notes.txt\): it "
+                                         r"holds another run's outputs; pass overwrite=True"):
+        train(TrainConfig(model_dir=str(model_dir), **{**TINY, "learning_rate": 0.01}))
+    assert _tree(model_dir) == before
+    # overwrite: tfmulti's outputs (old TensorBoard runs too) are replaced, the user's kept.
+    old_events = sorted(str(p) for p in (model_dir / "logs").rglob("events.out.tfevents.*"))
+    train(TrainConfig(model_dir=str(model_dir), overwrite=True, **{**TINY, "learning_rate": 0.01}))
+    new_events = sorted(str(p) for p in (model_dir / "logs").rglob("events.out.tfevents.*"))
+    assert not set(old_events) & set(new_events) and len(new_events) == len(old_events)
+    assert (model_dir / "notes.txt").read_text() == "the user's own file"
+    assert json.loads((model_dir / ".tfmulti-run.json").read_text())["learning_rate"] == 0.01
+    # The same configuration with a backup resumes into its own model_dir.
+    resumable = dict(TINY, model_dir=str(tmp_path / "resumable"), backup_dir=str(tmp_path / "b"),
+                     keep_backup=True)
+    train(TrainConfig(**resumable))
+    metrics = train(TrainConfig(**{**resumable, "verbose": 2}))  # a rerun: resumes, at the end
+    assert metrics["resumed_from_step"] == 4
+
+
+def test_outputs_are_published_together(tmp_path, monkeypatch):
+    """A failure while writing the model leaves no metrics.json that belongs to
+    another model, and no staging folder."""
+    model_dir = tmp_path / "run"
+    train(TrainConfig(model_dir=str(model_dir), **TINY))
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(keras.Model, "save", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        train(TrainConfig(model_dir=str(model_dir), overwrite=True, **TINY))
+    left = sorted(os.listdir(model_dir))
+    assert "metrics.json" not in left and "model.keras" not in left  # the old pair is gone too
+    assert not [name for name in left if name.startswith(".staging-")]

@@ -12,9 +12,55 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from typing import Callable, Sequence
 
-__all__ = ["write_json_atomic"]
+__all__ = ["publish_staged", "sync_directory", "write_json_atomic"]
+
+
+def sync_directory(folder: str) -> None:
+    """fsync a folder, so the renames into it survive a power loss."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_staged(folder: str, write: Callable[[str], None], order: Sequence[str]) -> None:
+    """Writes outputs into a private staging folder inside `folder` (`write`
+    gets its path), syncs them, then renames each of `order` into `folder`, in
+    that order, and removes the staging folder (also after a failure).
+
+    The last name marks a complete set: a crash part-way leaves it absent (or,
+    when replacing, the set it belonged to), never paired with other files.
+
+    Raises:
+        FileNotFoundError: `write` did not write one of `order`.
+    """
+    os.makedirs(folder, exist_ok=True)
+    stage = tempfile.mkdtemp(dir=folder, prefix=".staging-")
+    try:
+        write(stage)
+        for name in order:
+            path = os.path.join(stage, name)
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"staged output {name!r} was not written")
+            _sync_file(path)
+        for name in order:
+            os.replace(os.path.join(stage, name), os.path.join(folder, name))
+        sync_directory(folder)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def write_json_atomic(path: str, payload: dict, *, sort_keys: bool = False) -> None:
@@ -29,7 +75,10 @@ def write_json_atomic(path: str, payload: dict, *, sort_keys: bool = False) -> N
         with os.fdopen(fd, "w") as f:
             json.dump(payload, f, indent=2, sort_keys=sort_keys)
             f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        sync_directory(folder)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -1,7 +1,8 @@
 """The `tfmulti` console script: parsing, help and exit codes; the work is in the library.
 
-    tfmulti env [--json] [--num_virtual_devices N]
-    tfmulti prepare-data [--dataset fashion_mnist] [--data_dir DIR] [--source_dir DIR]
+    tfmulti env [--json] [--num_virtual_devices N] [--gpus_per_worker K --num_workers N]
+    tfmulti prepare-data [--dataset fashion_mnist|tfmulti_text] [--data_dir DIR]
+                         [--source_dir DIR]
     tfmulti estimate-memory [--model mlp] [--distribution one_device] [--num_devices N]
                             [--num_stages S --num_microbatches M --num_replicas R --remat]
                             [--tensor_parallel T --seq_len L --d_model D --num_heads H
@@ -9,7 +10,9 @@
                             [--global_batch_size B] [--optimizer adam]
                             [--mixed_precision none] [--partition params] [--json]
     tfmulti launch --num_workers N [--pin_cpus] [--port P] [--startup_timeout S]
-                   [--no_isolate] [--grace_period S] [--max_restarts K] -- COMMAND ...
+                   [--no_isolate] [--grace_period S] [--max_restarts K]
+                   [--hosts HOST[:N],... --host_rank R | --hosts slurm]
+                   [--gpus_per_worker K] -- COMMAND ...
     tfmulti diagnose [recipes/train.py flags] [--no_prefetch] [--no_cache] [--seconds S]
                      [--no_measure] [--profile_dir DIR] [--plot FILE.png] [--json]
 
@@ -36,8 +39,8 @@ __all__ = ["build_parser", "main"]
 # TrainConfig fields that `diagnose` does not take: it trains no epochs and writes nothing.
 DIAGNOSE_EXCLUDES = ("epochs", "steps_per_epoch", "backup_dir", "backup_every_steps",
                      "keep_backup", "model_dir", "verbose")
-ESTIMATE_FIELDS = ("model", "distribution", "num_stages", "num_microbatches", "num_replicas",
-                   "remat", "tensor_parallel", "global_batch_size", "optimizer",
+ESTIMATE_FIELDS = ("model", "dataset", "distribution", "num_stages", "num_microbatches",
+                   "num_replicas", "remat", "tensor_parallel", "global_batch_size", "optimizer",
                    "mixed_precision", "partition", "dropout", "seq_len", "d_model", "num_heads",
                    "num_layers")
 
@@ -55,15 +58,22 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
     if args.num_virtual_devices:
         devices.configure_virtual_devices(args.num_virtual_devices)
-    report = environment.env_report()
+    report = environment.env_report(args.gpus_per_worker, args.num_workers)
     print(json.dumps(report, indent=2) if args.json else environment.format_env_report(report))
     return 0
 
 
 def _cmd_prepare_data(args: argparse.Namespace) -> int:
+    if args.dataset == "tfmulti_text":
+        from tfmulti.data import text
+
+        folder = text.prepare(args.data_dir, args.source_dir)
+        print(f"tfmulti_text is ready in {folder}")
+        return 0
     if args.dataset != "fashion_mnist":
-        raise ValueError(f"only fashion_mnist is prepared from local files; for "
-                         f"{args.dataset!r} run `tfds build {args.dataset}` with internet access.")
+        raise ValueError(f"only fashion_mnist and tfmulti_text are prepared from local files; "
+                         f"for {args.dataset!r} run `tfds build {args.dataset}` with internet "
+                         "access.")
     from tfmulti import data
 
     data_dir = args.data_dir or data.default_data_dir()
@@ -107,7 +117,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     return launch(
         command, num_workers=args.num_workers, pin_cpus=args.pin_cpus, port=args.port,
         startup_timeout=args.startup_timeout, isolate=not args.no_isolate,
-        grace_period=args.grace_period, max_restarts=args.max_restarts,
+        grace_period=args.grace_period, max_restarts=args.max_restarts, hosts=args.hosts,
+        host_rank=args.host_rank, gpus_per_worker=args.gpus_per_worker,
     )
 
 
@@ -115,29 +126,48 @@ def _add_launch_parser(sub) -> None:
     from tfmulti.cluster.plan import DEFAULT_GRACE_PERIOD, DEFAULT_STARTUP_TIMEOUT
 
     p = sub.add_parser(
-        "launch", help="run a command as N MultiWorkerMirroredStrategy workers on this host",
+        "launch", help="run a command as MultiWorkerMirroredStrategy workers, on this host "
+                       "or across hosts",
         description="Runs COMMAND as N workers with TF_CONFIG set (worker 0 is the chief), "
                     "prefixes their output with [worker I], stops all when one fails or on "
-                    "Ctrl-C, and exits with the chief's status.",
+                    "Ctrl-C, and exits with the chief's status. With --hosts, run the same "
+                    "line on every host (its own --host_rank): the launchers check that "
+                    "they see the same cluster, then start and restart their workers "
+                    "together.",
     )
-    p.add_argument("--num_workers", type=int, default=2, help="number of workers (default 2)")
+    p.add_argument("--num_workers", type=int, default=2,
+                   help="number of workers (default 2; with --hosts: on each host listed "
+                        "without :N)")
     p.add_argument("--pin_cpus", action="store_true",
                    help="give each worker its own contiguous share of the cores")
     p.add_argument("--port", type=int, default=None,
-                   help="base port: workers use PORT..PORT+N-1 (default: free ports)")
+                   help="base port: workers use PORT..PORT+N-1 (default: free ports); with "
+                        "--hosts the launchers' coordination port on every host, the "
+                        "workers use the ports after it (default 2222)")
     p.add_argument("--startup_timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT,
                    help="seconds workers wait for each other, as TFMULTI_STARTUP_TIMEOUT "
                         f"(default {DEFAULT_STARTUP_TIMEOUT:g})")
     p.add_argument("--no_isolate", action="store_true",
                    help="do not run the workers in a private network namespace; by default "
                         "they are isolated: their unauthenticated gRPC ports are unreachable "
-                        "from other hosts, and isolated workers have no outside network")
+                        "from other hosts, isolated workers have no outside network, and "
+                        "where no namespace can be made the launch fails (exit 2)")
     p.add_argument("--grace_period", type=float, default=DEFAULT_GRACE_PERIOD,
-                   help="seconds between SIGTERM and SIGKILL when stopping workers "
+                   help="seconds between SIGTERM and SIGKILL when stopping workers: room for "
+                        "a preempted job's agreement, a call of steps and the save "
                         f"(default {DEFAULT_GRACE_PERIOD:g})")
     p.add_argument("--max_restarts", type=int, default=0,
                    help="restart all workers after a failure or preemption, up to this many "
                         "times; a job with --backup_dir resumes from its backup (default 0)")
+    p.add_argument("--hosts", default=None, metavar="HOST[:N],...",
+                   help="a launch across hosts: every host with its number of workers, in "
+                        "the same order on every host; or 'slurm' for the nodes of the "
+                        "SLURM job step (srun --ntasks-per-node=1)")
+    p.add_argument("--host_rank", type=int, default=None,
+                   help="with --hosts: this host's position in the list (0 coordinates)")
+    p.add_argument("--gpus_per_worker", type=int, default=0,
+                   help="give each local worker its own K GPUs (CUDA_VISIBLE_DEVICES) of "
+                        "the GPUs this host has (default 0: every worker sees every GPU)")
     p.add_argument("worker_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the worker's command line")
     p.set_defaults(func=_cmd_launch, parser=p)
@@ -193,12 +223,20 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--json", action="store_true", help="print JSON")
     env.add_argument("--num_virtual_devices", type=int, default=0,
                      help="split the CPU into this many logical devices first")
+    env.add_argument("--gpus_per_worker", type=int, default=0,
+                     help="also show the GPUs each local worker of `tfmulti launch "
+                          "--gpus_per_worker` would see")
+    env.add_argument("--num_workers", type=int, default=2,
+                     help="with --gpus_per_worker: the local workers (default 2)")
     env.set_defaults(func=_cmd_env, parser=env)
-    prep = sub.add_parser("prepare-data", help="prepare a dataset offline (fashion_mnist)")
+    prep = sub.add_parser("prepare-data",
+                          help="prepare a dataset offline (fashion_mnist, tfmulti_text)")
     prep.add_argument("--dataset", default="fashion_mnist")
     prep.add_argument("--data_dir", default=None,
                       help="TFDS data dir (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)")
-    prep.add_argument("--source_dir", default=None, help="folder with the IDX files")
+    prep.add_argument("--source_dir", default=None,
+                      help="folder with the IDX files (fashion_mnist) or the .py files "
+                           "(tfmulti_text; default: the Python standard library)")
     prep.set_defaults(func=_cmd_prepare_data, parser=prep)
     _add_estimate_memory_parser(sub)
     _add_launch_parser(sub)
@@ -224,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         message = config_flags.flag_message(str(e), extra_names=_option_names(args.parser))
         print(f"tfmulti {args.command}: error: {message}", file=sys.stderr)
         return exit_codes.USAGE

@@ -27,12 +27,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 from tfmulti import _checks
 
-__all__ = ["AUTO_STEPS_PER_EXECUTION", "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "MODEL_PARALLEL", "MODEL_TASKS",
-           "TRANSFORMER", "TrainConfig", "check_transformer_sizes", "largest_divisor",
+__all__ = ["AUTO_STEPS_PER_EXECUTION", "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "HOOK_PATTERN",
+           "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS", "TRANSFORMER",
+           "TrainConfig", "check_transformer_sizes", "is_hook", "largest_divisor",
            "parse_steps_per_execution", "resolve_steps_per_execution", "validate_for_diagnose"]
 
 DISTRIBUTIONS = ("auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid")
@@ -48,8 +51,15 @@ TRANSFORMER = "transformer"
 """The model name of `tfmulti.transformer`'s language model, the one model
 `tensor_parallel` splits."""
 TASKS = ("classification", "regression")
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "adafactor",
+              "nadam", "ftrl", "lion", "muon", "schedulefreeadamw")
+"""The optimizer names Keras builds (`keras.optimizers.get`; a test keeps the two in step)."""
+HOOK_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+"""`package.module:function`: a user's model or dataset function."""
 LR_SCALINGS = ("none", "linear", "sqrt")
+SHARDINGS = ("auto", "examples", "files")
+"""How several workers split the input (`tfmulti.data.distribute`)."""
+CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
 PARTITIONS = ("params", "flops", "time")
 MIXED_PRECISION = ("none", "bfloat16", "float16")
 VERBOSITY = ("auto", 0, 1, 2)
@@ -160,19 +170,29 @@ class TrainConfig:
     cross_device_ops: str = _field(
         "auto", "Gradient all-reduce of the mirrored distribution: auto, nccl, "
         "hierarchical_copy or reduce_to_one.", choices=CROSS_DEVICE_OPS)
-    dataset: str = _field(
-        "fashion_mnist", "TFDS dataset name, or synthetic / synthetic_regression.")
+    dataset: str | Callable = _field(
+        "fashion_mnist", "The data: a TFDS dataset name, synthetic / synthetic_regression, "
+        "or your own as package.module:function, a function returning the train and test "
+        "data (unbatched tf.data datasets, (features, labels) arrays, or a dict with "
+        "'train', 'test' and optionally 'num_classes'; it may take seed and data_dir). From "
+        "Python, also the function itself.")
     data_dir: str | None = _field(
         None, "TFDS data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets).")
     download: bool = _field(
         False, "Allow a TFDS download when the data is not prepared (needs internet).")
     num_examples: int | None = _field(
         None, "Synthetic data: training examples (a quarter as many test examples).")
-    model: str = _field("mlp", "Model builder: mlp, cnn or regression.", choices=tuple(MODEL_TASKS))
+    model: str | Callable = _field(
+        "mlp", "The model: a built-in builder (mlp, cnn, regression), or your own as "
+        "package.module:function, a function returning a Keras model, which tfmulti calls "
+        "under the strategy's scope (found on sys.path, the current directory first; it may "
+        "take input_shape, num_classes, dropout and seed). From Python, also the function "
+        "itself.")
     dropout: float = _field(0.2, "Dropout rate, in [0, 1).")
     epochs: int = _field(5, "Training epochs.")
     steps_per_epoch: int | None = _field(
-        None, "Steps per epoch (default: one pass over the data).")
+        None, "Steps per epoch (default: one pass over the data; for data of unknown size, "
+        "such as files, counted once by reading it, or this many steps per pass).")
     global_batch_size: int = _field(256, "Examples per step over all replicas.")
     learning_rate: float = _field(1e-3, "Learning rate, tuned for base_batch_size.")
     lr_scaling: str = _field(
@@ -182,12 +202,42 @@ class TrainConfig:
     warmup_epochs: float = _field(
         0.0, "Epochs of linear learning-rate warmup up to the (scaled) rate: from "
         "learning_rate when lr_scaling raises it, else from near 0.")
-    optimizer: str = _field("adam", "Optimizer: adam (fused update) or sgd.", choices=OPTIMIZERS)
+    optimizer: str | object = _field(
+        "adam", "Optimizer: any Keras optimizer name (adam runs a fused update; sgd, rmsprop, "
+        "adamw, ...), built with learning_rate. From Python, also a Keras optimizer object "
+        "(its own learning rate; lr_scaling and warmup still apply).")
+    loss: str | Callable | None = _field(
+        None, "Loss: any Keras loss name (e.g. sparse_categorical_crossentropy, mse, huber) "
+        "or your own as package.module:function, loss(y_true, y_pred); "
+        "default by task (classification: sparse categorical cross-entropy, from logits "
+        "unless the model ends in softmax; regression: mean squared error). From Python, "
+        "also a Keras loss object or a function loss(y_true, y_pred).")
+    metrics: tuple[str, ...] | None = _field(
+        None, "Metrics: Keras metric names, e.g. accuracy,auc (default by task: accuracy, or "
+        "mae for regression). From Python, also metric objects.")
+    task: str = _field(
+        "auto", "What the model does, for the default loss and metrics: auto (the built-in "
+        "model's task; for your own model, classification when the labels are integers, "
+        "else regression), classification or regression.", choices=("auto", *TASKS))
+    accumulate_steps: int = _field(
+        1, "Gradient accumulation: each update sums the gradients of this many micro-steps "
+        "of global_batch_size examples, run one after the other (the memory of one), equal "
+        "to one step on a batch this many times larger; steps per epoch and lr_scaling "
+        "count those updates.")
     seed: int | None = _field(0, "Seed for the weights and the data order.")
     steps_per_execution: int | str = _field(
         "auto", "Training steps per tf.function call (less per-step overhead): a divisor of "
         f"the steps per epoch, or auto (the largest one up to {AUTO_STEPS_PER_EXECUTION}, "
         "and a divisor of backup_every_steps).")
+    input_sharding: str = _field(
+        "auto", "How several workers split the training input: examples (every worker reads "
+        "everything and keeps its share of each global batch: exact), files (each worker reads "
+        "only its own files: 1/N of the bytes), or auto (files for a dataset function that "
+        "returns tfmulti.data.from_files with at least one file per worker).",
+        choices=SHARDINGS)
+    cluster_resolver: str = _field(
+        "auto", "Where multi_worker finds its cluster: auto (TF_CONFIG when set, else SLURM "
+        "under srun with 2 or more tasks), tf_config or slurm.", choices=CLUSTER_RESOLVERS)
     num_stages: int = _field(2, "Pipeline stages per replica (pipeline, hybrid).")
     num_microbatches: int = _field(4, "Micro-batches per replica batch (pipeline, hybrid).")
     num_replicas: int = _field(2, "Data-parallel pipelines (hybrid).")
@@ -222,7 +272,11 @@ class TrainConfig:
         None, "Also back up every this many global steps (needs backup_dir).")
     keep_backup: bool = _field(False, "Keep backup_dir after the run ends normally.")
     model_dir: str | None = _field(
-        None, "Where to write metrics.json, model.keras and TensorBoard logs.")
+        None, "Where to write metrics.json, model.keras and TensorBoard logs; a folder that "
+        "holds another run's outputs is refused unless overwrite.")
+    overwrite: bool = _field(
+        False, "Replace the outputs of an earlier run in model_dir (they are removed when "
+        "training starts).")
     verbose: int | str = _field(
         "auto", "Progress output: auto (a progress bar on a terminal, a line per epoch "
         "otherwise; nothing on workers other than the chief), 0, 1 or 2.", choices=VERBOSITY)
@@ -233,9 +287,27 @@ class TrainConfig:
         return self.distribution in MODEL_PARALLEL
 
     @property
-    def task(self) -> str:
-        """"classification" or "regression": what the model builder does."""
-        return MODEL_TASKS[self.model]
+    def builtin_model(self) -> bool:
+        """Whether `model` names one of tfmulti's builders."""
+        return isinstance(self.model, str) and self.model in MODEL_TASKS
+
+    @property
+    def builtin_task(self) -> str | None:
+        """The task when it is known without the data: `task`, else the built-in
+        model's; None for "auto" with the user's own model (the labels decide)."""
+        if self.task != "auto":
+            return self.task
+        return MODEL_TASKS[self.model] if self.builtin_model else None
+
+    @property
+    def model_name(self) -> str:
+        """The model as text (a built-in name, `module:function`, or the function's name)."""
+        return _hook_name(self.model)
+
+    @property
+    def dataset_name(self) -> str:
+        """The data as text (a dataset name, `module:function`, or the function's name)."""
+        return _hook_name(self.dataset)
 
     def replace(self, **changes) -> "TrainConfig":
         """A copy with `changes` applied (not validated)."""
@@ -258,6 +330,20 @@ class TrainConfig:
         c.non_negative_int("num_virtual_devices", self.num_virtual_devices,
                            hint="0 leaves the devices as they are")
         c.integer("seed", self.seed, none_ok=True)
+        c.positive_int("accumulate_steps", self.accumulate_steps,
+                       hint="1 updates at every step")
+        _check_hook("model", self.model, tuple(MODEL_TASKS))
+        _check_hook("dataset", self.dataset, None)
+        if self.loss is not None:
+            _check_hook("loss", self.loss, None)
+        if isinstance(self.optimizer, str):
+            c.one_of("optimizer", self.optimizer.lower(), OPTIMIZERS)
+        if self.builtin_model and self.task not in ("auto", MODEL_TASKS[self.model]):
+            raise ValueError(f"`task` {self.task!r} does not fit `model` {self.model!r}, which "
+                             f"does {MODEL_TASKS[self.model]}; leave task='auto'.")
+        if isinstance(self.metrics, str):
+            raise ValueError(f"`metrics` must be a list of metric names, got the string "
+                             f"{self.metrics!r}; e.g. ({self.metrics!r},).")
         parse_steps_per_execution(self.steps_per_execution)
         c.positive_number("learning_rate", self.learning_rate)
         c.finite_number("warmup_epochs", self.warmup_epochs, minimum=0)
@@ -323,7 +409,49 @@ def validate_for_diagnose(config: TrainConfig) -> None:
                         "with distribution='mirrored' on its devices)")
 
 
+def _hook_name(value) -> str:
+    if isinstance(value, str):
+        return value
+    module = getattr(value, "__module__", None)
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    return f"{module}:{name}" if module and name else repr(value)
+
+
+def is_hook(value) -> bool:
+    """Whether `value` names a user's function (`package.module:function`)."""
+    return isinstance(value, str) and HOOK_PATTERN.fullmatch(value) is not None
+
+
+def _check_hook(name: str, value, builtins: tuple | None) -> None:
+    """A built-in name (any name where `builtins` is None), `module:function`, or a callable."""
+    if callable(value) and not isinstance(value, str):
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"`{name}` must be a name or package.module:function, got {value!r}.")
+    if ":" in value:
+        if not is_hook(value):
+            raise ValueError(f"`{name}` {value!r} is not package.module:function; write e.g. "
+                             f"my_{name}s:build (the function `build` in my_{name}s.py).")
+        return
+    if builtins is not None and value not in builtins:
+        raise ValueError(f"`{name}` must be one of {list(builtins)} or your own "
+                         f"package.module:function, got {value!r}.")
+
+
 def _check_directory(name: str, path: str) -> None:
+    """`path` is a directory this process can write, or can be created: checked
+    before anything starts, so a bad path fails at once, not at the first save."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"`{name}` {path!r} exists and is not a directory; pass a directory "
                          "path.")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"`{name}` {path!r} cannot be created: {existing!r} is a file, not a "
+                         "directory; pass another path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == os.path.abspath(path) else \
+            f"cannot be created: {existing!r} is not writable"
+        raise ValueError(f"`{name}` {path!r} {what} by this user; pass a directory you can "
+                         "write.")

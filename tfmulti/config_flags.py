@@ -91,6 +91,8 @@ def _kind(annotation) -> tuple[str, bool]:
         rest = tuple(a for a in args if a is not type(None))
         if set(rest) == {int, str}:
             return "int_or_str", optional
+        if str in rest:  # text on the command line; Python may also pass an object
+            return "str", optional
         if len(rest) == 1:
             return _kind(rest[0])[0], optional
         raise TypeError(f"no flag type for {annotation!r}")

@@ -33,11 +33,15 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["COLUMNS", "OPTIMIZER_SLOTS", "dtype_bytes", "format_footprint", "output_elements",
-           "slot_bytes_by_device", "stack_footprint", "stage_footprint", "variables_bytes"]
+__all__ = ["COLUMNS", "OPTIMIZER_SLOTS", "dtype_bytes", "format_footprint", "layer_outputs",
+           "model_footprint", "output_elements", "slot_bytes_by_device", "stack_footprint",
+           "stage_footprint", "variables_bytes"]
 
-OPTIMIZER_SLOTS = {"adam": 2, "sgd": 0}
-"""Per-weight state tensors of the optimizers tfmulti builds by name."""
+OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "lion": 1, "rmsprop": 1,
+                   "adagrad": 1, "adadelta": 2, "ftrl": 2, "sgd": 0}
+"""Per-weight state tensors of the Keras optimizers by name, at their defaults
+(`momentum`/`centered` add one; adafactor factors its state, muon and
+schedulefreeadamw are not listed: measure those)."""
 COLUMNS = ("parameters", "gradients", "optimizer_slots", "activations", "total")
 """The byte counts of a row; `activations` is the peak, `total` their sum."""
 
@@ -189,3 +193,67 @@ def format_footprint(rows: list[dict], *, title: str | None = None) -> str:
     body = [(*(row[p] for p in places), *(mib(row[k]) for k in COLUMNS)) for row in rows]
     table = format_table(header, body, left=(0,))
     return f"{title}\n{table}" if title else table
+
+
+def layer_outputs(model, input_shape, input_dtype=None) -> list[tuple[object, int]]:
+    """Every leaf layer call of one forward pass of `model` (any Keras model:
+    functional, Sequential or subclassed, nested or not) on one example of
+    zeros, as (layer, per-example output bytes).
+
+    Only layers without sublayers are recorded, so a block's output is not
+    counted twice; values a layer computes without a sublayer (attention
+    scores inside `MultiHeadAttention`) are not counted.
+
+    Args:
+        model: a Keras model.
+        input_shape: the per-example input shape (a dict of shapes for dict inputs).
+        input_dtype: the inputs' dtype (a dict for dict inputs); default float32.
+    """
+    import keras
+    import numpy as np
+
+    def zeros(shape, dtype):
+        return np.zeros((1, *shape), dtype=getattr(dtype, "name", dtype) or "float32")
+
+    if isinstance(input_shape, dict):
+        dtypes = input_dtype if isinstance(input_dtype, dict) else {}
+        inputs = {k: zeros(shape, dtypes.get(k)) for k, shape in input_shape.items()}
+    else:
+        inputs = zeros(tuple(input_shape), input_dtype)
+    calls: list[tuple[object, int]] = []
+    original = keras.layers.Layer.__call__
+
+    def recording(layer, *args, **kwargs):
+        outputs = original(layer, *args, **kwargs)
+        if not getattr(layer, "_layers", None) and not isinstance(layer, keras.layers.InputLayer):
+            size = sum(math.prod(int(d) for d in t.shape[1:]) * dtype_bytes(t.dtype)
+                       for t in _flatten(outputs) if hasattr(t, "shape"))
+            calls.append((layer, size))
+        return outputs
+
+    keras.layers.Layer.__call__ = recording
+    try:
+        model(inputs, training=False)
+    finally:
+        keras.layers.Layer.__call__ = original
+    return calls
+
+
+def _flatten(value):
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _flatten(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _flatten(v)]
+    return [value]
+
+
+def model_footprint(model, input_shape, *, micro_batch: int,
+                    optimizer_slots: int | None = None, input_dtype=None) -> dict:
+    """The training memory of one device holding all of `model` (a data
+    parallel replica): parameters, gradients and optimizer slots from its
+    variables, activations from the outputs of every layer call of one
+    forward pass (`layer_outputs`) for `micro_batch` examples. The same
+    columns as `stack_footprint`; for a stack of layers the two agree."""
+    outputs = sum(size for _, size in layer_outputs(model, input_shape, input_dtype))
+    return stage_footprint([model], output_bytes=outputs, micro_batch=micro_batch,
+                           optimizer_slots=optimizer_slots)

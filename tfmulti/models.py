@@ -24,8 +24,9 @@ from tfmulti import _checks, optimizers
 from tfmulti.config import (LR_SCALINGS, MIXED_PRECISION, MODEL_TASKS, OPTIMIZERS, TASKS,
                             resolve_steps_per_execution)
 
-__all__ = ["INPUT_SHAPES", "WarmupSchedule", "build_model", "compile_model", "model_task",
-           "mixed_precision_policy", "scaled_learning_rate"]
+__all__ = ["INPUT_SHAPES", "WarmupSchedule", "build_model", "compile_model", "default_loss",
+           "default_metrics", "make_optimizer", "mixed_precision_policy", "model_task",
+           "scaled_learning_rate"]
 
 
 def _mlp(input_shape, num_classes, dropout):
@@ -155,13 +156,109 @@ def scaled_learning_rate(
     return learning_rate * factor
 
 
+def default_loss(task: str, model: keras.Model | None = None):
+    """The loss tfmulti uses for `task` when none is given: sparse categorical
+    cross-entropy for "classification" (on logits, unless `model`'s last layer
+    is a softmax: then on probabilities), mean squared error for "regression"."""
+    _checks.one_of("task", task, TASKS)
+    if task == "classification":
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=not _ends_in_softmax(model))
+    return keras.losses.MeanSquaredError()
+
+
+def default_metrics(task: str) -> list:
+    """Accuracy for "classification", mean absolute error for "regression"."""
+    _checks.one_of("task", task, TASKS)
+    if task == "classification":
+        return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+    return [keras.metrics.MeanAbsoluteError(name="mae")]
+
+
+def _ends_in_softmax(model) -> bool:
+    layers = getattr(model, "layers", None)
+    if not layers:
+        return False
+    last = layers[-1]
+    activation = getattr(last, "activation", None)
+    return isinstance(last, keras.layers.Softmax) or activation is keras.activations.softmax \
+        or getattr(activation, "__name__", None) == "softmax"
+
+
+def make_optimizer(optimizer="adam", learning_rate: float = 1e-3):
+    """A Keras optimizer from its name: "adam" runs TensorFlow's fused update
+    (`tfmulti.optimizers.fused_adam`), any other name is Keras' own
+    (`keras.optimizers.get`), built with `learning_rate` (a float or a
+    schedule).
+
+    Raises:
+        ValueError: a name Keras does not know.
+    """
+    name = str(optimizer).lower()
+    _checks.one_of("optimizer", name, OPTIMIZERS)
+    if name == "adam":
+        return optimizers.fused_adam(learning_rate)
+    return keras.optimizers.get({"class_name": name, "config": {"learning_rate": learning_rate}})
+
+
+def _adopt_optimizer(opt, strategy):
+    """The user's optimizer object, re-made under `strategy` if it was made
+    under another one (Keras keeps the strategy it was created under)."""
+    if not isinstance(opt, keras.optimizers.Optimizer):
+        raise ValueError(f"`optimizer` must be a Keras optimizer name or a "
+                         f"keras.optimizers.Optimizer, got {type(opt).__name__}.")
+    made_under = getattr(opt, "_distribution_strategy", None)
+    if strategy is None or made_under is strategy:
+        return opt
+    if opt.built:
+        raise ValueError(
+            f"the {type(opt).__name__} optimizer was built under another strategy than the "
+            f"model's; create it under `strategy.scope()` (or pass its name).")
+    with strategy.scope():  # the same settings, under the model's strategy
+        return opt.__class__.from_config(opt.get_config())
+
+
+def _loss(loss, task, model):
+    if loss is None:
+        if task is None:
+            raise ValueError("pass `task` ('classification' or 'regression') for tfmulti's "
+                             "default loss and metrics, or your own `loss`.")
+        return default_loss(task, model)
+    if isinstance(loss, str):
+        try:
+            keras.losses.get(loss)
+        except ValueError:
+            raise ValueError(f"`loss` {loss!r} is not a Keras loss name; use e.g. "
+                             "'sparse_categorical_crossentropy', 'mse', 'huber', or pass a "
+                             "loss object or function.") from None
+    return loss
+
+
+def _metrics(metrics, task):
+    if metrics is None:
+        return default_metrics(task) if task is not None else []
+    if isinstance(metrics, str):
+        raise ValueError(f"`metrics` must be a list, got the string {metrics!r}; e.g. "
+                         f"[{metrics!r}].")
+    for metric in metrics:
+        if isinstance(metric, str):
+            try:
+                keras.metrics.get(metric)
+            except ValueError:
+                if metric not in ("accuracy", "acc", "crossentropy", "ce"):
+                    raise ValueError(f"`metrics` lists {metric!r}, which is not a Keras metric "
+                                     "name; use e.g. 'accuracy', 'mae', 'auc'.") from None
+    return list(metrics)
+
+
 def compile_model(
     model: keras.Model,
     *,
-    task: str,
+    task: str | None = None,
     strategy: tf.distribute.Strategy | None = None,
-    optimizer: str = "adam",
-    learning_rate: float = 1e-3,
+    optimizer="adam",
+    learning_rate: float | None = None,
+    loss=None,
+    metrics=None,
     lr_scaling: str = "none",
     global_batch_size: int | None = None,
     base_batch_size: int = 256,
@@ -170,22 +267,34 @@ def compile_model(
     steps_per_execution: int | str = "auto",
     **compile_kwargs,
 ) -> keras.Model:
-    """Compiles `model` under `strategy.scope()` with a scaled learning rate.
+    """Compiles `model` under `strategy.scope()`: the user's optimizer, loss and
+    metrics (or tfmulti's defaults for `task`), with a scaled learning rate.
 
     Args:
-        model: a model built by `build_model` (or any Keras model).
-        task: "classification" (sparse categorical cross-entropy on logits and
-            accuracy) or "regression" (mean squared error and MAE).
+        model: any Keras model (functional, Sequential, subclassed, a
+            `PipelineModel`).
+        task: "classification" or "regression": picks the loss and metrics
+            left unset (`default_loss`, `default_metrics`); optional when
+            `loss` is given.
         strategy: the strategy the model was built under; None: the current one.
-        optimizer: "adam" (`keras.optimizers.Adam` with TensorFlow's fused
-            update kernel, `tfmulti.optimizers.fuse`) or "sgd".
-        learning_rate: the rate tuned for `base_batch_size`.
+        optimizer: a Keras optimizer name ("adam", the default, runs
+            TensorFlow's fused update, `tfmulti.optimizers.fuse`; "sgd",
+            "rmsprop", "adamw", ...), or a `keras.optimizers.Optimizer`
+            (kept, with its own learning rate; re-made under `strategy` if it
+            was made under another one).
+        learning_rate: the rate tuned for `base_batch_size`, for an optimizer
+            given by name (default 1e-3); an optimizer object brings its own.
+        loss: a Keras loss name, object or function `loss(y_true, y_pred)`;
+            default: `default_loss(task, model)`.
+        metrics: Keras metric names or objects; default:
+            `default_metrics(task)` (none when `task` is not given).
         lr_scaling: "none" (default), "linear" or "sqrt"; scales the rate by
             `global_batch_size / base_batch_size`.
-        global_batch_size: needed unless `lr_scaling` is "none".
+        global_batch_size: needed unless `lr_scaling` is "none" (with
+            gradient accumulation: the examples per update).
         base_batch_size: the batch `learning_rate` was tuned for (default 256).
         warmup_epochs: ramp the rate linearly up to the scaled rate over this
-            many epochs (needs `steps_per_epoch`): from `learning_rate` when
+            many epochs (needs `steps_per_epoch`): from the tuned rate when
             the scaling raises it, else from scaled rate / warmup steps; 0
             disables it.
         steps_per_epoch: steps per epoch, for the warmup length and for
@@ -200,14 +309,23 @@ def compile_model(
         The model, compiled.
 
     Raises:
-        ValueError: an unknown task, optimizer or scaling, a learning rate
-            that is not a positive finite number, a missing batch size or
-            steps for scaling/warmup, or `jit_compile=True` with 2 or more
+        ValueError: an unknown task, optimizer, loss, metric or scaling; neither
+            `task` nor `loss`; a learning rate that is not a positive finite
+            number, or one given with an optimizer object; scaling or warmup
+            of an optimizer whose rate is a schedule; a missing batch size or
+            steps for scaling/warmup; or `jit_compile=True` with 2 or more
             replicas (Keras 3 cannot).
     """
-    _checks.one_of("task", task, TASKS)
-    _checks.one_of("optimizer", optimizer, OPTIMIZERS)
-    _checks.positive_number("learning_rate", learning_rate)
+    if task is not None:
+        _checks.one_of("task", task, TASKS)
+    named = isinstance(optimizer, str)
+    if named:
+        _checks.one_of("optimizer", optimizer.lower(), OPTIMIZERS)
+        learning_rate = 1e-3 if learning_rate is None else learning_rate
+        _checks.positive_number("learning_rate", learning_rate)
+    elif learning_rate is not None:
+        raise ValueError(f"`learning_rate` ({learning_rate}) applies to an optimizer given by "
+                         f"name; set the rate on your {type(optimizer).__name__} instead.")
     if lr_scaling != "none" and global_batch_size is None:
         raise ValueError(f"`lr_scaling` ({lr_scaling!r}) needs `global_batch_size`.")
     _checks.finite_number("warmup_epochs", warmup_epochs, minimum=0)
@@ -223,28 +341,37 @@ def compile_model(
             f"(keras-team/keras#17187, #19005: XLA cannot reach the other replicas' "
             f"variables); use one device or set jit_compile=False.")
     steps_per_execution = resolve_steps_per_execution(steps_per_execution, steps_per_epoch)
-    target = scaled_learning_rate(
-        learning_rate, global_batch_size or base_batch_size, base_batch_size, lr_scaling
-    )
-    rate = target
-    if warmup_epochs > 0:
-        warmup_steps = max(1, round(warmup_epochs * steps_per_epoch))
-        # From the tuned rate up to the scaled one (Goyal et al.); where scaling
-        # does not raise the rate, from target / warmup steps up to it.
-        start = learning_rate if target > learning_rate else target / warmup_steps
-        rate = WarmupSchedule(start, target, warmup_steps)
     with _scope(strategy):
-        opt = (optimizers.fused_adam(rate) if optimizer == "adam"
-               else keras.optimizers.SGD(rate))
-        if task == "classification":
-            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        opt = None if named else _adopt_optimizer(optimizer, strategy)
+        if named:
+            tuned = learning_rate
         else:
-            loss = keras.losses.MeanSquaredError()
-            metrics = [keras.metrics.MeanAbsoluteError(name="mae")]
-        compile_kwargs.setdefault("metrics", metrics)
-        model.compile(optimizer=opt, loss=loss, steps_per_execution=steps_per_execution,
-                      **compile_kwargs)
+            tuned = opt.learning_rate if not isinstance(
+                opt._learning_rate, keras.optimizers.schedules.LearningRateSchedule) else None
+            if tuned is None and (lr_scaling != "none" or warmup_epochs > 0):
+                raise ValueError(
+                    f"`lr_scaling`/`warmup_epochs` need a constant learning rate, but your "
+                    f"{type(opt).__name__} has a schedule; leave them at their defaults, or "
+                    f"give the optimizer a float rate.")
+            tuned = None if tuned is None else float(keras.ops.convert_to_numpy(tuned))
+        rate = tuned
+        if tuned is not None:
+            target = scaled_learning_rate(
+                tuned, global_batch_size or base_batch_size, base_batch_size, lr_scaling)
+            rate = target
+            if warmup_epochs > 0:
+                warmup_steps = max(1, round(warmup_epochs * steps_per_epoch))
+                # From the tuned rate up to the scaled one (Goyal et al.); where
+                # scaling does not raise the rate, from target / warmup steps up to it.
+                start = tuned if target > tuned else target / warmup_steps
+                rate = WarmupSchedule(start, target, warmup_steps)
+        if named:
+            opt = make_optimizer(optimizer, rate)
+        elif rate is not None and rate != tuned or isinstance(rate, WarmupSchedule):
+            opt.learning_rate = rate
+        compile_kwargs["metrics"] = _metrics(compile_kwargs.get("metrics", metrics), task)
+        model.compile(optimizer=opt, loss=_loss(loss, task, model),
+                      steps_per_execution=steps_per_execution, **compile_kwargs)
     return model
 
 

@@ -10,7 +10,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ import tensorflow as tf
 
 from tfmulti import _checks, config, workarounds
 from tfmulti import devices as devices_lib
+from tfmulti.roles import ClusterRole, cluster_role  # noqa: F401  (part of this API)
 from tfmulti.cluster import tf_config
 
 __all__ = ["COMMUNICATIONS", "CROSS_DEVICE_OPS", "ClusterRole", "STRATEGY_KINDS", "cluster_role",
@@ -28,7 +28,7 @@ __all__ = ["COMMUNICATIONS", "CROSS_DEVICE_OPS", "ClusterRole", "STRATEGY_KINDS"
 STRATEGY_KINDS = ("auto", "one_device", "mirrored", "multi_worker")
 CROSS_DEVICE_OPS = config.CROSS_DEVICE_OPS
 COMMUNICATIONS = ("auto", "ring", "nccl")
-CLUSTER_RESOLVERS = ("tf_config", "slurm")
+CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
 DEFAULT_STARTUP_TIMEOUT = 60.0
 
 
@@ -140,6 +140,11 @@ def _multi_worker(communication: str, collective_timeout: float | None,
     if startup_timeout is None:
         startup_timeout = _startup_timeout_from_environ()
     _checks.positive_number("startup_timeout", startup_timeout)
+    if cluster_resolver == "auto":
+        slurm_tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+        cluster_resolver = ("slurm" if tf_config.from_environ() is None
+                            and slurm_tasks.isascii() and slurm_tasks.isdigit()
+                            and int(slurm_tasks) >= 2 else "tf_config")
     if cluster_resolver in (None, "tf_config"):
         config = tf_config.from_environ()
         if config is None:
@@ -218,9 +223,11 @@ def get_strategy(
             or 60; TensorFlow's own is an hour): the process is then stopped
             (SIGKILL; TensorFlow's C++ runtime cannot be interrupted from
             Python) after a message naming the peers it waited for.
-        cluster_resolver: "multi_worker": "tf_config" (default), "slurm", or a
-            `tf.distribute.cluster_resolver.ClusterResolver`; with "auto",
-            naming one means "multi_worker"; other kinds refuse it.
+        cluster_resolver: "multi_worker": "tf_config" (default), "slurm",
+            "auto" (TF_CONFIG when set, else SLURM under `srun` with 2 or more
+            tasks), or a `tf.distribute.cluster_resolver.ClusterResolver`;
+            with kind "auto", naming one (other than "auto") means
+            "multi_worker"; other kinds refuse it.
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -236,6 +243,8 @@ def get_strategy(
         raise ValueError(
             f"unknown strategy kind {kind!r}; valid kinds: {list(STRATEGY_KINDS)}."
         )
+    if cluster_resolver == "auto" and kind != "multi_worker":
+        cluster_resolver = None  # "auto" names no cluster: the kind decides
     if cluster_resolver is not None and kind not in ("auto", "multi_worker"):
         raise ValueError(f"`cluster_resolver` applies to 'multi_worker' (or 'auto'), not "
                          f"{kind!r}; drop it or use kind='multi_worker'.")
@@ -283,53 +292,6 @@ def get_strategy(
     return workarounds.mirrored_strategy(
         devices=names, cross_device_ops=_cross_device_ops(cross_device_ops, names)
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterRole:
-    """This process's place in its cluster.
-
-    Attributes:
-        task_type: "chief" or "worker" in a cluster; None for a lone process.
-        task_index: the index within `task_type` (0 for a lone process).
-        worker_index: the rank among all training processes, chief first (0..N-1).
-        num_workers: processes training together (chief and workers; 1 alone).
-        is_chief: whether this process writes the run's outputs and backups
-            (the chief, else worker 0; a lone process).
-    """
-
-    task_type: str | None = None
-    task_index: int = 0
-    worker_index: int = 0
-    num_workers: int = 1
-    is_chief: bool = True
-
-
-def cluster_role(strategy: tf.distribute.Strategy | None = None) -> ClusterRole:
-    """Who this process is, from `strategy`'s cluster resolver (TF_CONFIG's,
-    SLURM's or any other), so the same rule holds however the cluster was
-    described. A strategy of one process (one device, mirrored, a pipeline's
-    default strategy, a `MultiWorkerMirroredStrategy` without a cluster) is a
-    lone chief.
-
-    Args:
-        strategy: default: the current strategy (`tf.distribute.get_strategy()`).
-    """
-    strategy = strategy or tf.distribute.get_strategy()
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if (resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            or not strategy.extended._in_multi_worker_mode()):  # pylint: disable=protected-access
-        return ClusterRole()
-    spec = resolver.cluster_spec().as_dict()
-    counts = {job: len(tasks) for job, tasks in spec.items()}
-    task_type, task_index = resolver.task_type, int(resolver.task_id or 0)
-    has_chief = counts.get("chief", 0) > 0
-    rank = task_index + (counts.get("chief", 0) if task_type == "worker" else 0)
-    return ClusterRole(
-        task_type=task_type, task_index=task_index, worker_index=rank,
-        num_workers=counts.get("chief", 0) + counts.get("worker", 0),
-        is_chief=task_type == "chief" or (task_type == "worker" and task_index == 0
-                                          and not has_chief))
 
 
 def strategy_name(strategy: tf.distribute.Strategy) -> str:

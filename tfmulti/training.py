@@ -1,7 +1,11 @@
 """One training run from a config: the engine behind `recipes/train.py`.
 
 Everything that can be checked is checked before anything is written, so a bad
-configuration leaves `model_dir` untouched.
+configuration leaves `model_dir` untouched. `model_dir` belongs to one run: a
+folder holding another run's outputs is refused unless `overwrite` (which
+removes them first), and the outputs are written into a private staging
+folder, synced, and renamed into place with `metrics.json` last, so a crash
+never pairs new metrics with an old model.
 
 Example:
     >>> from tfmulti.config import TrainConfig
@@ -15,31 +19,94 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shutil
 import statistics
 import sys
 
 import keras
 
 from tfmulti import backup, footprint, models, runs
-from tfmulti._io import write_json_atomic
-from tfmulti.insight import timing
 from tfmulti import strategy as strategy_lib
-from tfmulti.cluster import tf_config
+from tfmulti._io import publish_staged, write_json_atomic
 from tfmulti.config import TrainConfig
+from tfmulti.insight import timing
 
-__all__ = ["train"]
+__all__ = ["OUTPUTS", "train"]
+
+OUTPUTS = ("metrics.json", "model.keras", "logs", ".tfmulti-run.json")
+"""What a run writes in `model_dir` (and `overwrite` removes)."""
+_RUN_FILE = ".tfmulti-run.json"
+# Fields that may differ between a run and its resumption.
+_RESUMABLE_CHANGES = ("verbose", "overwrite", "keep_backup")
 
 
-def _save_model_atomic(model, path: str) -> None:
-    folder = os.path.dirname(path)
-    tmp = os.path.join(folder, f".tmp-{os.getpid()}-model.keras")
+def _plain(value):
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    return f"{module}:{name}" if module and name else type(value).__name__
+
+
+def _identity(config: TrainConfig) -> dict:
+    """The configuration as JSON, without the fields a rerun may change."""
+    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)
+            if f.name not in _RESUMABLE_CHANGES}
+
+
+def _claim_model_dir(config: TrainConfig) -> None:
+    """Makes `model_dir` this run's, before anything else is written there.
+
+    Raises:
+        ValueError: it holds another run's outputs (or other files) and
+            `overwrite` is off; the message names them and the fixes.
+    """
+    folder = config.model_dir
+    entries = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    entries = [e for e in entries if not e.startswith(".staging-")]
+    if entries and not config.overwrite:
+        mine = _read_run_file(folder)
+        if not (config.backup_dir and mine == _identity(config)):
+            shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+            raise ValueError(
+                f"`model_dir` {folder!r} is not empty ({shown}): it holds "
+                + ("another run's outputs" if mine is not None else "other files")
+                + "; pass overwrite=True to replace tfmulti's outputs there, or choose "
+                "another model_dir" + (" (a resumed run keeps its model_dir when its "
+                                       "configuration is unchanged)" if config.backup_dir
+                                       else "") + ".")
+        return  # the same run, resumed: its outputs so far stay
+    if config.overwrite:
+        for name in (*OUTPUTS, *(e for e in entries if e.startswith(".staging-"))):
+            path = os.path.join(folder, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.remove(path)
+    write_json_atomic(os.path.join(folder, _RUN_FILE), _identity(config), sort_keys=True)
+
+
+def _read_run_file(folder: str) -> dict | None:
     try:
-        model.save(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        with open(os.path.join(folder, _RUN_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_outputs(config: TrainConfig, model, metrics: dict) -> None:
+    def write(stage: str) -> None:
+        write_json_atomic(os.path.join(stage, "metrics.json"), metrics, sort_keys=True)
+        # A pipeline is saved unpartitioned: a plain Keras model anyone can load.
+        unpartitioned = model.to_sequential(name=config.model_name) \
+            if config.model_parallel else model
+        unpartitioned.save(os.path.join(stage, "model.keras"))
+
+    publish_staged(config.model_dir, write, order=("model.keras", "metrics.json"))
 
 
 def train(config: TrainConfig, callbacks=()) -> dict:
@@ -47,34 +114,36 @@ def train(config: TrainConfig, callbacks=()) -> dict:
 
     Writes `<model_dir>/metrics.json`, `<model_dir>/model.keras` and TensorBoard
     logs under `<model_dir>/logs` (when `model_dir` is set). In a multi-worker
-    cluster only the chief writes and shows progress; the others write nothing.
+    cluster only the chief (by the strategy's cluster resolver: TF_CONFIG,
+    SLURM, ...) writes and shows progress; the others write nothing.
 
     Args:
         config: the run.
         callbacks: extra Keras callbacks for `fit`.
 
     Returns:
-        The metrics: test loss/accuracy (or MAE), examples per second, replica
-        count, distribution, epochs completed, and the effective learning rate.
+        The metrics: the test split's loss and compiled metrics (`test_loss`,
+        `test_accuracy`, ...; none without a test split), the last epoch's
+        (`train_loss`, ...), examples per second, replica count, distribution,
+        epochs completed, and the effective learning rate.
 
     Raises:
-        ValueError: a bad configuration (nothing is written then).
+        ValueError: a bad configuration, a `model_dir` holding another run's
+            outputs (nothing is written then).
         RuntimeError: virtual devices requested after TensorFlow started.
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
-    environ = tf_config.from_environ()
-    chief = tf_config.is_chief(environ)  # only the chief writes
     run = runs.build_run(config)  # validates the config first
     model = run.model
-    if config.backup_dir and not run.train_input.repeat:
-        raise ValueError(f"`backup_dir` needs training data of known size; dataset "
-                         f"{config.dataset!r} has none.")
+    role = strategy_lib.cluster_role(run.strategy)
+    chief = role.is_chief  # only the chief writes
+    writes = bool(config.model_dir) and chief
+    if writes:
+        _claim_model_dir(config)
     # All checks passed: from here on we write.
     timer = timing.EpochTimer()
     all_callbacks = [timer, *callbacks]
-    writes = bool(config.model_dir) and chief
     if writes:
-        os.makedirs(config.model_dir, exist_ok=True)
         all_callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.model_dir, "logs")))
     verbose = config.verbose
     if verbose == "auto":
@@ -98,15 +167,11 @@ def train(config: TrainConfig, callbacks=()) -> dict:
             fit_kwargs["steps_per_epoch"] = config.steps_per_epoch
         history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=all_callbacks,
                             verbose=verbose).history
-    results = model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True, verbose=0)
-    metrics = _metrics(run, history, results, timer.seconds, resumed_step,
-                       tf_config.num_tasks(environ) if environ else 1)
+    results = (model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True, verbose=0)
+               if run.test_input is not None else {})
+    metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers)
     if writes:
-        write_json_atomic(os.path.join(config.model_dir, "metrics.json"), metrics,
-                          sort_keys=True)
-        # A pipeline is saved unpartitioned: a plain Keras model anyone can load.
-        _save_model_atomic(model.to_sequential(name=config.model) if config.model_parallel
-                           else model, os.path.join(config.model_dir, "model.keras"))
+        _write_outputs(config, model, metrics)
         print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",
               flush=True)
     if config.backup_dir and chief and not config.keep_backup:
@@ -120,41 +185,53 @@ def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[fl
              resumed_step: int, num_workers: int) -> dict:
     config, model = run.config, run.model
     steady = epoch_seconds[1:] or epoch_seconds
-    examples_per_epoch = run.steps_per_epoch * config.global_batch_size
+    examples_per_epoch = run.steps_per_epoch * run.examples_per_step
     metrics = {
         "distribution": (config.distribution if config.model_parallel
                          else strategy_lib.strategy_name(run.strategy)),
         "num_replicas": run.num_replicas,
         "num_workers": num_workers,
-        "dataset": config.dataset,
-        "model": config.model,
+        "dataset": config.dataset_name,
+        "model": config.model_name,
+        "task": run.info["task"],
         "global_batch_size": config.global_batch_size,
+        "accumulate_steps": config.accumulate_steps,
         "per_replica_batch_size": run.per_replica_batch_size,
-        "learning_rate": models.scaled_learning_rate(
-            config.learning_rate, config.global_batch_size, config.base_batch_size,
-            config.lr_scaling),
+        "learning_rate": _learning_rate(model),
         "epochs_completed": resumed_step // run.steps_per_epoch + len(history.get("loss", [])),
         "resumed_from_step": resumed_step,
         "steps_per_epoch": run.steps_per_epoch,
         "steps_per_execution": run.steps_per_execution,
+        "input_sharding": run.train_input.sharding,
         "mixed_precision": config.mixed_precision,
         "jit_compile": config.jit_compile,
         "train_seconds": sum(epoch_seconds),
         "epoch_seconds": [float(t) for t in epoch_seconds],  # this run's epochs
         "examples_per_second": (examples_per_epoch / statistics.median(steady)
                                 if steady else None),  # None: nothing left to train
-        "train_loss": history["loss"][-1] if history.get("loss") else None,
-        "test_loss": results["loss"],
     }
-    if config.task == "classification":
-        metrics["train_accuracy"] = (history["accuracy"][-1] if history.get("accuracy")
-                                     else None)
-        metrics["test_accuracy"] = results["accuracy"]
-    else:
-        metrics["test_mae"] = results["mae"]
+    for name, values in history.items():
+        if not name.startswith("val_"):
+            metrics[f"train_{name}"] = values[-1] if values else None
+    if "loss" not in history:
+        metrics["train_loss"] = None  # nothing left to train
+    for name, value in results.items():
+        metrics[f"test_{name}"] = value
     if config.model_parallel:
         metrics.update(num_stages=model.num_stages, num_microbatches=model.num_microbatches,
                        partition_sizes=list(model.plan.sizes),
                        partition_balance=model.plan.balance)
     return {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str, list))
                 else v) for k, v in metrics.items()}
+
+
+def _learning_rate(model) -> float | None:
+    """The optimizer's target learning rate (after scaling; a warmup's end)."""
+    optimizer = getattr(model, "optimizer", None)
+    rate = getattr(optimizer, "_learning_rate", None)
+    if isinstance(rate, models.WarmupSchedule):
+        return rate.target
+    try:
+        return float(keras.ops.convert_to_numpy(rate))
+    except (TypeError, ValueError):
+        return None  # a schedule of the user's

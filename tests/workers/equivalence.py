@@ -7,9 +7,12 @@ evaluate and predict return, for tuple and for dict inputs, on one strategy.
         # of rank + 1) and `done`
     python equivalence.py OUT_DIR
         # MirroredStrategy over 2 virtual CPUs, the same files
+    ... equivalence.py OUT_DIR dict
+        # only the dict variant
 
 The test compares the two: `run(strategy, use_dict)` is also called in-process
-with a MirroredStrategy over 2 devices.
+with a MirroredStrategy over 2 devices (over 4 for 2 hosts x 2 workers,
+tests/test_simulated_hosts.py); every worker prints `total=` the sum of rank + 1.
 """
 
 import os
@@ -42,7 +45,7 @@ def build(use_dict: bool):
 
 def run(strategy, use_dict: bool) -> dict:
     """Fits STEPS steps on `strategy`, evaluates and predicts: the arrays to compare."""
-    assert strategy.num_replicas_in_sync == 2, strategy.num_replicas_in_sync
+    assert strategy.num_replicas_in_sync in (2, 4), strategy.num_replicas_in_sync
     with strategy.scope():
         model = build(use_dict)
     models.compile_model(model, strategy=strategy, optimizer="sgd", learning_rate=0.05,
@@ -71,19 +74,19 @@ def all_reduce_ranks(strategy, rank: int) -> float:
     return float(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None))
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, variants=tuple(VARIANTS)) -> None:
     config = tf_config.from_environ()
     if config is None:
         tfmulti.configure_virtual_devices(2)
     strategy = tfmulti.get_strategy("multi_worker" if config else "mirrored")
     if config is not None:
         print(f"total={all_reduce_ranks(strategy, config['task']['index'])}", flush=True)
-    for name, use_dict in VARIANTS.items():
-        arrays = run(strategy, use_dict)
+    for name in variants:
+        arrays = run(strategy, VARIANTS[name])
         if tf_config.is_chief(config):
             np.savez(os.path.join(out_dir, f"{name}.npz"), **arrays)
     print("done", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] or tuple(VARIANTS))

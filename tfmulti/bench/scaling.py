@@ -16,11 +16,21 @@ round also runs the same training as 2 independent 1-worker runs at once,
 one per core (independent_pair_scaling: what the cores give without any
 synchronization), and 2 matmul processes (`hardware_ceiling`).
 
+With `simulated_hosts` (where network namespaces can be made: root), each
+round also runs the 2-worker training across 2 simulated hosts
+(`tfmulti.cluster.simulated_hosts`: network namespaces joined by a bridge, one
+`tfmulti launch --hosts ... --pin_cpus` in each, each on one core, 1 worker
+per host): the same work as the single-host 2-worker launch, through a
+virtual network instead of loopback.
+
 Figures: multi_worker_scaling = 2-worker / 1-worker examples/s (goal >=
 1.8x, 90% efficiency); synchronization_efficiency = multi_worker_scaling /
 independent_pair_scaling; efficiency_vs_ceiling = multi_worker_scaling /
-hardware_ceiling. Also MirroredStrategy over 1, 2 and 4 virtual CPUs in one
-process ("virtual_devices", `tfmulti.bench.devices`).
+hardware_ceiling; simulated_hosts_scaling = 2 simulated hosts x 1 worker /
+1-worker examples/s, and simulated_hosts_vs_single_host = that over
+multi_worker_scaling, epoch by epoch (goal: within 5% of 1.0, the simulated
+network adding no real cost). Also MirroredStrategy over 1, 2 and 4 virtual
+CPUs in one process ("virtual_devices", `tfmulti.bench.devices`).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import time
 
 from tfmulti import _checks
 from tfmulti.bench import _harness, cpus, devices
+from tfmulti.cluster import simulated_hosts as simulated_hosts_lib
 from tfmulti.config import TrainConfig
 
 __all__ = ["TRAIN_RECIPE", "check", "launch_command", "plot", "run", "summarize",
@@ -72,11 +83,16 @@ def train_config(num_workers: int, model_dir: str, *, per_worker_batch: int = 51
     return config
 
 
-def launch_command(num_workers: int, model_dir: str, **options) -> list[str]:
-    """`tfmulti launch --pin_cpus` of `recipes/train.py` with `train_config`'s flags."""
+def launch_command(num_workers: int, model_dir: str, *, hosts: str | None = None,
+                   host_rank: int = 0, **options) -> list[str]:
+    """`tfmulti launch --pin_cpus` of `recipes/train.py` with `train_config`'s flags: of
+    `num_workers` workers on this host, or host `host_rank`'s launcher of a launch across
+    `hosts` ("HOST:N,...", `num_workers` in all)."""
     config = train_config(num_workers, model_dir, **options)
-    return [sys.executable, "-m", "tfmulti.cli", "launch", f"--num_workers={num_workers}",
-            "--pin_cpus", "--", sys.executable, TRAIN_RECIPE,
+    where = ([f"--hosts={hosts}", f"--host_rank={host_rank}"] if hosts
+             else [f"--num_workers={num_workers}"])
+    return [sys.executable, "-m", "tfmulti.cli", "launch", *where, "--pin_cpus", "--",
+            sys.executable, TRAIN_RECIPE,
             *(f"--{name}={getattr(config, name)}" for name in _LAUNCH_FIELDS)]
 
 
@@ -133,6 +149,33 @@ def _train_independent_pair(model_dir: str, launches: _Launches) -> list[list[fl
     return [_epoch_throughputs(folder) for folder, _ in runs]
 
 
+def _train_on_simulated_hosts(model_dir: str, launches: _Launches) -> list[float]:
+    """examples/s of each epoch after the first of the 2-worker training across 2
+    simulated hosts, 1 worker each, each host's launcher (and so its worker) on a core of
+    its own."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    processes = []
+    with simulated_hosts_lib.SimulatedHosts(2) as sim:
+        hosts = ",".join(f"{address}:1" for address in sim.addresses)
+        try:
+            for rank, core in enumerate(cores):
+                command = launch_command(2, model_dir, hosts=hosts, host_rank=rank,
+                                         **dataclasses.asdict(launches))
+                processes.append(subprocess.Popen(
+                    sim.command(rank, command), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True,
+                    preexec_fn=lambda core=core: os.sched_setaffinity(0, [core])))
+            outputs = [p.communicate(timeout=_LAUNCH_TIMEOUT)[0] for p in processes]
+        finally:
+            for process in processes:  # leaving the namespaces kills what is left in them
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+    for process, output in zip(processes, outputs):
+        _check(process, output)
+    return _epoch_throughputs(model_dir)
+
+
 def _checked(per_worker_batch, num_examples, steps_per_execution, epochs) -> _Launches:
     launches = _Launches(
         per_worker_batch=_checks.positive_int("per_worker_batch", per_worker_batch),
@@ -154,7 +197,7 @@ def _checked(per_worker_batch, num_examples, steps_per_execution, epochs) -> _La
 
 
 def check(*, per_worker_batch: int = 512, num_examples: int = 12288,
-          steps_per_execution: int = 12, epochs: int = 4) -> None:
+          steps_per_execution: int = 12, epochs: int = 4, simulated_hosts: bool = True) -> None:
     """Checks the options of `run` (before anything runs).
 
     Raises:
@@ -162,10 +205,12 @@ def check(*, per_worker_batch: int = 512, num_examples: int = 12288,
             divide the steps per epoch of 1 and of 2 workers.
     """
     _checked(per_worker_batch, num_examples, steps_per_execution, epochs)
+    if not isinstance(simulated_hosts, bool):
+        raise ValueError(f"`simulated_hosts` must be True or False, got {simulated_hosts!r}.")
 
 
 def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
-        steps_per_execution: int = 12, epochs: int = 4) -> dict:
+        steps_per_execution: int = 12, epochs: int = 4, simulated_hosts: bool = True) -> dict:
     """Runs the suite; returns its JSON record.
 
     Args:
@@ -176,6 +221,8 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
         steps_per_execution: steps per call of every launch; must divide the
             steps per epoch of 1 and of 2 workers.
         epochs: epochs per launch (the first is a warm-up).
+        simulated_hosts: also train across 2 simulated hosts x 1 worker in each round,
+            where network namespaces can be made (else recorded as skipped, with why).
 
     Raises:
         ValueError: fewer than 2 cores, or inconsistent options.
@@ -196,6 +243,11 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
     rounds = -(-repeats // timed)
     one, two, pair, ratios, pair_ratios, ceilings, efficiencies = [], [], [], [], [], [], []
     per_core = [[], []]
+    simulated, simulated_ratios, versus = [], [], []
+    skipped = None if simulated_hosts else "not asked for (simulated_hosts=False)"
+    if simulated_hosts and not simulated_hosts_lib.available()[0]:
+        skipped = simulated_hosts_lib.available()[1]
+    simulated_hosts = skipped is None
     with tempfile.TemporaryDirectory(prefix="tfmulti-bench-") as tmp:
         for round_ in range(rounds):
             start = time.monotonic()
@@ -211,6 +263,11 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
             two += b
             pair += c
             ratios += [y / x for x, y in zip(a, b)]
+            if simulated_hosts:
+                d = _train_on_simulated_hosts(os.path.join(tmp, f"hosts-{round_}"), launches)
+                simulated += d
+                simulated_ratios += [w / x for x, w in zip(a, d)]
+                versus += [w / y for y, w in zip(b, d)]
             pair_ratios += [z / x for x, z in zip(a, c)]
             ceilings.append(ceiling)
             efficiencies += [y / x / ceiling for x, y in zip(a, b)]
@@ -219,8 +276,11 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
                   f"1-worker runs {', '.join(f'{z / x:.2f}x' for x, z in zip(a, c))} (per "
                   f"core {' + '.join(f'{statistics.median(r):,.0f}' for r in cores_rates)} "
                   f"ex/s); "
-                  f"hardware ceiling {ceiling:.2f}x ({time.monotonic() - start:.0f} s)",
-                  flush=True)
+                  f"hardware ceiling {ceiling:.2f}x"
+                  + (f"; 2 simulated hosts x 1 worker vs 1 "
+                     f"{', '.join(f'{w / x:.2f}x' for x, w in zip(a, d))}"
+                     if simulated_hosts else "")
+                  + f" ({time.monotonic() - start:.0f} s)", flush=True)
     summary = _harness.summary
     return {
         "description": "2 workers on 1 core each vs 1 worker on 1 core (tfmulti launch "
@@ -247,6 +307,11 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
                    "1-worker runs at once, one per core (independent_pair_scaling: no "
                    "communication, no waiting for each other); synchronization_efficiency "
                    "= multi_worker_scaling / independent_pair_scaling",
+        "simulated_hosts": (
+            {"examples_per_second": simulated,
+             "simulated_hosts_scaling": summary(simulated_ratios),
+             "simulated_hosts_vs_single_host": summary(versus), "goal": "within 5% of 1.0"}
+            if simulated_hosts else {"skipped": skipped}),
         "virtual_devices": devices.run(repeats),
     }
 
@@ -259,6 +324,11 @@ def summarize(r: dict) -> list[str]:
              f"{fmt(r['independent_pair_scaling'])}; synchronization efficiency "
              f"{fmt(r['synchronization_efficiency'], '')}; matmul hardware ceiling "
              f"{fmt(r['hardware_ceiling'])}"]
+    hosts = r.get("simulated_hosts", {})
+    if "simulated_hosts_scaling" in hosts:
+        lines.append(f"scaling: 2 simulated hosts x 1 pinned worker vs 1 "
+                     f"{fmt(hosts['simulated_hosts_scaling'])}; vs the single-host 2-worker "
+                     f"launch {fmt(hosts['simulated_hosts_vs_single_host'], '')}")
     for key in ("virtual_devices_2_vs_1", "virtual_devices_4_vs_1"):
         lines.append(f"scaling: MirroredStrategy {key.split('_')[2]} virtual devices vs 1 "
                      f"{fmt(r['virtual_devices'][key])}; ceiling 1.0 (they share the cores)")
@@ -266,10 +336,15 @@ def summarize(r: dict) -> list[str]:
 
 
 def plot(r: dict, ax) -> None:
-    """Steady-state examples/s of 1 worker, 2 workers and 2 independent runs."""
+    """Steady-state examples/s of 1 worker, 2 workers, 2 independent runs and 2 simulated
+    hosts."""
     data = [r["examples_per_second_1_worker"], r["examples_per_second_2_workers"],
             r["examples_per_second_independent_pair"]]
-    ax.boxplot(data, tick_labels=["1 worker", "2 workers", "2 independent"])
+    labels = ["1 worker", "2 workers", "2 independent"]
+    if r.get("simulated_hosts", {}).get("examples_per_second"):
+        data.append(r["simulated_hosts"]["examples_per_second"])
+        labels.append("2 sim. hosts")
+    ax.boxplot(data, tick_labels=labels)
     s = r["multi_worker_scaling"]
     ax.set_title(f"Scaling (CNN): {s['median']:.2f}x "
                  f"[{s['min']:.2f}-{s['max']:.2f}]; 2 independent runs "

@@ -33,6 +33,7 @@ WORKERS = {
     "devices": "tfmulti.bench.devices:worker",
     "tensor": "tfmulti.bench.tensor:tensor_worker",
     "tensor_pipeline": "tfmulti.bench.tensor:pipeline_worker",
+    "gpu_check": "tfmulti.bench.gpu_check:worker",
 }
 """Worker kind -> "module:function"."""
 

@@ -1,8 +1,13 @@
 """Cluster machinery, none of it importing TensorFlow.
 
 * `tf_config`: TF_CONFIG building, parsing, validation and roles (who is chief);
-* `launcher` (`launch`) and `supervisor`: the local multi-worker launcher
-  behind `tfmulti launch` and the process that supervises the workers;
+* `launcher` (`launch`) and `supervisor`: the multi-worker launcher behind
+  `tfmulti launch` and the process that supervises a host's workers;
+* `hosts` and `rendezvous`: a launch across hosts (`--hosts`), computed
+  from the same arguments on every host, and the launchers' agreement on
+  its start and restarts; `simulated_hosts`: hosts as network namespaces
+  on one machine, for the tests and benchmarks;
+* `gpus`: each local worker's GPUs (`--gpus_per_worker`);
 * `notebook_launcher` (`notebook_launcher.notebook_launcher`, also
   `tfmulti.notebook_launcher`): run a notebook function on N workers;
 * `watchdog`: the startup watchdog of a worker waiting for its peers;

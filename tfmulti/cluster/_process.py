@@ -1,19 +1,40 @@
-"""Process plumbing shared by the launcher and the supervisor (no TensorFlow):
-whole-line output from several threads, stop signals, and pipe pumps."""
+"""Process plumbing shared by the launcher, the supervisor and the launchers'
+coordination (no TensorFlow): whole-line output from several threads, stop
+signals, pipe pumps, and how an attempt of the workers ended."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import signal
 import threading
 from typing import Callable, TextIO
 
-__all__ = ["ERROR_PREFIX", "Output", "PREFIX", "StopSignals", "pump"]
+__all__ = ["ERROR_PREFIX", "Outcome", "Output", "PREFIX", "StopSignals", "children", "pump"]
 
 PREFIX = "tfmulti launch"
 ERROR_PREFIX = f"{PREFIX}: error: "
 POLL_S = 0.05
 READER_JOIN_S = 5.0
 REAP_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How one attempt of a host's workers ended."""
+
+    status: int
+    """0 when every worker exited 0; else the status of the first that failed, or 128 + N
+    for signal N to the launcher."""
+    why: str = ""
+    """What happened, in words: "worker 3 failed with exit code 137 (killed by SIGKILL)"."""
+    signalled: bool = False
+    """The launcher got SIGINT or SIGTERM: never restart."""
+    by_peer: bool = False
+    """The workers were stopped because of another host's (`why` says what)."""
+
+    def to_message(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 class Output:
@@ -75,3 +96,19 @@ def pump(pipe, prefix: str, out: Output, on_line: Callable[[str], bool] | None =
     thread.start()
     return thread
 
+
+def children(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (from /proc; the PIDs as this process sees
+    them)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        if int(stat.rsplit(b")", 1)[1].split()[1]) == parent:
+            found.append(int(name))
+    return found

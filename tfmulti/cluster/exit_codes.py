@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["PREEMPTED", "PREEMPTED_UNSAVED", "USAGE", "describe_exit", "exit_status"]
+__all__ = ["PREEMPTED", "PREEMPTED_UNSAVED", "USAGE", "describe_end", "describe_exit",
+           "exit_status"]
 
 USAGE = 2
 """Bad flags, arguments or configuration; nothing was started or written."""
@@ -41,3 +42,14 @@ def describe_exit(returncode: int) -> str:
         return (f"exit code {returncode} (preempted: SIGTERM, but no new backup was saved; "
                 "a restart resumes from the previous one)")
     return f"exit code {returncode}"
+
+
+def describe_end(status: int) -> str:
+    """How a launch's attempt ended, for a status other than 0, in words that follow "the
+    cluster": a preemption says whether a new backup was saved."""
+    if status == PREEMPTED:
+        return "was preempted (its backup is saved)"
+    if status == PREEMPTED_UNSAVED:
+        return ("was preempted, but NO NEW BACKUP was saved (the workers did not agree on a "
+                "step to save at); a restart resumes from the previous backup, if any")
+    return f"failed with exit status {status} (see above)"

@@ -113,15 +113,16 @@ def notebook_launcher(function: Callable, args: Sequence = (), num_workers: int 
         function: a picklable callable; imports and TensorFlow objects belong inside it.
         args: positional arguments, plain picklable values.
         num_workers: how many workers; 2 by default.
-        **launch_options: `pin_cpus`, `port`, `startup_timeout`, `isolate`, `grace_period`,
-            `output`, as for `launch`.
+        **launch_options: `pin_cpus`, `port`, `startup_timeout`, `isolate`, `grace_period`
+            (60 s by default), `max_restarts`, `output`, as for `launch`.
 
     Returns:
         What `function` returned in worker 0 (the chief).
 
     Raises:
-        ValueError: for bad launch options, or if `function`/`args` hold TensorFlow objects
-            or cannot be pickled.
+        ValueError: for bad launch options, if `function`/`args` hold TensorFlow objects
+            or cannot be pickled, or if the workers cannot be isolated in a private network
+            namespace and `isolate=False` was not given (nothing is started).
         RuntimeError: if a worker fails; the message holds its traceback.
         KeyboardInterrupt: if interrupted; the workers are stopped first.
     """

@@ -3,7 +3,9 @@
 `make_plan` validates the launcher's arguments into a `LaunchPlan` (which
 the supervisor process receives as JSON); `port_range`, `split_cpus`,
 `worker_env` and `supervisor_command` compute each worker's ports, cores,
-environment and the command that runs the supervisor.
+environment and the command that runs the supervisor. A launch across hosts
+(`hosts`) is one plan per host, computed by `tfmulti.cluster.hosts`; GPU
+slices by `tfmulti.cluster.gpus`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import json
 from typing import Iterable, Mapping, Sequence
 
 from tfmulti import _checks
+from tfmulti.cluster import gpus as gpus_lib
+from tfmulti.cluster import hosts as hosts_lib
 from tfmulti.cluster import tf_config as tf_config_lib
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "DEFAULT_STARTUP_TIMEOUT", "ISOLATION_MODES", "LaunchPlan",
@@ -34,7 +38,12 @@ ISOLATION_MODES = ("root", "userns")
 
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
-    """What to start: validated arguments of `launch`, JSON-serializable for the supervisor."""
+    """What to start: validated arguments of `launch`, JSON-serializable for the supervisor.
+
+    `num_workers`, `cpu_sets` and `gpu_sets` are this host's; with `hosts` (a launch
+    across hosts) `port` is the launchers' coordination port and this host is
+    `hosts[host_rank]`.
+    """
 
     command: tuple[str, ...]
     num_workers: int
@@ -43,6 +52,20 @@ class LaunchPlan:
     grace_period: float
     cpu_sets: tuple[tuple[int, ...], ...] | None
     max_restarts: int = 0
+    hosts: tuple[tuple[str, int], ...] | None = None
+    host_rank: int = 0
+    gpu_sets: tuple[tuple[str, ...], ...] | None = None
+
+    @property
+    def first_worker(self) -> int:
+        """The global index of this host's first worker."""
+        return hosts_lib.offset(self.hosts, self.host_rank) if self.hosts else 0
+
+    def addresses(self, ports: Sequence[int]) -> list[str]:
+        """Every worker's address, for this host's worker `ports` when on one host."""
+        if self.hosts:
+            return hosts_lib.cluster_addresses(self.hosts, self.port)
+        return [f"localhost:{p}" for p in ports]
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -50,25 +73,49 @@ class LaunchPlan:
     @classmethod
     def from_json(cls, text: str) -> "LaunchPlan":
         d = json.loads(text)
-        cpu_sets = d["cpu_sets"]
+
+        def tuples(value):
+            return None if value is None else tuple(tuple(v) for v in value)
+
         return cls(
             command=tuple(d["command"]), num_workers=d["num_workers"], port=d["port"],
             startup_timeout=d["startup_timeout"], grace_period=d["grace_period"],
-            cpu_sets=None if cpu_sets is None else tuple(tuple(c) for c in cpu_sets),
-            max_restarts=d.get("max_restarts", 0),
+            cpu_sets=tuples(d["cpu_sets"]), max_restarts=d.get("max_restarts", 0),
+            hosts=tuples(d.get("hosts")), host_rank=d.get("host_rank", 0),
+            gpu_sets=tuples(d.get("gpu_sets")),
         )
 
 
 def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
               port: int | None = None, startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
               grace_period: float = DEFAULT_GRACE_PERIOD,
-              available_cpus: Iterable[int] = (), max_restarts: int = 0) -> LaunchPlan:
+              available_cpus: Iterable[int] = (), max_restarts: int = 0,
+              hosts: Sequence[tuple[str, int]] | None = None, host_rank: int | None = None,
+              gpus_per_worker: int = 0, available_gpus: Sequence[str] = (),
+              gpus_source: str = "") -> LaunchPlan:
     """Validates the arguments of `launch` and returns the plan.
+
+    Args:
+        command, num_workers, pin_cpus, port, startup_timeout, grace_period, max_restarts:
+            as for `launch` (`num_workers`: the workers of a host listed without `:N`).
+        available_cpus: the cores `pin_cpus` splits.
+        hosts: ((host, workers), ...) of a launch across hosts (`hosts.parse_hosts`), or
+            None for this host alone.
+        host_rank: this host's position in `hosts`.
+        gpus_per_worker: GPUs per local worker (0: leave CUDA_VISIBLE_DEVICES alone).
+        available_gpus, gpus_source: this host's GPUs (`gpus.host_gpus`) and where that
+            list came from.
+
+    Example:
+        >>> plan = make_plan(["python", "t.py"], hosts=(("a", 2), ("b", 1)), host_rank=1)
+        >>> plan.num_workers, plan.port, plan.first_worker
+        (1, 2222, 2)
 
     Raises:
         ValueError: if `command` is empty or a string, `num_workers` < 1, `port` leaves no room
             for the workers in 1..65535, a timeout is negative, `max_restarts` is negative,
-            or `pin_cpus` is set with more workers than `available_cpus`.
+            `pin_cpus` is set with more workers than `available_cpus`, `host_rank` is out of
+            range or given without `hosts`, or there are too few GPUs.
     """
     if isinstance(command, str):
         raise ValueError(f"`command` must be a list of arguments, got the string {command!r}; "
@@ -78,7 +125,16 @@ def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = Fal
         raise ValueError("no command to launch; put it after `--`, e.g. "
                          "`tfmulti launch --num_workers 2 -- python train.py`.")
     _check_num_workers(num_workers)
-    if port is not None:
+    if hosts:
+        hosts = tuple((str(h), int(n)) for h, n in hosts)
+        host_rank = hosts_lib.check_rank(hosts, host_rank)
+        num_workers = hosts[host_rank][1]
+        port = hosts_lib.DEFAULT_PORT if port is None else port
+        hosts_lib.worker_ports(port, max(n for _, n in hosts))
+    elif host_rank is not None:
+        raise ValueError(f"`host_rank` ({host_rank!r}) needs `hosts`, the list of every "
+                         "host of the launch, e.g. --hosts node1:2,node2:2 --host_rank 1.")
+    elif port is not None:
         port_range(port, num_workers)
     _checks.positive_number("startup_timeout", startup_timeout,
                             hint=f"seconds, e.g. {DEFAULT_STARTUP_TIMEOUT:g}")
@@ -86,8 +142,13 @@ def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = Fal
                           hint=f"seconds, e.g. {DEFAULT_GRACE_PERIOD:g}")
     _checks.non_negative_int("max_restarts", max_restarts, hint="e.g. 3 (0: never restart)")
     cpu_sets = split_cpus(available_cpus, num_workers) if pin_cpus else None
+    _checks.non_negative_int("gpus_per_worker", gpus_per_worker,
+                             hint="e.g. 1 (0: every worker sees every GPU)")
+    gpu_sets = (gpus_lib.gpu_slices(available_gpus, num_workers, gpus_per_worker,
+                                    gpus_source) if gpus_per_worker else None)
     return LaunchPlan(command, num_workers, port, float(startup_timeout),
-                      float(grace_period), cpu_sets, max_restarts)
+                      float(grace_period), cpu_sets, max_restarts, hosts or None,
+                      host_rank or 0, gpu_sets)
 
 
 def _check_num_workers(num_workers: int) -> None:
@@ -131,13 +192,21 @@ def split_cpus(cpus: Iterable[int], num_workers: int) -> tuple[tuple[int, ...], 
     return tuple(chunks)
 
 
-def worker_env(base_env: Mapping[str, str], ports: Sequence[int], index: int,
+def worker_env(base_env: Mapping[str, str], addresses: Sequence[str], index: int,
                startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
-               cpus: Sequence[int] | None = None) -> dict[str, str]:
-    """The environment of worker `index`: `base_env` plus TF_CONFIG and launcher settings."""
+               cpus: Sequence[int] | None = None,
+               gpus: Sequence[str] | None = None) -> dict[str, str]:
+    """The environment of worker `index` of the cluster at `addresses`: `base_env` plus
+    TF_CONFIG, the launcher's settings, and, when given, its cores' thread counts and its
+    GPUs (CUDA_VISIBLE_DEVICES).
+
+    Example:
+        >>> env = worker_env({}, ["node1:2223", "node2:2223"], 1, gpus=("2", "3"))
+        >>> env["CUDA_VISIBLE_DEVICES"], env["TF_CONFIG"]
+        ('2,3', '{"cluster": {"worker": ["node1:2223", "node2:2223"]}, "task": {"type": "worker", "index": 1}}')
+    """
     env = dict(base_env)
-    env["TF_CONFIG"] = json.dumps(tf_config_lib.build_tf_config(
-        [f"localhost:{p}" for p in ports], index))
+    env["TF_CONFIG"] = json.dumps(tf_config_lib.build_tf_config(list(addresses), index))
     env["TFMULTI_STARTUP_TIMEOUT"] = f"{startup_timeout:g}"
     env[tf_config_lib.LAUNCHED_ENV] = "1"  # `distribution="auto"` may join this cluster
     env["PYTHONUNBUFFERED"] = "1"
@@ -146,24 +215,55 @@ def worker_env(base_env: Mapping[str, str], ports: Sequence[int], index: int,
         env["TF_NUM_INTRAOP_THREADS"] = threads
         env["TF_NUM_INTEROP_THREADS"] = threads
         env["OMP_NUM_THREADS"] = threads
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     return env
 
 
-def isolation_prefix(mode: str) -> list[str]:
-    """The `unshare` command that enters a new network namespace: as root ("root"), or
-    unprivileged inside a new user namespace ("userns")."""
-    if mode == "root":
-        return ["unshare", "--net"]
+def isolation_prefix(mode: str, network: bool = True) -> list[str]:
+    """The `unshare` command that runs a program in a new PID namespace, and in a new
+    network namespace when `network`: as root ("root"), or unprivileged inside a new user
+    namespace ("userns").
+
+    The program itself stays in the PID namespace it came from; its first child is the new
+    namespace's init, and when that child dies, even by SIGKILL, the kernel kills every
+    process left in the namespace.
+
+    Example:
+        >>> isolation_prefix("root")
+        ['unshare', '--pid', '--net']
+        >>> isolation_prefix("userns", network=False)
+        ['unshare', '--pid', '--map-root-user']
+
+    Raises:
+        ValueError: an unknown `mode`.
+    """
+    if mode not in ISOLATION_MODES:
+        raise ValueError(f"isolation `mode` ({mode!r}) must be one of {ISOLATION_MODES}.")
+    prefix = ["unshare", "--pid"]
+    if network:
+        prefix.append("--net")
     if mode == "userns":
-        return ["unshare", "--net", "--map-root-user"]
-    raise ValueError(f"isolation `mode` ({mode!r}) must be one of {ISOLATION_MODES}.")
+        prefix.append("--map-root-user")
+    return prefix
 
 
-def supervisor_command(plan: LaunchPlan, python: str,
-                       isolation_mode: str | None = None) -> list[str]:
-    """The command that runs the supervisor, which starts the workers with `plan.command`:
-    inside a private network namespace for `isolation_mode` "root" or "userns", in the
-    host's namespace for None."""
-    prefix = [*isolation_prefix(isolation_mode), "--"] if isolation_mode else []
+def supervisor_command(plan: LaunchPlan, python: str, isolation_mode: str | None = None,
+                       network: bool = True) -> list[str]:
+    """The command that runs the supervisor, which starts the workers with `plan.command`.
+
+    The process it starts forks the supervisor and stays its parent: a child subreaper that
+    passes on its exit status and kills whatever the workers leave behind. For
+    `isolation_mode` "root" or "userns" the supervisor is the init of a new PID namespace
+    (`isolation_prefix`), in a private network namespace when `network`; for None (no
+    namespace can be made) it runs in the host's namespaces.
+
+    Example:
+        >>> plan = make_plan(["python", "train.py"], 2)
+        >>> supervisor_command(plan, "python3", "root")[:6]
+        ['unshare', '--pid', '--net', '--', 'python3', '-m']
+        >>> supervisor_command(plan, "python3")[:3]
+        ['python3', '-m', 'tfmulti.cluster.supervisor']
+    """
+    prefix = [*isolation_prefix(isolation_mode, network), "--"] if isolation_mode else []
     return [*prefix, python, "-m", "tfmulti.cluster.supervisor", plan.to_json()]
-

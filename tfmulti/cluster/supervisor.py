@@ -24,14 +24,19 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from tfmulti.cluster import exit_codes
+from tfmulti.cluster import exit_codes, rendezvous
+from tfmulti.cluster import hosts as hosts_lib
 from tfmulti.cluster._process import (ERROR_PREFIX, POLL_S, READER_JOIN_S, REAP_TIMEOUT_S,
-                                      Output, StopSignals, pump)
+                                      Outcome, Output, StopSignals, children, pump)
+from tfmulti.cluster.exit_codes import describe_end
 from tfmulti.cluster.plan import LaunchPlan, port_range, worker_env
+from tfmulti.cluster.rendezvous import Remote
 
 __all__ = []  # a process, not an API: `python -m tfmulti.cluster.supervisor`
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_SWEEP_TIMEOUT_S = 10.0
 
 
 def _port_in_use(port: int) -> bool:
@@ -53,27 +58,63 @@ def _port_in_use(port: int) -> bool:
     return False
 
 
-def _choose_ports(base: int | None, num_workers: int) -> list[int]:
-    """Checks base..base+N-1 are free, or picks N free ports when `base` is None."""
-    if base is not None:
-        ports = port_range(base, num_workers)
-        for p in ports:
+def _reservation(port: int) -> socket.socket:
+    """A socket bound to `port` (0: a free one) on every address, IPv4 and IPv6, and never
+    listening. While it is open, the kernel gives the port to no other `bind(0)` and no
+    outgoing connection, and a plain `bind` of it fails; the worker's gRPC server, which
+    sets SO_REUSEADDR like this socket, can still listen on it."""
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        address = "::"
+    except OSError:  # no IPv6 here
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        address = ""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if sock.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((address, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _reserve_ports(base: int | None, num_workers: int,
+                   across_hosts: bool = False) -> tuple[list[int], list[socket.socket]]:
+    """Checks this host's worker ports are free (base..base+N-1, or the N after the
+    coordination port `base` `across_hosts`), or picks N free ports when `base` is None;
+    returns them with their reservations (`_reservation`), which the caller keeps open
+    while the workers run, so that no other process takes a port between its choice here
+    and the worker's gRPC server binding it seconds later."""
+    held: list[socket.socket] = []
+    try:
+        if base is None:
+            while len(held) < num_workers:
+                held.append(_reservation(0))
+            return [s.getsockname()[1] for s in held], held
+        ports = (hosts_lib.worker_ports(base, num_workers) if across_hosts
+                 else port_range(base, num_workers))
+        for i, p in enumerate(ports):
             if _port_in_use(p):
-                raise ValueError(f"port {p} (worker {p - base} of --port {base}) is already "
+                if across_hosts:
+                    raise ValueError(f"port {p} (this host's worker {i}, after the "
+                                     f"coordination --port {base}) is already in use on "
+                                     "this host; pass another --port, the same on every "
+                                     "host.")
+                raise ValueError(f"port {p} (worker {i} of --port {base}) is already "
                                  "in use on this host; pass another --port, or leave --port "
                                  "out to choose free ports.")
-        return ports
-    held = []
-    try:
-        while len(held) < num_workers:  # keep them bound so the ports are distinct
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            held.append(sock)
-            sock.bind(("", 0))
-        ports = [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
-    return ports
+            held.append(_reservation(p))
+        return ports, held
+    except BaseException:
+        _release(held)
+        raise
+
+
+def _release(sockets: list[socket.socket]) -> None:
+    for sock in sockets:
+        sock.close()
 
 
 def _bring_loopback_up() -> None:
@@ -87,12 +128,17 @@ def _bring_loopback_up() -> None:
             fcntl.ioctl(sock, siocsifflags, struct.pack(layout, b"lo", flags | iff_up))
 
 
+def _prctl(option: int, value: int) -> bool:
+    """prctl(option, value) (Linux); whether it succeeded."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def _set_parent_death_signal(sig: int) -> None:
     """Asks the kernel to send `sig` to this process when its parent thread exits (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    _prctl(_PR_SET_PDEATHSIG, int(sig))
 
 
 def _child_setup(cpus: Sequence[int] | None) -> Callable[[], None]:
@@ -113,9 +159,12 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
-def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: Output):
+def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: Output,
+                  first: int = 0):
     """SIGTERM to each running worker's process group; SIGKILL after `grace_period` (or a
-    second Ctrl-C); then SIGKILL to every group, so no child of a worker is left behind."""
+    second Ctrl-C); then SIGKILL to every group, so no child of a worker is left behind.
+    As the init of a PID namespace, then also SIGKILL to every other process in it (a
+    worker's child that left its process group)."""
     running = [(i, p) for i, p in enumerate(procs) if p.poll() is None]
     for _, p in running:
         _killpg(p.pid, signal.SIGTERM)
@@ -128,7 +177,7 @@ def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: O
            else f"did not stop within {grace_period:g} s of SIGTERM")
     for i, p in running:
         if p.poll() is None:
-            out.say(f"worker {i} is still running ({why}); sending SIGKILL")
+            out.say(f"worker {first + i} is still running ({why}); sending SIGKILL")
     for p in procs:
         _killpg(p.pid, signal.SIGKILL)
     for p in procs:
@@ -136,60 +185,135 @@ def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: O
             p.wait(timeout=REAP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             out.say(f"process {p.pid} did not exit within {REAP_TIMEOUT_S:g} s of SIGKILL")
+    if os.getpid() == 1:
+        _kill_namespace()
 
 
-def _wait_workers(procs: list, signals: StopSignals, out: Output,
-                  grace_period: float) -> int:
-    """Waits until all workers exit 0 (returns 0), one fails (returns its status) or the
-    launcher gets a signal (returns 128 + signal). A preempted worker's peers get up to
-    `grace_period` seconds to finish saving their backup before they are stopped."""
+def _kill_namespace() -> None:
+    """As the init of a PID namespace: SIGKILL to every other process in it, then reap
+    them (orphans become init's children)."""
+    try:
+        os.kill(-1, signal.SIGKILL)  # from init: every process of the namespace but init
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + REAP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            time.sleep(POLL_S)
+
+
+def _sweep_descendants(timeout_s: float = _SWEEP_TIMEOUT_S) -> None:
+    """As a child subreaper whose own child has exited: SIGKILL every process left below
+    this one (the kernel made the orphans this process's children) and reap it, until none
+    is left or `timeout_s` passed."""
+    me = os.getpid()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid in children(me):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no child left: a killed one's own children were adopted and reaped too
+        if not pid:
+            time.sleep(POLL_S)
+
+
+def _wait_preempted(procs: list, signals: StopSignals, grace_period: float) -> int:
+    """Waits up to `grace_period` for the workers that were told to save (a peer got
+    SIGTERM) to exit. Returns PREEMPTED_UNSAVED if any worker exited so (no new backup),
+    else PREEMPTED."""
+    deadline = time.monotonic() + grace_period
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline \
+            and signals.received is None:
+        time.sleep(POLL_S)
+    codes = [p.poll() for p in procs]
+    return (exit_codes.PREEMPTED_UNSAVED if exit_codes.PREEMPTED_UNSAVED in codes
+            else exit_codes.PREEMPTED)
+
+
+def _wait_workers(procs: list, signals: StopSignals, out: Output, grace_period: float,
+                  first: int = 0, remote: Remote | None = None) -> Outcome:
+    """Waits until all workers exit 0, one fails, the launcher gets a signal, or `remote`
+    (polled) says another host's worker failed. A preempted worker's peers get up to
+    `grace_period` seconds to finish saving their backup before they are stopped. Workers
+    are named by their global index (`first` is this host's first)."""
     while True:
         if signals.received is not None:
-            out.say(f"got {signal.Signals(signals.received).name}; stopping the workers")
-            return 128 + signals.received
+            name = signal.Signals(signals.received).name
+            out.say(f"got {name}; stopping the workers")
+            return Outcome(128 + signals.received, f"the launcher got {name}", signalled=True)
         codes = [p.poll() for p in procs]
         for i, code in enumerate(codes):
-            if code == exit_codes.PREEMPTED:
-                out.say(f"worker {i} was preempted ({exit_codes.describe_exit(code)}); waiting up to "
-                        f"{grace_period:g} s for the other workers to save and exit")
-                deadline = time.monotonic() + grace_period
-                while any(p.poll() is None for p in procs) and time.monotonic() < deadline \
-                        and signals.received is None:
-                    time.sleep(POLL_S)
-                return code
+            if code in (exit_codes.PREEMPTED, exit_codes.PREEMPTED_UNSAVED):
+                what = ("was preempted" if code == exit_codes.PREEMPTED
+                        else "was preempted without a new backup")
+                why = f"worker {first + i} {what} ({exit_codes.describe_exit(code)})"
+                out.say(f"{why}; waiting up to {grace_period:g} s for the other workers to "
+                        "exit")
+                return Outcome(_wait_preempted(procs, signals, grace_period), why)
             if code is not None and code != 0:
-                out.say(f"worker {i} failed with {exit_codes.describe_exit(code)}; "
-                        "stopping the other workers")
-                return exit_codes.exit_status(code)
+                why = f"worker {first + i} failed with {exit_codes.describe_exit(code)}"
+                out.say(f"{why}; stopping the other workers")
+                return Outcome(exit_codes.exit_status(code), why)
         if all(code == 0 for code in codes):
-            return 0
+            return Outcome(0)
+        stop = remote() if remote is not None else None
+        if stop is not None:
+            if stop.get("preempted"):
+                out.say(f"{stop['why']}; waiting up to {grace_period:g} s for this host's "
+                        "workers to save and exit")
+                status = _wait_preempted(procs, signals, grace_period)
+                return Outcome(max(status, stop["status"]), stop["why"], by_peer=True)
+            out.say(f"{stop['why']}; stopping this host's workers")
+            return Outcome(stop["status"], stop["why"], by_peer=True)
         time.sleep(POLL_S)
 
 
-def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
-    """Starts the workers in this network namespace and waits for them."""
-    ports = _choose_ports(plan.port, plan.num_workers)
-    out.say(f"starting {plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}: "
-            + ", ".join(f"localhost:{p}" for p in ports))
+def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals,
+                 ports: Sequence[int] | None = None, remote: Remote | None = None) -> Outcome:
+    """Starts this host's workers (on `ports`, else on ports reserved for this attempt)
+    and waits for them (`_wait_workers`)."""
+    reservations = []
+    if ports is None:
+        ports, reservations = _reserve_ports(plan.port, plan.num_workers)
+    addresses, first = plan.addresses(ports), plan.first_worker
+    mine = addresses[first:first + plan.num_workers]
+    where = (f"host {plan.host_rank} of {len(plan.hosts)} ({plan.hosts[plan.host_rank][0]}): "
+             if plan.hosts else "")
+    out.say(f"{where}starting {plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}"
+            + (f" ({first}..{first + plan.num_workers - 1} of {len(addresses)})"
+               if plan.hosts else "") + ": " + ", ".join(mine))
     procs, pumps = [], []
     try:
         for i in range(plan.num_workers):
             cpus = plan.cpu_sets[i] if plan.cpu_sets else None
-            env = worker_env(os.environ, ports, i, plan.startup_timeout, cpus)
+            gpus = plan.gpu_sets[i] if plan.gpu_sets else None
+            env = worker_env(os.environ, addresses, first + i, plan.startup_timeout, cpus,
+                             gpus)
             try:
                 procs.append(subprocess.Popen(
                     plan.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, start_new_session=True,
                     preexec_fn=_child_setup(cpus)))
             except OSError as e:
-                raise ValueError(f"cannot start worker {i} with {list(plan.command)!r} "
-                                 f"({e}); check the command's path and permissions.") from e
+                raise ValueError(f"cannot start worker {first + i} with "
+                                 f"{list(plan.command)!r} ({e}); check the command's path "
+                                 "and permissions.") from e
         for i, p in enumerate(procs):
-            pumps += [pump(p.stdout, f"[worker {i}] ", out),
-                      pump(p.stderr, f"[worker {i}] ", out)]
-        return _wait_workers(procs, signals, out, plan.grace_period)
+            pumps += [pump(p.stdout, f"[worker {first + i}] ", out),
+                      pump(p.stderr, f"[worker {first + i}] ", out)]
+        return _wait_workers(procs, signals, out, plan.grace_period, first, remote)
     finally:
-        _stop_workers(procs, plan.grace_period, signals, out)
+        _stop_workers(procs, plan.grace_period, signals, out, first)
+        _release(reservations)
         for t in pumps:
             t.join(timeout=READER_JOIN_S)
 
@@ -203,40 +327,120 @@ def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> i
             out.say(f"restart {attempt} of {plan.max_restarts}: starting all "
                     f"{plan.num_workers} workers again (a resumable job continues from its "
                     "backup)")
-        status = _run_workers(plan, out, signals)
+        status = _run_workers(plan, out, signals).status
         if status == 0 or signals.received is not None:
             return status
         if attempt < plan.max_restarts:
-            why = ("was preempted (its backup is saved)" if status == exit_codes.PREEMPTED
-                   else f"failed with exit status {status} (see above)")
-            out.say(f"the cluster {why}; {plan.max_restarts - attempt} restart(s) left")
+            out.say(f"the cluster {describe_end(status)}; {plan.max_restarts - attempt} "
+                    "restart(s) left")
+    if status == exit_codes.PREEMPTED_UNSAVED:
+        out.say(f"the cluster {describe_end(status)}")
     if plan.max_restarts:
         out.say(f"giving up after {plan.max_restarts} restart(s); exit status {status}")
     return status
 
 
+def _run_across_hosts(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
+    """This host's part of a launch across hosts: the start-up handshake with the other
+    launchers, then every attempt as the coordinator (host 0) decides."""
+    hosts, rank = plan.hosts, plan.host_rank
+    ports, reservations = [], []
+    try:
+        try:
+            ports, reservations = _reserve_ports(plan.port, plan.num_workers, across_hosts=True)
+            digest = hosts_lib.view_digest(hosts, plan.port, plan.max_restarts)
+            link = rendezvous.join(hosts, rank, plan.port, digest, plan.startup_timeout,
+                                   interrupted=lambda: signals.received is not None)
+        except ValueError as e:
+            rendezvous.notify_abort(hosts, plan.port, f"host {rank}: {e}")
+            raise
+        if link is None:
+            out.say(f"got {signal.Signals(signals.received).name} during the start-up")
+            return 128 + signals.received
+        with link:
+            def run_attempt(attempt: int, remote: Remote) -> Outcome:
+                if attempt:
+                    out.say(f"restart {attempt} of {plan.max_restarts}: starting this "
+                            "host's workers again (a resumable job continues from its "
+                            "backup)")
+                return _run_workers(plan, out, signals, ports, remote)
+
+            def interrupted() -> int | None:
+                return signals.received
+
+            if rank == 0:
+                return rendezvous.coordinate(link, run_attempt, plan.max_restarts,
+                                             plan.grace_period, out, interrupted)
+            return rendezvous.follow(link, run_attempt, out, interrupted)
+    finally:
+        _release(reservations)
+
+
 def _supervise(plan_json: str) -> int:
     """The supervisor: starts the workers (in its network namespace) and waits for them."""
-    _set_parent_death_signal(signal.SIGTERM)
-    sys.stdout.reconfigure(encoding="utf-8", errors="backslashreplace")
-    out = Output(sys.stdout)
-    try:
-        plan = LaunchPlan.from_json(plan_json)
+    with StopSignals() as signals:  # first: as a PID namespace's init it ignores the rest
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        _set_parent_death_signal(signal.SIGTERM)
+        sys.stdout.reconfigure(encoding="utf-8", errors="backslashreplace")
+        out = Output(sys.stdout)
         try:
-            _bring_loopback_up()  # down in a new network namespace; a no-op on the host
-        except OSError as e:
-            raise ValueError(f"cannot bring up the loopback interface ({e}); rerun with "
-                             "--no_isolate.") from e
-        with StopSignals() as signals:
+            plan = LaunchPlan.from_json(plan_json)
+            try:
+                _bring_loopback_up()  # down in a new network namespace; a no-op on the host
+            except OSError as e:
+                raise ValueError(f"cannot bring up the loopback interface ({e}); rerun with "
+                                 "--no_isolate.") from e
+            if plan.hosts:
+                return _run_across_hosts(plan, out, signals)
             return _run_with_restarts(plan, out, signals)
-    except ValueError as e:
-        out.line(f"{ERROR_PREFIX}{e}")
-        return 2
+        except ValueError as e:
+            out.line(f"{ERROR_PREFIX}{e}")
+            return 2
 
+
+def main(plan_json: str) -> int:
+    """The launcher's child: forks the supervisor and stays its parent, a child subreaper.
+
+    In a new PID namespace (`unshare --pid`, `plan.isolation_prefix`) the supervisor is the
+    namespace's init, and everything of the launch dies with it. Without one, orphans below
+    this process (a worker's children, once the supervisor and the workers were SIGKILLed)
+    become its children, and once the supervisor has exited it kills and reaps them all.
+    The launcher signals the process group: the supervisor acts on SIGINT/SIGTERM, this
+    process ignores them; its parent-death signal (SIGHUP, set by the launcher) becomes
+    SIGTERM to the supervisor. Returns the supervisor's exit status (128 + N when it was
+    killed by signal N).
+    """
+    launcher = os.getppid()
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    child = [0]
+
+    def launcher_died(signum, frame):
+        if not child[0]:
+            os._exit(128 + signum)
+        os.kill(child[0], signal.SIGTERM)
+
+    signal.signal(signal.SIGHUP, launcher_died)
+    _set_parent_death_signal(signal.SIGHUP)
+    if os.getppid() != launcher:  # the launcher died before that
+        return 128 + signal.SIGHUP
+    sys.stdout.flush()
+    child[0] = os.fork()
+    if child[0] == 0:
+        code = 2
+        try:
+            code = _supervise(plan_json)
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    _, status = os.waitpid(child[0], 0)
+    _sweep_descendants()
+    return exit_codes.exit_status(os.waitstatus_to_exitcode(status))
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m tfmulti.cluster.supervisor PLAN_JSON (internal; use "
                  "`tfmulti launch`)")
-    sys.exit(_supervise(sys.argv[1]))
+    sys.exit(main(sys.argv[1]))

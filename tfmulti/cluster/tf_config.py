@@ -52,9 +52,10 @@ def _check_address(job: str, index: int, address) -> str:
     if not isinstance(address, str) or address.count(":") < 1:
         raise _fail(f"{where} is {address!r}; use 'host:port', e.g. 'localhost:2222'.")
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    # ASCII digits only: str.isdigit() and int() also take '２２２２' or '٢٢٢٢'.
+    if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
         raise _fail(f"{where} is {address!r}; the port must be a number in 1..65535 "
-                    "after the last ':' (e.g. 'localhost:2222').")
+                    "(ASCII digits) after the last ':' (e.g. 'localhost:2222').")
     return address
 
 

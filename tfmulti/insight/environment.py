@@ -14,8 +14,9 @@ import subprocess
 from importlib import metadata
 
 from tfmulti._tables import key_values
+from tfmulti.cluster import gpus as gpus_lib
 
-__all__ = ["cpu_model", "env_report", "format_env_report", "onednn_enabled"]
+__all__ = ["cpu_model", "env_report", "format_env_report", "onednn_enabled", "worker_gpus"]
 
 
 def _version(package: str) -> str | None:
@@ -80,11 +81,30 @@ def onednn_enabled() -> bool | None:
         return None
 
 
-def env_report() -> dict:
+def worker_gpus(num_workers: int, gpus_per_worker: int,
+                environ: dict | None = None) -> list[str]:
+    """What each of `num_workers` local workers of `tfmulti launch --gpus_per_worker K`
+    sees: "worker I: CUDA_VISIBLE_DEVICES=..." (`tfmulti.cluster.gpus`).
+
+    Example:
+        >>> worker_gpus(2, 1, {"CUDA_VISIBLE_DEVICES": "0,3"})
+        ['worker 0: CUDA_VISIBLE_DEVICES=0', 'worker 1: CUDA_VISIBLE_DEVICES=3']
+
+    Raises:
+        ValueError: this host has fewer than `num_workers * gpus_per_worker` GPUs.
+    """
+    found, source = gpus_lib.host_gpus(environ)
+    slices = gpus_lib.gpu_slices(found, num_workers, gpus_per_worker, source)
+    return [f"worker {i}: CUDA_VISIBLE_DEVICES={','.join(s)}" for i, s in enumerate(slices)]
+
+
+def env_report(gpus_per_worker: int = 0, num_workers: int = 1) -> dict:
     """Collects what a bug report or a scaling question needs to know.
 
     Lists physical and logical devices (starting the TensorFlow runtime, so
     call `configure_virtual_devices` first if you want it to count them).
+    With `gpus_per_worker`, also what each of `num_workers` local workers of
+    `tfmulti launch --gpus_per_worker` would see ("worker_gpus", `worker_gpus`).
     """
     import tensorflow as tf
 
@@ -115,7 +135,7 @@ def env_report() -> dict:
         tf_config_value = json.loads(tf_config) if tf_config else None
     except json.JSONDecodeError:
         tf_config_value = f"<invalid JSON> {tf_config}"
-    return {
+    report = {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "tfmulti": _version("tfmulti"),
@@ -136,6 +156,9 @@ def env_report() -> dict:
         "ram_bytes": _ram_bytes(),
         "tf_config": tf_config_value,
     }
+    if gpus_per_worker:
+        report["worker_gpus"] = worker_gpus(num_workers, gpus_per_worker)
+    return report
 
 
 def format_env_report(report: dict) -> str:

@@ -10,7 +10,7 @@ import dataclasses
 
 from tfmulti import _checks
 from tfmulti.config import (MIXED_PRECISION, MODEL_PARALLEL, MODEL_TASKS, OPTIMIZERS, TRANSFORMER,
-                            TrainConfig, check_transformer_sizes)
+                            TrainConfig, check_transformer_sizes, is_hook)
 
 __all__ = ["DISTRIBUTIONS", "MODELS", "Layout", "check_estimate_arguments"]
 
@@ -75,7 +75,7 @@ class Layout:
     sizes: dict = dataclasses.field(default_factory=dict)
 
 
-def check_estimate_arguments(model: str = "mlp", *, distribution: str = "one_device",
+def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "one_device",
                              num_devices: int | None = None, num_stages: int | None = None,
                              num_microbatches: int | None = None,
                              num_replicas: int | None = None, remat: bool | None = None,
@@ -91,8 +91,16 @@ def check_estimate_arguments(model: str = "mlp", *, distribution: str = "one_dev
     Raises:
         ValueError: naming the argument, the value and what is accepted.
     """
-    _checks.one_of("model", model, MODELS)
+    own_model = callable(model) or is_hook(model)
+    if not own_model:
+        _checks.one_of("model", model, MODELS,
+                       hint="or your own model as package.module:function")
     _checks.one_of("distribution", distribution, DISTRIBUTIONS)
+    if own_model and distribution in MODEL_PARALLEL:
+        raise ValueError(f"estimating distribution {distribution!r} splits a built-in model "
+                         "into stages; for your own model, build it as a PipelineModel and "
+                         "read model.memory_report(batch_size), or estimate 'one_device' / "
+                         "'mirrored'.")
     _checks.one_of("optimizer", optimizer, OPTIMIZERS)
     _checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
     _checks.positive_int("global_batch_size", global_batch_size)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import keras
 
-from tfmulti import _checks, _tables, footprint, models, transformer
-from tfmulti.config import MODEL_PARALLEL, TRANSFORMER, TrainConfig
+from tfmulti import _checks, _tables, footprint, hooks, models, runs, transformer
+from tfmulti.config import MODEL_PARALLEL, TRANSFORMER, TrainConfig, is_hook
 from tfmulti.insight.estimate_args import DISTRIBUTIONS, check_estimate_arguments
 from tfmulti.parallel import blocks, placement
 from tfmulti.parallel.partition import plan_partition
@@ -36,8 +36,9 @@ _CPU_POLICY = {"float16": "bfloat16"}  # same widths; float16 layers need a GPU 
 
 
 def estimate_memory(
-    model: str = "mlp",
+    model="mlp",
     *,
+    dataset=None,
     distribution: str = "one_device",
     num_devices: int | None = None,
     num_stages: int | None = None,
@@ -59,8 +60,13 @@ def estimate_memory(
 
     Args:
         model: a built-in model name ("mlp", "cnn", "regression"), with its
-            default input shape, or "transformer" (`tfmulti.transformer`,
-            of the sizes below).
+            default input shape (or `dataset`'s), "transformer"
+            (`tfmulti.transformer`, of the sizes below), or your own model
+            function (a callable or "package.module:function", as for
+            training).
+        dataset: the data whose shapes the model takes (a dataset name or
+            your dataset function, as for training); needed for your own
+            model unless its function takes no `input_shape`.
         distribution: "one_device" (the default), "mirrored", "pipeline" or "hybrid".
         num_devices: data-parallel devices (default 1); for pipeline/hybrid it
             defaults to, and must equal, replicas x stages.
@@ -103,7 +109,8 @@ def estimate_memory(
             transformer sizes that T does not split evenly.
     """
     layout = check_estimate_arguments(
-        model, distribution=distribution, num_devices=num_devices, num_stages=num_stages,
+        model, dataset=dataset, distribution=distribution, num_devices=num_devices,
+        num_stages=num_stages,
         num_microbatches=num_microbatches, num_replicas=num_replicas, remat=remat,
         global_batch_size=global_batch_size, optimizer=optimizer,
         mixed_precision=mixed_precision, partition=partition, dropout=dropout,
@@ -112,6 +119,15 @@ def estimate_memory(
     settings, replicas, stages, micro = (layout.settings, layout.replicas, layout.stages,
                                          layout.micro_batch)
     pipelined = distribution in MODEL_PARALLEL
+    slots = footprint.OPTIMIZER_SLOTS.get(optimizer)
+    if slots is None:
+        raise ValueError(f"estimate-memory counts the slots of {sorted(footprint.OPTIMIZER_SLOTS)}"
+                         f", not {optimizer!r}; estimate with the closest one.")
+    if callable(model) or is_hook(model) or dataset is not None:
+        return _estimate_any_model(
+            model, dataset, distribution=distribution, replicas=layout.replicas,
+            micro=layout.micro_batch, slots=slots, global_batch_size=global_batch_size,
+            optimizer=optimizer, mixed_precision=mixed_precision, dropout=dropout)
     summary = {
         "model": model, "distribution": distribution, "num_replicas": replicas,
         "num_stages": stages, "tensor_parallel": layout.tensor_parallel,
@@ -121,7 +137,7 @@ def estimate_memory(
         "mixed_precision": mixed_precision, **layout.sizes,
     }
     if model == TRANSFORMER:
-        rows = _transformer_rows(layout, summary, partition, dropout)
+        rows = _transformer_rows(layout, summary, slots, partition, dropout)
         return {**summary, "num_devices": len(rows), "devices": rows}
     input_shape = models.INPUT_SHAPES[model]
     # Built under the run's policy, so each layer computes (and is counted) in
@@ -131,7 +147,6 @@ def estimate_memory(
                                          dropout=dropout).layers)
     if pipelined and settings["remat"]:
         check_remat(layers)
-    slots = footprint.OPTIMIZER_SLOTS[optimizer]
     rows = []
     if not pipelined:
         for r in range(replicas):
@@ -165,7 +180,8 @@ class _DeviceWeights:
         self.trainable_weights = [w for w in shares if w.trainable]
 
 
-def _transformer_rows(layout, summary: dict, partition: str, dropout: float) -> list[dict]:
+def _transformer_rows(layout, summary: dict, slots: int, partition: str,
+                      dropout: float) -> list[dict]:
     """The rows of a transformer over R x S x T devices: the model built
     without values (its shapes only), cut into stages as `PipelineModel`
     cuts it, each stage's layers shared out over its T devices as
@@ -177,7 +193,6 @@ def _transformer_rows(layout, summary: dict, partition: str, dropout: float) -> 
     if summary["remat"]:
         check_remat(model.layers)
     chain = blocks.chain_of(model)
-    slots = footprint.OPTIMIZER_SLOTS[summary["optimizer"]]
     stage_rows = []
     for s, cut in enumerate(plan_partition(model, S, method=partition).slices):
         weights = [[] for _ in range(T)]
@@ -296,6 +311,46 @@ def check_config(config: TrainConfig) -> None:
     """
     if config.device_memory_mb is not None:
         check_fits(estimate_for_config(config), config.device_memory_mb)
+
+
+def _user_model(model, dataset, dropout):
+    """(the built model, its input shape, its input dtype) for any model and data."""
+    config = TrainConfig(model=model, dataset=dataset or "synthetic", dropout=dropout)
+    if dataset is None and not config.builtin_model:
+        fn = hooks.resolve(model, "model")
+        wanted = hooks.parameters(fn)
+        if wanted is None or "input_shape" in wanted:
+            raise ValueError(f"your model function {config.model_name} takes `input_shape`; "
+                             "pass `dataset` (its data) so that estimate-memory knows the "
+                             "shapes.")
+        built = hooks.call(fn, {"dropout": dropout}, "model")
+        if not getattr(built, "inputs", None):
+            raise ValueError(f"the model function {config.model_name} returned a model without "
+                             "inputs (not built); pass `dataset` so that it can be built.")
+        shapes = [tuple(t.shape[1:]) for t in built.inputs]
+        return built, shapes[0] if len(shapes) == 1 else shapes, None
+    run_data = runs.load_data(config)
+    spec = runs.features_spec(run_data.train)
+    dtype = ({k: v.dtype for k, v in spec.items()} if isinstance(spec, dict)
+             else spec.dtype)
+    return runs.build_model_for(config, run_data), run_data.input_shape, dtype
+
+
+def _estimate_any_model(model, dataset, *, distribution, replicas, micro, slots,
+                        global_batch_size, optimizer, mixed_precision, dropout) -> dict:
+    with models.mixed_precision_policy(_CPU_POLICY.get(mixed_precision, mixed_precision)):
+        built, input_shape, input_dtype = _user_model(model, dataset, dropout)
+        row = footprint.model_footprint(built, input_shape, micro_batch=micro,
+                                        optimizer_slots=slots, input_dtype=input_dtype)
+    name = model if isinstance(model, str) else TrainConfig(model=model).model_name
+    return {
+        "model": name, "distribution": distribution, "num_devices": replicas,
+        "num_replicas": replicas, "num_stages": 1, "tensor_parallel": 1, "num_microbatches": 1,
+        "remat": False, "global_batch_size": global_batch_size, "optimizer": optimizer,
+        "mixed_precision": mixed_precision,
+        "devices": [{"device": r, "replica": r, "stage": 0, "shard": 0, **row}
+                    for r in range(replicas)],
+    }
 
 
 def format_memory_estimate(estimate: dict) -> str:

@@ -1,0 +1,73 @@
+"""tfmulti.hooks: the user's `package.module:function`, found, checked, called."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tfmulti import hooks
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """A module `userhooks.py` in a fresh current directory (not yet on sys.path)."""
+    (tmp_path / "userhooks.py").write_text(
+        "VALUE = 3\n"
+        "def build(input_shape, num_classes=10):\n"
+        "    return ('model', input_shape, num_classes)\n"
+        "def anything(**kwargs):\n"
+        "    return sorted(kwargs)\n"
+        "def needs(extra):\n"
+        "    return extra\n")
+    (tmp_path / "broken.py").write_text("import not_a_module_anywhere\n")
+    (tmp_path / "raising.py").write_text("raise RuntimeError('config file missing')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    for name in ("userhooks", "broken", "raising"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path
+
+
+def test_resolves_a_function_from_the_current_directory(user_module):
+    fn = hooks.resolve("userhooks:build", "model")
+    assert fn((4,)) == ("model", (4,), 10)
+
+
+def test_a_callable_is_itself():
+    def build():
+        return 1
+    assert hooks.resolve(build, "model") is build
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nomodule:build", r"`model` 'nomodule:build': no module named 'nomodule' in the current "
+                       r"directory \(.*\) or on sys.path; run from the folder that holds "
+                       r"nomodule.py"),
+    ("userhooks:missing", r"module 'userhooks' \(.*userhooks.py\) has no 'missing'; its "
+                          r"functions: \['anything', 'build', 'needs'\]"),
+    ("userhooks:VALUE", r"`model` 'userhooks:VALUE' names an object of type int, not a function"),
+    ("broken:build", r"importing 'broken' failed: No module named 'not_a_module_anywhere'"),
+    ("raising:build", r"importing 'raising' raised RuntimeError: config file missing"),
+])
+def test_errors_name_the_value_and_the_fix(user_module, spec, message):
+    with pytest.raises(ValueError, match=message):
+        hooks.resolve(spec, "model")
+
+
+def test_call_passes_what_the_function_takes(user_module):
+    offered = {"input_shape": (3,), "num_classes": 5, "seed": 1}
+    assert hooks.call(hooks.resolve("userhooks:build", "model"), offered, "model") \
+        == ("model", (3,), 5)
+    assert hooks.call(hooks.resolve("userhooks:anything", "model"), offered, "model") \
+        == ["input_shape", "num_classes", "seed"]
+    assert hooks.parameters(hooks.resolve("userhooks:anything", "model")) is None
+    assert hooks.parameters(hooks.resolve("userhooks:build", "model")) == {
+        "input_shape", "num_classes"}
+
+
+def test_call_refuses_a_required_argument_it_cannot_give(user_module):
+    with pytest.raises(ValueError, match=r"the dataset function needs requires \['extra'\], "
+                                         r"which tfmulti does not provide; it may take any of "
+                                         r"\['seed'\]"):
+        hooks.call(hooks.resolve("userhooks:needs", "dataset"), {"seed": 0}, "dataset")

@@ -1,0 +1,257 @@
+"""`tfmulti launch --hosts` on simulated hosts: network namespaces made here, one
+per host with its own address (10.213.0.1, 10.213.0.2), joined by a bridge in
+a namespace of its own (tfmulti.cluster.simulated_hosts), one launcher in
+each. Traffic stays inside those namespaces; they, their interfaces and every
+process in them are removed after each test, also after a failure.
+
+- 2 hosts x 2 workers train exactly as MirroredStrategy over 4 devices in
+  this process (tests/workers/equivalence.py, as tests/test_strategy.py does
+  for one host);
+- 2 hosts x 1 worker: worker 1, on host B, is SIGKILLed at step 10; with
+  --max_restarts 1 on both, both hosts restart and resume from the backup
+  that both see, and end with the weights of an uninterrupted MirroredStrategy
+  run over 2 devices (tests/workers/resumable.py, tfmulti.backup);
+- a host whose launcher is killed: the other's workers are stopped within
+  seconds and its launcher exits non-zero;
+- a host list that differs on one host: both fail at start-up, exit 2, one
+  line, no worker started.
+
+Skipped, with the reason, only where network namespaces cannot be made (not
+root, no iproute2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests._util import REPO, WORKERS
+from tfmulti.cluster import simulated_hosts
+
+pytestmark = pytest.mark.cluster
+
+LAUNCH_TIMEOUT = 600
+# A plain worker, no TensorFlow: prints its TF_CONFIG index, then sleeps.
+SLEEPER = textwrap.dedent('''
+    import json, os, sys, time
+    print("index", json.loads(os.environ["TF_CONFIG"])["task"]["index"], flush=True)
+    time.sleep(float(sys.argv[1]))
+''')
+
+
+@pytest.fixture
+def sim():
+    ok, why = simulated_hosts.available()
+    if not ok:
+        pytest.skip(f"cannot make network namespaces here: {why}")
+    with simulated_hosts.SimulatedHosts(2) as hosts:
+        yield hosts
+
+
+class _Launchers:
+    """One `tfmulti launch --hosts ...` per simulated host, output in a file each."""
+
+    def __init__(self, sim, tmp: Path, command: list[str], *options: str,
+                 views: list[str] | None = None, workers: int = 1):
+        default = ",".join(f"{a}:{workers}" for a in sim.addresses)
+        self.views = views or [default] * len(sim.addresses)
+        self.logs = [tmp / f"host{r}.log" for r in range(len(self.views))]
+        self.procs = []
+        for rank, view in enumerate(self.views):
+            with open(self.logs[rank], "w") as log:
+                self.procs.append(subprocess.Popen(
+                    sim.command(rank, [sys.executable, "-m", "tfmulti.cli", "launch",
+                                       "--hosts", view, "--host_rank", str(rank), *options,
+                                       "--", *command]),
+                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}))
+
+    def output(self, rank: int) -> str:
+        return self.logs[rank].read_text()
+
+    def wait(self, timeout: float = LAUNCH_TIMEOUT) -> list[int]:
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return [proc.returncode for proc in self.procs]
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def launchers(sim, tmp_path):
+    started = []
+
+    def start(command, *options, **kwargs):
+        started.append(_Launchers(sim, tmp_path, command, *options, **kwargs))
+        return started[-1]
+
+    yield start
+    for launch in started:  # the namespaces' teardown kills what is left in them
+        launch.kill()
+
+
+def _sleeper(tmp_path: Path, seconds: float) -> list[str]:
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    return [sys.executable, str(script), str(seconds)]
+
+
+def _load(path) -> dict:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def test_simulated_hosts_reach_each_other_and_nothing_else(sim):
+    names = sim.names
+    server = subprocess.Popen(
+        sim.command(0, [sys.executable, "-c", textwrap.dedent('''
+            import socket
+            with socket.create_server(("", 5000)) as s:
+                s.settimeout(60)
+                c, (peer, _) = s.accept()
+                print(peer, flush=True)
+        ''')]), stdout=subprocess.PIPE, text=True)
+    try:
+        client = subprocess.run(sim.command(1, [sys.executable, "-c", textwrap.dedent(f'''
+            import socket, time
+            for _ in range(100):
+                try:
+                    socket.create_connection(("{sim.addresses[0]}", 5000), timeout=5).close()
+                    break
+                except ConnectionRefusedError:
+                    time.sleep(0.1)
+        ''')]), capture_output=True, text=True, timeout=60)
+        assert client.returncode == 0, client.stderr
+        assert server.communicate(timeout=60)[0].strip() == sim.addresses[1]
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+    # Nothing of the simulated network is in this namespace, and it all goes on exit.
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "br0" not in links and not any(f" p{i}@" in links for i in range(2))
+    sim.__exit__(None, None, None)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(name in listed for name in [*names, sim.switch])
+
+
+def test_a_host_list_that_differs_on_one_host_fails_everywhere_at_start_up(launchers,
+                                                                          tmp_path, sim):
+    a, b = sim.addresses
+    launch = launchers(_sleeper(tmp_path, 60), "--startup_timeout", "120",
+                       views=[f"{a}:1,{b}:1", f"{a}:2,{b}:1"])
+    start = time.monotonic()
+    assert launch.wait(timeout=120) == [2, 2]
+    assert time.monotonic() - start < 60  # not the startup timeout: at once
+    for rank in (0, 1):
+        text = launch.output(rank)
+        assert "index" not in text, text  # no worker started
+        errors = [line for line in text.splitlines() if "error" in line]
+        assert len(errors) == 1, text
+        assert "the launcher of host 1 sees another cluster than host 0's: its --hosts is " \
+               f"['{a}:2', '{b}:1']" in errors[0], text
+
+
+def test_a_killed_launcher_fails_the_other_host_within_seconds(launchers, tmp_path):
+    launch = launchers(_sleeper(tmp_path, 300))
+    deadline = time.monotonic() + 120
+    while not all("index" in launch.output(r) for r in (0, 1)):
+        assert time.monotonic() < deadline, launch.output(0) + launch.output(1)
+        time.sleep(0.2)
+    launch.procs[1].kill()  # host B's launcher, SIGKILL
+    killed_at = time.monotonic()
+    codes = launch.wait(timeout=90)
+    assert time.monotonic() - killed_at < 60
+    assert codes[0] != 0 and codes[1] == -signal.SIGKILL, launch.output(0)
+    assert "on host 1" in launch.output(0) and "stopping this host's workers" in \
+        launch.output(0)
+    # Each launcher said that its workers' ports are open (across hosts they must be).
+    assert "host 0 of 2 (10.213.0.1): across hosts the workers cannot be isolated in a " \
+           "private network namespace" in launch.output(0)
+
+
+def test_two_hosts_with_two_workers_each_train_as_mirrored_over_four_devices(
+        launchers, tmp_path):
+    import importlib.util
+
+    import tfmulti
+
+    # The dict-input model (a functional model with 2 named inputs); tuple inputs and
+    # both kinds on one host: tests/test_strategy.py.
+    launch = launchers([sys.executable, str(WORKERS / "equivalence.py"), str(tmp_path),
+                        "dict"], "--startup_timeout", "300", workers=2)
+    codes = launch.wait()
+    outputs = [launch.output(r) for r in (0, 1)]
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    lines = [line for o in outputs for line in o.splitlines()]
+    for index in range(4):  # global indexes, host A's 0-1, host B's 2-3
+        assert f"[worker {index}] total=10.0" in lines, outputs
+    assert "[worker 2] total=10.0" in outputs[1].splitlines()
+    spec = importlib.util.spec_from_file_location("equivalence_worker",
+                                                  WORKERS / "equivalence.py")
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    mirrored = tfmulti.get_strategy("mirrored", devices=[f"CPU:{i}" for i in range(4)])
+    want, got = worker.run(mirrored, use_dict=True), _load(tmp_path / "dict.npz")
+    assert not (tmp_path / "tuple.npz").exists()
+    assert np.ptp(want["losses"]) > 1e-4  # the steps differ: equality is not vacuous
+    weights = [k for k in want if k.startswith("w")]
+    assert weights and sorted(weights) == sorted(k for k in got if k.startswith("w"))
+    for key in ("losses", "eval_loss", "eval_accuracy", *weights):
+        np.testing.assert_allclose(got[key], want[key], atol=1e-5, rtol=0, err_msg=key)
+
+
+def test_a_worker_killed_on_host_b_restarts_both_hosts_from_the_shared_backup(
+        launchers, tmp_path):
+    import keras
+
+    from tests.workers import resumable
+    from tfmulti.config import TrainConfig
+    from tfmulti.training import train
+
+    # One epoch of 16 steps, a backup every 4: worker 1 dies at step 10, both hosts
+    # resume at step 8.
+    config = {"epochs": 1}
+    launch = launchers([sys.executable, str(WORKERS / "resumable.py"), str(tmp_path),
+                        "multi_worker", "--kill", "10:1", "--config", json.dumps(config)],
+                       "--max_restarts", "1", "--grace_period", "5",
+                       "--startup_timeout", "300")
+    codes = launch.wait()
+    outputs = [launch.output(r) for r in (0, 1)]
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    assert "[worker 1] resumable: worker 1 sends itself SIGKILL at step 10" in outputs[1]
+    assert "worker 1 failed with exit code 137 (killed by SIGKILL) on host 1" in outputs[0]
+    resumed = f"resuming from {tmp_path / 'backup' / 'ckpt-8'}: global step 8"
+    for rank in (0, 1):
+        assert f"restart 1 of 1: starting this host's workers again" in outputs[rank]
+        assert f"[worker {rank}] tfmulti: {resumed}" in outputs[rank], outputs[rank][-3000:]
+
+    class Keep(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            self.weights = [np.array(w) for w in self.model.get_weights()]
+
+    keep = Keep()  # the uninterrupted run, on one host: MirroredStrategy over 2 devices
+    train(TrainConfig(**{**resumable.FIELDS, **config, "verbose": 0},
+                      distribution="mirrored", devices=("CPU:0", "CPU:1"),
+                      backup_dir=str(tmp_path / "reference")), callbacks=[keep])
+    final = _load(tmp_path / "final.npz")
+    assert int(final.pop("iterations")) == 16
+    got = [final[f"arr_{i}"] for i in range(len(final))]
+    assert len(got) == len(keep.weights)
+    for a, b in zip(got, keep.weights):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
