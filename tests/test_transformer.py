@@ -190,10 +190,10 @@ def _assert_layout_equals_the_plain_model(figures: dict, devices: int) -> None:
     assert figures["parameters_by_device"] == figures["estimated_parameters_by_device"]
 
 
-@pytest.mark.parametrize("stages,shards", [(2, 1), (2, 2)])
-def test_pipeline_stages_of_tensor_parallel_devices_equal_the_plain_model(stages, shards):
-
-    _assert_layout_equals_the_plain_model(layouts.compare(1, stages, shards), stages * shards)
+def test_two_pipeline_stages_equal_the_plain_model():
+    # Stages of tensor-parallel devices: 2 x 2 x 2 below, in a process of 8
+    # devices; their placement (and a 1 x 2 x 2 forward): tests/test_layouts.py.
+    _assert_layout_equals_the_plain_model(layouts.compare(1, 2, 1), 2)
 
 
 @pytest.mark.slow
