@@ -34,8 +34,9 @@ def test_each_stage_holds_its_group_of_devices(replicas, stages, shards, groups)
 
 
 def test_too_few_devices_names_the_layout_and_the_fix():
-    with pytest.raises(ValueError, match=r"2 stages x 2 replica\(s\) x 2 tensor-parallel devices "
-                                         r"need 8 devices, found 4.*configure_virtual_devices\(8\)"):
+    with pytest.raises(ValueError, match=r"2 stages x 2 replica\(s\) x 2 tensor-parallel "
+                                         r"devices need 8 devices, found 4.*"
+                                         r"configure_virtual_devices\(8\)"):
         build_parallel_transformer(num_replicas=2, num_stages=2, tensor_parallel=2, **SIZES)
     with pytest.raises(ValueError, match=r"`tensor_parallel` \(3\) must divide num_heads \(4\)"):
         build_parallel_transformer(tensor_parallel=3, devices=["CPU:0", "CPU:1", "CPU:2"],
