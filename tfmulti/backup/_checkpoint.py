@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import glob
+import json
 import os
-import re
 import shutil
 import tempfile
 import warnings
@@ -13,13 +13,16 @@ import warnings
 import tensorflow as tf
 
 from tfmulti import _checks
-from tfmulti.backup._preemption import _AGREE_TIMEOUT_S, _coordination_available, _kv
+from tfmulti.backup import _files
+from tfmulti.backup._preemption import _coordination_available, _kv
 from tfmulti.cluster import tf_config
 
-_CHECKPOINT_PREFIX = "ckpt"
 # A coordination-service key per `fit` call (`run` counts the calls, which
 # every worker makes in the same order), since a key can be set only once.
 _RESUME_KEY = "tfmulti/backup/{run}/resume"
+# How long the other workers wait for the chief's resume point: it reads every
+# tensor of the newest checkpoints first (a large model on a network filesystem).
+_RESUME_WAIT_S = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,22 +43,13 @@ def _say(message: str) -> None:
     print(f"tfmulti: {message}", flush=True)
 
 
-def _checkpoint_number(path: str) -> int:
-    match = re.search(rf"{_CHECKPOINT_PREFIX}-(\d+)$", path)
-    return int(match.group(1)) if match else -1
-
-
 def checkpoints(backup_dir: str) -> list[str]:
-    """The complete-looking checkpoints in `backup_dir`, newest (highest step) first.
+    """tfmulti's complete-looking checkpoints in `backup_dir`, newest (highest step) first.
 
-    Listed from the files, not the `checkpoint` state file, so a damaged
-    state file does not hide good checkpoints; unfinished saves (TensorFlow's
-    `*_temp` directories) are not listed.
+    Listed from the files (names matched literally, never as patterns);
+    unfinished saves and checkpoints tfmulti did not write are not listed.
     """
-    paths = [p[: -len(".index")]
-             for p in glob.glob(os.path.join(backup_dir, f"{_CHECKPOINT_PREFIX}-*.index"))]
-    paths = [p for p in paths if _checkpoint_number(p) >= 0]
-    return sorted(paths, key=_checkpoint_number, reverse=True)
+    return _files.checkpoint_prefixes(backup_dir)
 
 
 def verify(path: str) -> int:
@@ -90,7 +84,7 @@ def latest_valid(backup_dir: str) -> ResumePoint:
         try:
             return ResumePoint(verify(path), path)
         except ValueError as e:
-            files = ", ".join(sorted(os.path.basename(f) for f in glob.glob(path + ".*")))
+            files = ", ".join(_files.checkpoint_files(path))
             message = (f"backup checkpoint {path} ({files}) cannot be restored ({e}); "
                        "falling back to the previous one")
             warnings.warn(message, RuntimeWarning, stacklevel=2)
@@ -98,19 +92,54 @@ def latest_valid(backup_dir: str) -> ResumePoint:
     return ResumePoint(0, None)
 
 
+def _role(chief: bool | None, task_index: int | None) -> tuple[bool, int, int]:
+    """(chief, task index, number of workers) of this process."""
+    config = tf_config.from_environ()
+    return (tf_config.is_chief(config) if chief is None else chief,
+            (int(config["task"]["index"]) if config and "task" in config else 0)
+            if task_index is None else task_index,
+            tf_config.num_tasks(config) if config else 1)
+
+
+def lock(backup_dir: str, *, chief: bool | None = None) -> contextlib.AbstractContextManager:
+    """Holds `backup_dir` for this run (the chief; a no-op on other workers): a
+    second run on the same directory gets a ValueError naming this one. `fit`
+    holds it while it trains; hold it longer around `fit`, the evaluation, the
+    writes and `delete`, so no other run can take the finished backup meanwhile.
+
+    Example:
+        >>> import tempfile
+        >>> from tfmulti import backup
+        >>> with backup.lock(tempfile.mkdtemp()):
+        ...     pass  # fit, evaluate, save the model, backup.delete(...)
+
+    Raises:
+        ValueError: another run holds it, or `backup_dir` cannot be written.
+    """
+    return _files.DirLock(backup_dir) if _role(chief, None)[0] else contextlib.nullcontext()
+
+
 class Backup:
     """The checkpoint of one training run: what to save, where, and restore.
 
     Args:
-        backup_dir: the chief's directory (created on the first save).
+        backup_dir: the chief's directory (created when the chief first uses it).
         model: a built, compiled Keras model (any strategy, or a PipelineModel).
         keep: how many checkpoints the chief keeps (>= 1; 2 by default, so a
             damaged newest one has a fallback).
+        fingerprint: the caller's fields that must not change across a resume
+            (JSON values: global batch, dataset, seed, ...), stored with the
+            checkpoints next to the model's variable shapes and the
+            optimizer; a resume with other values is refused.
         chief: whether this worker writes `backup_dir` (default: from TF_CONFIG).
         task_index: this worker's index (default: from TF_CONFIG).
+
+    The chief locks `backup_dir` when it first uses it (see `lock`), until
+    `release()` (or the end of a `with Backup(...)` block).
     """
 
-    def __init__(self, backup_dir: str, model, *, keep: int = 2, chief: bool | None = None,
+    def __init__(self, backup_dir: str, model, *, keep: int = 2,
+                 fingerprint: dict | None = None, chief: bool | None = None,
                  task_index: int | None = None, run: int = 0):
         if not backup_dir:
             raise ValueError("`backup_dir` must be a directory path, got an empty value.")
@@ -119,17 +148,84 @@ class Backup:
                              "pass a directory path.")
         _checks.positive_int("keep", keep, hint="use 2 so a damaged newest checkpoint has a "
                              "fallback")
-        config = tf_config.from_environ()
+        self.extra_fingerprint = _json_fields(fingerprint)
         self.backup_dir = backup_dir
         self.keep = keep
-        self.chief = tf_config.is_chief(config) if chief is None else chief
-        self.task_index = (int(config["task"]["index"]) if config and "task" in config
-                           else 0) if task_index is None else task_index
-        self.num_workers = tf_config.num_tasks(config) if config else 1
+        self.chief, self.task_index, self.num_workers = _role(chief, task_index)
         self.model = model
+        self.run = run
         self.resume_key = _RESUME_KEY.format(run=run)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfmulti_global_step")
         self._metric_values: list | None = None
+        self._lock = _files.DirLock(backup_dir)
+        self._fingerprint_checked = False
+
+    def __enter__(self) -> "Backup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        """The chief locks `backup_dir` (once; a no-op on other workers).
+
+        Raises:
+            ValueError: another run holds it, or it cannot be written.
+        """
+        if self.chief:
+            self._lock.acquire()
+
+    def release(self) -> None:
+        """Releases the lock on `backup_dir`, if this object holds it."""
+        self._lock.release()
+
+    # ------------------------------------------------------------ fingerprint
+
+    def fingerprint(self) -> dict:
+        """What must not change across a resume: the model's variables (shapes and
+        dtypes), the optimizer's class and the caller's fields."""
+        fields = dict(self.extra_fingerprint)
+        if self.model is not None:
+            fields["variables"] = [f"{list(v.shape)} {v.dtype}" for v in self.model.variables]
+            optimizer = getattr(self.model, "optimizer", None)
+            if optimizer is not None:
+                fields["optimizer"] = type(optimizer).__name__
+        return json.loads(json.dumps(fields))  # as stored: tuples become lists
+
+    def check_fingerprint(self) -> None:
+        """Refuses to resume from a backup of a run with other settings.
+
+        Raises:
+            ValueError: naming each differing field (old -> new) and the fix.
+        """
+        if self._fingerprint_checked:
+            return
+        stored = _files.read_fingerprint(self.backup_dir)
+        if stored is None:
+            raise ValueError(
+                f"the backup in {self.backup_dir} has no {_files.MANIFEST}, so nothing shows "
+                "which run wrote it; pass a new `backup_dir` (or delete this backup: "
+                f"tfmulti.backup.delete({self.backup_dir!r})).")
+        differences = _files.fingerprint_differences(stored, self.fingerprint())
+        if differences:
+            raise _files.mismatch_error(self.backup_dir, differences)
+        self._fingerprint_checked = True
+
+    def _store_fingerprint(self) -> None:
+        """Before the chief's first save: the fingerprint goes with the checkpoints. One
+        of another run's kept checkpoints (which no resume checked) is refused."""
+        if self._fingerprint_checked:
+            return
+        stored = _files.read_fingerprint(self.backup_dir)
+        current = self.fingerprint()
+        if stored is not None and stored != current and checkpoints(self.backup_dir):
+            raise _files.mismatch_error(self.backup_dir,
+                                        _files.fingerprint_differences(stored, current))
+        if stored != current:
+            _files.write_fingerprint(self.backup_dir, current)
+        self._fingerprint_checked = True
+
+    # ------------------------------------------------------------ save / restore
 
     # The checkpoint is built when saving or restoring, after Keras created the
     # optimizer's and the metrics' variables (at the start of `fit`).
@@ -144,49 +240,54 @@ class Backup:
 
     def save(self, step: int) -> str | None:
         """Saves at global step `step`; every worker must call it at the same step.
-        Returns the chief's checkpoint path (None on other workers)."""
+        Returns the chief's checkpoint path (None on other workers).
+
+        The other workers write into private temporary directories (a save may
+        need collectives), removed at once, also when the save fails."""
         self.step.assign(step)
         checkpoint = self._checkpoint()
         if self.chief:
-            manager = tf.train.CheckpointManager(checkpoint, self.backup_dir,
-                                                 max_to_keep=self.keep,
-                                                 checkpoint_name=_CHECKPOINT_PREFIX)
-            return manager.save(checkpoint_number=step)
-        # One fixed scratch dir per backup and worker: a leftover of a worker
-        # killed while saving is removed by the next save.
-        scratch = self._scratch_dir()
-        shutil.rmtree(scratch, ignore_errors=True)
+            self.acquire()
+            self._store_fingerprint()
+            path = checkpoint.write(os.path.join(self.backup_dir, f"{_files.PREFIX}-{step}"))
+            _files.prune(self.backup_dir, self.keep, step)
+            return path
+        scratch = tempfile.mkdtemp(prefix="tfmulti-backup-")
         try:
-            tf.train.CheckpointManager(checkpoint, scratch, max_to_keep=1).save(
-                checkpoint_number=step)
+            checkpoint.write(os.path.join(scratch, _files.PREFIX))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
 
-    def _scratch_dir(self) -> str:
-        import hashlib
-
-        digest = hashlib.sha256(os.path.abspath(self.backup_dir).encode()).hexdigest()[:12]
-        return os.path.join(tempfile.gettempdir(),
-                            f"tfmulti-backup-{digest}-worker{self.task_index}")
-
     def resume_point(self) -> ResumePoint:
         """The checkpoint to resume from, the same on every worker.
 
-        The chief verifies the newest checkpoints (falling back past damaged
-        ones) and publishes its choice; the other workers take it.
+        The chief locks `backup_dir`, verifies the newest checkpoints (falling
+        back past damaged ones) and publishes its choice, or its error; the
+        other workers take it.
 
         Raises:
-            ValueError: a worker cannot read the chief's choice (backup_dir not shared).
+            ValueError: `backup_dir` is another run's, or a worker cannot read the
+                chief's choice (backup_dir not shared).
         """
         multi = self.num_workers > 1 and _coordination_available()
         if self.chief or not multi:
-            point = latest_valid(self.backup_dir)
+            try:
+                self.acquire()
+                _files.note_foreign(self.backup_dir, _say)
+                point = latest_valid(self.backup_dir)
+            except ValueError as e:
+                if multi:
+                    _kv().set_config_key_value(self.resume_key, f"error|{e}")
+                raise
             if multi:
-                _kv().set_config_key_value(self.resume_key, f"{point.step}|{point.path or ''}")
+                _kv().set_config_key_value(self.resume_key, f"ok|{point.step}|{point.path or ''}")
             return point
-        value = _kv().get_config_key_value(self.resume_key, int(_AGREE_TIMEOUT_S * 1000))
-        step_text, _, path = value.partition("|")
+        value = _kv().get_config_key_value(self.resume_key, int(_RESUME_WAIT_S * 1000))
+        status, _, rest = value.partition("|")
+        if status == "error":
+            raise ValueError(f"the chief cannot resume: {rest}")
+        step_text, _, path = rest.partition("|")
         if not path:
             return ResumePoint(0, None)
         try:
@@ -198,16 +299,19 @@ class Backup:
         return ResumePoint(int(step_text), path)
 
     def restore(self, point: ResumePoint) -> None:
-        """Restores model, optimizer, metrics and step from `point.path`."""
+        """Restores model, optimizer, metrics and step from `point.path`, after
+        checking that the backup is this run's (`check_fingerprint`)."""
         if point.path is None:
             return
+        self.check_fingerprint()
         status = self._checkpoint().read(point.path)
-        status.assert_existing_objects_matched().expect_partial()  # save_counter: unused
+        status.assert_existing_objects_matched().expect_partial()
         self._metric_values = [v.numpy() for v in self.model.metrics_variables]
 
     def restore_weights(self, point: ResumePoint) -> None:
         """Restores only the model's variables (nothing left to train)."""
         if point.path is not None:
+            self.check_fingerprint()
             self._checkpoint(metrics=False, optimizer=False).read(point.path).expect_partial()
 
     def restore_metrics(self, point: ResumePoint) -> None:
@@ -223,20 +327,26 @@ class Backup:
             delete(self.backup_dir)
 
 
+def _json_fields(fingerprint: dict | None) -> dict:
+    if fingerprint is None:
+        return {}
+    if not isinstance(fingerprint, dict) or not all(isinstance(k, str) for k in fingerprint):
+        raise ValueError(f"`fingerprint` must be a dict with str keys, got {fingerprint!r}.")
+    for name, value in fingerprint.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"`fingerprint` field {name!r} must be a JSON value (str, number, "
+                             f"bool, None, list, dict), got {value!r}.") from None
+    return dict(fingerprint)
+
+
 def delete(backup_dir: str) -> None:
-    """Removes the checkpoints and state file in `backup_dir`, and the directory
-    if that leaves it empty (other files are the user's)."""
-    if not os.path.isdir(backup_dir):
-        return
-    for path in glob.glob(os.path.join(backup_dir, f"{_CHECKPOINT_PREFIX}-*")) + \
-            [os.path.join(backup_dir, "checkpoint")]:
-        if os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
-        elif os.path.exists(path):
-            os.remove(path)
-    try:
-        os.rmdir(backup_dir)
-    except OSError:
-        pass
+    """Removes tfmulti's checkpoints, manifest and lock from `backup_dir`, and the
+    directory if that leaves it empty. Anything else in it, TensorFlow checkpoints
+    that tfmulti did not write included, is left alone.
 
-
+    Raises:
+        ValueError: another run holds `backup_dir` (see `lock`).
+    """
+    _files.delete(backup_dir)

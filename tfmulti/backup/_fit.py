@@ -10,7 +10,7 @@ from typing import Callable
 import tensorflow as tf
 
 from tfmulti import _checks
-from tfmulti.backup._checkpoint import Backup, ResumePoint, _say
+from tfmulti.backup._checkpoint import Backup, ResumePoint, _say, delete
 from tfmulti.backup._preemption import Preempted, _Preemption
 from tfmulti.cluster import exit_codes
 
@@ -20,11 +20,24 @@ _runs = itertools.count()
 @dataclasses.dataclass(frozen=True)
 class FitResult:
     """What `fit` did: the merged Keras history of the epochs trained in this
-    process, and the global step it resumed from (0: a fresh start)."""
+    process, the global step it resumed from (0: a fresh start) and the
+    checkpoint it resumed from; `delete_backup()` once the results are saved."""
 
     history: dict
     resumed_step: int
     resumed_from: str | None
+    backup_dir: str | None = None
+    chief: bool = True
+
+    def delete_backup(self) -> None:
+        """Deletes the backup (on the chief; other workers do nothing). Call it after
+        saving the trained model: until then a crash can still resume from it.
+
+        Raises:
+            ValueError: another run holds `backup_dir` now.
+        """
+        if self.chief and self.backup_dir:
+            delete(self.backup_dir)
 
 
 def _callback_class():
@@ -113,9 +126,9 @@ def _build_for_restore(model, dataset) -> None:
 
 def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_epoch: int,
         backup_dir: str, save_every_steps: int | None = None, save_every_epoch: bool = True,
-        keep: int = 2, delete_on_success: bool = True, preemption: bool = True,
+        keep: int = 2, delete_on_success: bool = False, preemption: bool = True,
         callbacks=(), verbose="auto", steps_per_execution: int | None = None,
-        **fit_kwargs) -> FitResult:
+        fingerprint: dict | None = None, **fit_kwargs) -> FitResult:
     """`model.fit` that resumes from `backup_dir` at the next step.
 
     Args:
@@ -130,12 +143,21 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         save_every_epoch: save at each epoch end.
         keep: checkpoints kept (2: a damaged newest one has a fallback).
         delete_on_success: remove the backup when training ends normally.
+            Off by default: the backup is the only copy of the trained state
+            until the caller has saved the model; call `delete_backup()` on
+            the result (or `tfmulti.backup.delete(backup_dir)`) after that.
         preemption: on SIGTERM, save at an agreed step and raise `Preempted`
-            (a SystemExit with code 75).
+            (a SystemExit with code 75; `PreemptedUnsaved`, 76, when the
+            workers could not agree on a step).
         callbacks, verbose, fit_kwargs: passed to `model.fit`; `verbose=0` also
             silences the line printed at each backup.
         steps_per_execution: the model's (`fit` runs the compiled value);
             another value is refused.
+        fingerprint: the caller's fields that must not change across a resume
+            (JSON values, e.g. global batch, dataset, seed), stored with the
+            checkpoints with what `fit` knows (the model's variables, the
+            optimizer, `steps_per_epoch`, the steps per execution); resuming
+            a backup whose fingerprint differs is refused, naming the fields.
 
     Returns:
         A `FitResult`: the merged `history.history` of the (one or two) `fit`
@@ -143,8 +165,11 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         totals are restored too), and where training resumed.
 
     Raises:
-        ValueError: bad arguments, or a resume step that does not fit the run.
+        ValueError: bad arguments, a resume step that does not fit the run,
+            a backup of a run with other settings, or a `backup_dir` in use
+            by another run.
         Preempted: after saving on SIGTERM.
+        PreemptedUnsaved: on SIGTERM, when the workers did not agree on a step.
     """
     _checks.positive_int("epochs", epochs)
     _checks.positive_int("steps_per_epoch", steps_per_epoch)
@@ -159,7 +184,26 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         raise ValueError(f"the model's steps per execution ({steps_per_execution}) must divide "
                          f"`steps_per_epoch` ({steps_per_epoch}) for step-exact resumes.")
     run = next(_runs)
-    backup = Backup(backup_dir, model, keep=keep, run=run)
+    backup = Backup(backup_dir, model, keep=keep, run=run, fingerprint={
+        **(fingerprint or {}), "steps_per_epoch": steps_per_epoch,
+        "steps_per_execution": steps_per_execution})
+    try:
+        history, point = _fit(model, backup, dataset_from, epochs, steps_per_epoch,
+                              steps_per_execution, save_every_steps, save_every_epoch,
+                              preemption, callbacks, verbose, fit_kwargs)
+    finally:
+        backup.release()
+    result = FitResult(history, point.step, point.path, backup_dir, backup.chief)
+    if delete_on_success:
+        result.delete_backup()
+    return result
+
+
+def _fit(model, backup: Backup, dataset_from, epochs: int, steps_per_epoch: int,
+         steps_per_execution: int, save_every_steps, save_every_epoch: bool, preemption: bool,
+         callbacks, verbose, fit_kwargs) -> tuple[dict, ResumePoint]:
+    """`fit` once `backup` is made: (the merged history, where it resumed)."""
+    backup_dir = backup.backup_dir
     point = backup.resume_point()
     total = epochs * steps_per_epoch
     if point.step > total:
@@ -177,7 +221,8 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         _say(f"resuming from {point.path}: global step {point.step} = epoch "
              f"{point.epoch(steps_per_epoch) + 1}, step {point.step_in_epoch(steps_per_epoch)}"
              f" of {steps_per_epoch}; the input skips {point.step} batches")
-    watcher = _Preemption(backup.task_index, backup.num_workers, steps_per_execution, run)
+    watcher = _Preemption(backup.task_index, backup.num_workers, steps_per_execution,
+                          backup.run)
     callback_cls = _callback_class()
     history: dict[str, list] = {}
     first_epoch, offset = point.epoch(steps_per_epoch), point.step_in_epoch(steps_per_epoch)
@@ -191,7 +236,10 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
     fit_kwargs.setdefault("shuffle", False)  # the data comes positioned: never reorder
     if point.path:
         _build_for_restore(model, dataset_from(phases[0][3] if phases else point.step))
-    watcher.install()
+        if model.built:  # else Keras builds it in `fit`, and `restore` checks it there
+            backup.check_fingerprint()
+    if preemption:
+        watcher.install()
     try:
         if not phases:  # the backup is the finished run: only the weights matter
             backup.restore_weights(point)
@@ -208,6 +256,5 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
                 history.setdefault(key, []).extend(values)
     finally:
         watcher.uninstall()
-    if delete_on_success:
-        backup.delete()
-    return FitResult(history, point.step, point.path)
+    return history, point
+

@@ -8,22 +8,32 @@ import threading
 import time
 
 from tfmulti.cluster import exit_codes
+from tfmulti.cluster.plan import PREEMPTION_AGREEMENT_S
 
 _PREEMPT_KEY = "tfmulti/backup/{run}/preempt"
 _ACK_KEY = "tfmulti/backup/{run}/ack/{index}"
 _DONE = "done"
-_AGREE_TIMEOUT_S = 60.0
 
 
 class Preempted(SystemExit):
     """Raised after every worker saved on SIGTERM; exits with `exit_codes.PREEMPTED`."""
 
+    code_on_exit = exit_codes.PREEMPTED
+
     def __init__(self, message: str):
-        super().__init__(exit_codes.PREEMPTED)
+        super().__init__(self.code_on_exit)
         self.message = message
 
     def __str__(self) -> str:
         return self.message
+
+
+class PreemptedUnsaved(Preempted):
+    """Raised on SIGTERM when the workers did not agree on a step to save at
+    within `PREEMPTION_AGREEMENT_S`: nothing was saved, and the process exits with
+    `exit_codes.PREEMPTED_UNSAVED` (a restart resumes from the previous backup)."""
+
+    code_on_exit = exit_codes.PREEMPTED_UNSAVED
 
 
 def _coordination_available() -> bool:
@@ -115,16 +125,20 @@ class _Preemption:
                 # Another worker announced first (its step holds, the watcher
                 # thread has it), or training is over ("done"): nothing to add.
                 return self._due(boundary)
-            deadline = time.monotonic() + _AGREE_TIMEOUT_S
+            deadline = time.monotonic() + PREEMPTION_AGREEMENT_S
             for index in range(self.num_workers):
                 left_ms = max(1, int((deadline - time.monotonic()) * 1000))
                 try:
                     _kv().get_config_key_value(self.ack_key(index), left_ms)
                 except Exception as e:  # pylint: disable=broad-except
-                    raise Preempted(
+                    message = (
                         f"worker {self.task_index} got SIGTERM but worker {index} did not "
-                        f"acknowledge the save step within {_AGREE_TIMEOUT_S:g} s ({e}); "
-                        "exiting without a new backup") from e
+                        f"acknowledge the save step within {PREEMPTION_AGREEMENT_S:g} s "
+                        f"({str(e).strip()[:200]}); nothing was saved: exiting with code "
+                        f"{exit_codes.PREEMPTED_UNSAVED}, a restart resumes from the previous "
+                        "backup")
+                    print(f"tfmulti: {message}", file=sys.stderr, flush=True)
+                    raise PreemptedUnsaved(message) from e
         return self._due(boundary)
 
     def _due(self, boundary: int) -> bool:
