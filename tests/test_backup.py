@@ -25,11 +25,12 @@ import numpy as np
 import pytest
 
 from tests._util import REPO, WORKERS, file_tree, launch_python, run_python
-from tests.workers import resumable
+from tests.workers import resumable, slurm_backup, user_model
 from tfmulti import backup
 from tfmulti.cluster import exit_codes, tf_config
 
 WORKER = str(WORKERS / "resumable.py")
+SLURM_WORKER = str(WORKERS / "slurm_backup.py")
 TOTAL_STEPS = 3 * 16
 
 
@@ -58,8 +59,8 @@ def _private_tmp(monkeypatch, tmp_path) -> str:
 
 
 def _scratch_dirs(tmp: str) -> list[str]:
-    """The backup scratch dirs in `tmp` (TensorFlow's autograph leaves files there too)."""
-    return [name for name in os.listdir(tmp) if name.startswith("tfmulti-backup-")]
+    """tfmulti's scratch dirs in `tmp` (TensorFlow's autograph leaves files there too)."""
+    return [name for name in os.listdir(tmp) if name.startswith("tfmulti-")]
 
 
 def _resumed(out_dir, step: int) -> str:
@@ -173,6 +174,62 @@ def test_sigterm_to_the_launcher_saves_on_all_workers_and_does_not_restart(tmp_p
     assert output.count("preempted: saved a backup") == 2 and len(saved) == 1, output[-4000:]
     assert "restart 1" not in output
     assert backup.latest_valid(str(tmp_path / "backup")).step == saved.pop()
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_a_faked_slurm_job_has_one_writer_one_resume_point_and_a_coordinated_preemption(
+        tmp_path, monkeypatch):
+    """2 tasks of a SLURM job step on this host, roles from SLURM's variables only
+    (no TF_CONFIG): task 0 alone writes (backups, results, the SavedModel); task 1
+    SIGKILLed at step 10, and after the restart both tasks resume from the
+    backup at 8; task 0 SIGTERMed at step 18, and both save at 19 and exit 75;
+    the last restart resumes both from 19 and ends with the uninterrupted
+    2-replica run's weights; its SavedModel predicts like the trained model."""
+    import tfmulti
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    with strategy.scope():
+        reference = slurm_backup.build_model()
+    slurm_backup.fit(reference, strategy, str(tmp_path / "reference")).delete_backup()
+    scratch = _private_tmp(monkeypatch, tmp_path)
+    out = tmp_path / "job"
+    out.mkdir()
+    code, output = launch_python([SLURM_WORKER, str(out), "--kill", "10:1", "--kill",
+                                  "18:0:TERM"], max_restarts=2, grace_period=30)
+    assert code == 0, output[-4000:]
+    assert "[worker 0] slurm_backup: task 0: chief=True rank=0 of 2" in output, output[-4000:]
+    assert "[worker 1] slurm_backup: task 1: chief=False rank=1 of 2" in output
+    # One writer: only task 0 reports backups, writes its results and the SavedModel.
+    writers = set(re.findall(r"\[worker (\d)\] tfmulti: backup at global step", output))
+    assert writers == {"0"}, output[-4000:]
+    assert sorted(os.listdir(out)) == ["final-0.npz", "killed-10-1", "killed-18-0", "serving"]
+    assert "[worker 1] slurm_backup: task 1 exported: None" in output
+    # One resume point after the SIGKILL, one agreed save on SIGTERM.
+    assert "slurm_backup: worker 1 sends itself SIGKILL at step 10" in output
+    assert "worker 1 failed with exit code 137 (killed by SIGKILL)" in output
+    for task in (0, 1):
+        for step in (8, 19):
+            assert f"[worker {task}] tfmulti: {_resumed(out, step)}" in output, output[-4000:]
+    assert "slurm_backup: worker 0 sends itself SIGTERM at step 18" in output
+    saved = re.findall(r"\[worker (\d)\] tfmulti: preempted: saved a backup at global step "
+                       r"(\d+)", output)
+    assert sorted(saved) == [("0", "19"), ("1", "19")], output[-4000:]
+    assert "exit code 75 (preempted" in output
+    assert "restart 2 of 2" in output
+    with np.load(out / "final-0.npz") as final:
+        assert int(final["iterations"]) == 32 and int(final["resumed_step"]) == 19
+        weights = [final[f"w{i}"] for i in range(len(reference.get_weights()))]
+        predictions = final["predictions"]
+    for a, b in zip(weights, reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    import tensorflow as tf
+
+    served = tf.saved_model.load(str(out / "serving"))  # kept: it owns the variables
+    np.testing.assert_allclose(served.serve(slurm_backup.probe()).numpy(), predictions,
+                               atol=1e-6, rtol=0)
+    assert not (out / "backup").exists()  # deleted by task 0 after its results
+    assert _scratch_dirs(scratch) == []
 
 
 @pytest.mark.slow
@@ -319,7 +376,7 @@ class _CrashAt:
 
         class Crash(keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):
-                if int(self.model.optimizer.iterations) == iteration:
+                if int(self.model.optimizer.iterations.numpy()) == iteration:
                     raise RuntimeError("simulated crash")
 
         return Crash()
@@ -530,7 +587,7 @@ def test_fit_needs_whole_calls_of_steps(tmp_path):
 
 
 
-# ----------------------------------------------------------------------------- one run, one directory
+# ------------------------------------------------------------------------ one run, one directory
 
 
 def _dense_model(units: int = 2):
@@ -628,11 +685,13 @@ def test_a_killed_runs_lock_does_not_block_its_rerun(tmp_path):
     """A real holder process: its run is refused with its pid; once it is SIGKILLed,
     the kernel has released its lock and the rerun goes ahead."""
     code = ("import sys, time; from tfmulti.backup import _files; "
-            "_files.DirLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(300)")
+            "lock = _files.DirLock(sys.argv[1]); lock.acquire(); print('locked', flush=True); "
+            "time.sleep(300)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
                             text=True, cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     try:
-        assert proc.stdout.readline().strip() == "locked"
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready and proc.stdout.readline().strip() == "locked"
         with pytest.raises(ValueError, match=rf"in use by another run \(pid {proc.pid} on "
                                              rf"{re.escape(socket.gethostname())}, since .*-c"):
             _fit(tmp_path)
@@ -658,8 +717,8 @@ def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path):
         (dict(fingerprint={k: v for k, v in fields.items() if k != "dataset"}),
          r'dataset: "mine" -> \(not recorded\)'),
         (dict(fingerprint=fields, model=_dense_model(3)),
-         r"model variables \(2 -> 2\): changed 0: \[8, 2\] float32 -> \[8, 3\] float32, "
-         r"1: \[2\] float32 -> \[3\] float32"),
+         r"model variables \(2 -> 2\): changed 0.Dense/0.kernel: \[8, 2\] float32 -> "
+         r"\[8, 3\] float32, 0.Dense/1.bias: \[2\] float32 -> \[3\] float32"),
     ]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -810,3 +869,189 @@ def test_a_preemption_without_agreement_exits_76_saying_nothing_was_saved(monkey
                "(DEADLINE_EXCEEDED")
     assert message in str(raised.value) and message in capsys.readouterr().err
     assert "nothing was saved: exiting with code 76" in str(raised.value)
+
+
+# ----------------------------------------------------------------------------- portable checkpoints
+
+
+def _dict_stream(step):
+    import tensorflow as tf
+
+    x, y = user_model.examples(256, seed=5)
+    dataset = tf.data.Dataset.from_tensor_slices((user_model.as_inputs(x), y))
+    return dataset.batch(32).repeat().skip(step)
+
+
+class _Record:
+    """A callback keeping the model's weights and its optimizer's variables (the
+    iteration count and the slots, in the order Keras made them) before the first
+    step of `fit` (after the restore) and after step `at`."""
+
+    def __new__(cls, at, weights):
+        import keras
+
+        class Record(keras.callbacks.Callback):
+            first, last = None, None
+
+            def _state(self):
+                opt = self.model.optimizer
+                return weights(self.model), [np.array(v) for v in opt.variables]
+
+            def on_train_batch_begin(self, batch, logs=None):
+                if self.first is None:
+                    self.first = self._state()
+
+            def on_train_batch_end(self, batch, logs=None):
+                if int(self.model.optimizer.iterations.numpy()) == at:
+                    self.last = self._state()
+
+        return Record()
+
+
+def _assert_same_state(restored, saved, slots: int) -> None:
+    """Weights equal; the iteration count and the first `slots` slots equal (a
+    hybrid pipeline holds a copy of each for every replica after them)."""
+    (weights, opt), (saved_weights, saved_opt) = restored, saved
+    assert len(weights) == len(saved_weights)
+    for a, b in zip(weights, saved_weights):
+        np.testing.assert_array_equal(a, b)
+    assert int(opt[0]) == int(saved_opt[0])  # iteration
+    assert len(opt) >= slots + 2 and len(saved_opt) >= slots + 2
+    for a, b in zip(opt[2:slots + 2], saved_opt[2:slots + 2]):  # after iteration, rate
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow  # trains 4 runs
+def test_a_backup_resumes_with_another_replica_count_and_on_one_device(tmp_path):
+    """Mirrored over 4 replicas, crashed at step 10 (backup at 8); resumed with 2
+    replicas, crashed at 14 (backup at 12); resumed on one device to the end. Each
+    restore puts back exactly the weights and Adam's moments and step count of
+    the run that saved; the result is the uninterrupted 4-replica run's."""
+    import keras
+
+    import tfmulti
+
+    def run(devices, directory, *callbacks):
+        strategy = tfmulti.get_strategy("one_device" if len(devices) == 1 else "mirrored",
+                                        devices=devices)
+        with strategy.scope():
+            model = user_model.functional_model()
+            model.compile(keras.optimizers.Adam(0.02), user_model.loss)
+        backup.fit(model, _dict_stream, epochs=2, steps_per_epoch=8, save_every_steps=4,
+                   backup_dir=str(tmp_path / directory), callbacks=list(callbacks), verbose=0,
+                   fingerprint={"global_batch_size": 32})
+        return model
+
+    four = ["CPU:0", "CPU:1", "CPU:2", "CPU:3"]
+    reference = run(four, "reference")
+    weights = lambda m: [np.array(w) for w in m.get_weights()]  # noqa: E731
+    saved_4 = _Record(8, weights)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(four, "b", saved_4, _CrashAt(10))
+    on_2, saved_2 = _Record(12, weights), None
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(["CPU:0", "CPU:1"], "b", on_2, _CrashAt(14))
+    saved_2 = on_2
+    on_1 = _Record(16, weights)
+    model = run(["CPU:0"], "b", on_1)
+    slots = 2 * len(model.trainable_variables)  # Adam: momentum and velocity each
+    _assert_same_state(on_2.first, saved_4.last, slots)
+    _assert_same_state(on_1.first, saved_2.last, slots)
+    assert int(on_1.first[1][0]) == 12 and int(model.optimizer.iterations) == 16
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def _stack(seed=4):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return [keras.layers.Dense(16, activation="relu"), keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(3)]
+
+
+@pytest.mark.slow  # trains 5 runs
+def test_a_backup_moves_between_a_pipeline_and_the_unpartitioned_model(tmp_path):
+    """One device (crash at 6, backup at 4) -> a hybrid pipeline, 2 replicas x 2
+    stages (crash at 10, backup at 8) -> a pipeline of 2 stages (crash at 14,
+    backup at 12) -> the unpartitioned model on one device, to the end. Each
+    restore puts back the weights (into every replica) and Adam's state; the
+    result is the uninterrupted one-device run's."""
+    import keras
+
+    from tfmulti.parallel import PipelineModel
+
+    def run(kind, directory, *callbacks):
+        if kind == "one_device":
+            model = keras.Sequential([keras.Input((8,)), *_stack()])
+        else:
+            replicas = 2 if kind == "hybrid" else 1
+            model = PipelineModel(_stack(), input_shape=(8,), num_replicas=replicas,
+                                  devices=[f"CPU:{i}" for i in range(2 * replicas)],
+                                  num_microbatches=2)
+        model.compile(keras.optimizers.Adam(0.02),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        backup.fit(model, _stream, epochs=2, steps_per_epoch=8, save_every_steps=4,
+                   backup_dir=str(tmp_path / directory), callbacks=list(callbacks), verbose=0)
+        return model
+
+    def weights(model):  # the unpartitioned model's, replica 0's for a pipeline
+        unpartitioned = model.to_sequential() if isinstance(model, PipelineModel) else model
+        return [np.array(w) for w in unpartitioned.get_weights()]
+
+    reference = run("one_device", "reference")
+    slots = 2 * len(reference.trainable_variables)
+    one = _Record(4, weights)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run("one_device", "b", one, _CrashAt(6))
+    hybrid = _Record(8, weights)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run("hybrid", "b", hybrid, _CrashAt(10))
+    pipeline = _Record(12, weights)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run("pipeline", "b", pipeline, _CrashAt(14))
+    last = _Record(16, weights)
+    model = run("one_device", "b", last)
+    _assert_same_state(hybrid.first, one.last, slots)
+    # The second replica's slots (after the first's) were restored too.
+    np.testing.assert_array_equal(np.concatenate([s.ravel() for s in hybrid.first[1][2:]]),
+                                  np.tile(np.concatenate([s.ravel() for s in one.last[1][2:]]),
+                                          2))
+    _assert_same_state(pipeline.first, hybrid.last, slots)
+    _assert_same_state(last.first, pipeline.last, slots)
+    assert int(model.optimizer.iterations) == 16
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_the_other_workers_take_the_chiefs_resume_point_or_its_error(tmp_path, monkeypatch):
+    """Through the coordination service (faked): a worker resumes where the chief
+    chose, after reading that checkpoint itself, or fails with the chief's error
+    (a locked or mismatched backup) at once instead of waiting for the chief."""
+    from tfmulti.backup import _checkpoint
+
+    _saved_backups(tmp_path)  # at steps 8 and 12
+    fake = _FakeCoordination()
+    monkeypatch.setattr(_checkpoint, "_kv", lambda: fake)
+    monkeypatch.setattr(_checkpoint, "_coordination_available", lambda: True)
+    chief = backup.Backup(str(tmp_path), _small_model(0.0), chief=True, task_index=0, run=3)
+    worker = backup.Backup(str(tmp_path), _small_model(0.0), chief=False, task_index=1, run=3)
+    chief.num_workers = worker.num_workers = 2
+    with chief:
+        assert chief.resume_point().step == 12
+    point = worker.resume_point()
+    assert point == backup.ResumePoint(12, str(tmp_path / "tfmulti-ckpt-12"))
+    assert fake.waits[-1][1] == 300_000  # the chief may read a large checkpoint first
+    fd = _hold_lock(tmp_path, {"host": "node7", "pid": 4242})
+    try:
+        chief = backup.Backup(str(tmp_path), _small_model(0.0), chief=True, run=4)
+        chief.num_workers = 2
+        with pytest.raises(ValueError, match=r"in use by another run \(pid 4242 on node7"):
+            chief.resume_point()
+    finally:
+        os.close(fd)
+    worker = backup.Backup(str(tmp_path), _small_model(0.0), chief=False, task_index=1, run=4)
+    worker.num_workers = 2
+    with pytest.raises(ValueError, match=r"the chief cannot resume: `backup_dir` .* is in use "
+                                         r"by another run \(pid 4242 on node7"):
+        worker.resume_point()

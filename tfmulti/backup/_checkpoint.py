@@ -13,9 +13,9 @@ import warnings
 import tensorflow as tf
 
 from tfmulti import _checks
-from tfmulti.backup import _files
+from tfmulti import strategy as strategy_lib
+from tfmulti.backup import _files, _keys
 from tfmulti.backup._preemption import _coordination_available, _kv
-from tfmulti.cluster import tf_config
 
 # A coordination-service key per `fit` call (`run` counts the calls, which
 # every worker makes in the same order), since a key can be set only once.
@@ -92,20 +92,20 @@ def latest_valid(backup_dir: str) -> ResumePoint:
     return ResumePoint(0, None)
 
 
-def _role(chief: bool | None, task_index: int | None) -> tuple[bool, int, int]:
-    """(chief, task index, number of workers) of this process."""
-    config = tf_config.from_environ()
-    return (tf_config.is_chief(config) if chief is None else chief,
-            (int(config["task"]["index"]) if config and "task" in config else 0)
-            if task_index is None else task_index,
-            tf_config.num_tasks(config) if config else 1)
-
-
-def lock(backup_dir: str, *, chief: bool | None = None) -> contextlib.AbstractContextManager:
-    """Holds `backup_dir` for this run (the chief; a no-op on other workers): a
+def lock(backup_dir: str, strategy: tf.distribute.Strategy | None = None
+         ) -> contextlib.AbstractContextManager:
+    """Holds `backup_dir` for this run on its chief (a no-op on other workers): a
     second run on the same directory gets a ValueError naming this one. `fit`
     holds it while it trains; hold it longer around `fit`, the evaluation, the
     writes and `delete`, so no other run can take the finished backup meanwhile.
+
+    Args:
+        backup_dir: the run's backup directory (created if needed).
+        strategy: the run's strategy, whose cluster resolver says who the chief
+            is (TF_CONFIG, SLURM, ...); default: the current strategy.
+
+    Returns:
+        A context manager.
 
     Example:
         >>> import tempfile
@@ -116,30 +116,70 @@ def lock(backup_dir: str, *, chief: bool | None = None) -> contextlib.AbstractCo
     Raises:
         ValueError: another run holds it, or `backup_dir` cannot be written.
     """
-    return _files.DirLock(backup_dir) if _role(chief, None)[0] else contextlib.nullcontext()
+    if strategy_lib.cluster_role(strategy).is_chief:
+        return _files.DirLock(backup_dir)
+    return contextlib.nullcontext()
 
 
 class Backup:
     """The checkpoint of one training run: what to save, where, and restore.
 
+    What `fit` uses, and what a training loop of your own uses the same way:
+    every worker calls `resume_point()`, then `restore(point)`, trains from
+    global step `point.step` (its input skipping `point.step` batches), and
+    calls `save(step)` at the same steps (e.g. every N steps); the chief
+    writes. After saving the trained model, the chief calls `delete()`.
+
     Args:
         backup_dir: the chief's directory (created when the chief first uses it).
-        model: a built, compiled Keras model (any strategy, or a PipelineModel).
+        model: a Keras model (any strategy, or a PipelineModel), built before
+            `save` or `restore`. Its variables are keyed by their place in the
+            model, so a backup restores with another replica count, on one
+            device, or from a pipeline into its `to_sequential()` and back.
+        optimizer: the optimizer whose variables (slots, iteration count) are
+            saved; default: `model.optimizer` (None: none).
         keep: how many checkpoints the chief keeps (>= 1; 2 by default, so a
             damaged newest one has a fallback).
         fingerprint: the caller's fields that must not change across a resume
             (JSON values: global batch, dataset, seed, ...), stored with the
             checkpoints next to the model's variable shapes and the
             optimizer; a resume with other values is refused.
-        chief: whether this worker writes `backup_dir` (default: from TF_CONFIG).
-        task_index: this worker's index (default: from TF_CONFIG).
+        strategy: the strategy whose cluster resolver (TF_CONFIG, SLURM, ...)
+            says which worker is the chief and how many there are; default:
+            the model's (`model.distribute_strategy`).
+        chief: override: whether this worker writes `backup_dir`.
+        task_index: override: this worker's rank (chief 0).
 
     The chief locks `backup_dir` when it first uses it (see `lock`), until
-    `release()` (or the end of a `with Backup(...)` block).
+    `release()`, the end of a `with Backup(...)` block, or the object's deletion.
+
+    Example (a loop of your own, one device):
+        >>> import tempfile
+        >>> import numpy as np, tensorflow as tf, keras
+        >>> from tfmulti import backup
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        >>> optimizer = keras.optimizers.SGD(0.1)
+        >>> optimizer.build(model.trainable_variables)
+        >>> x, y = np.ones((8, 4), np.float32), np.ones((8, 1), np.float32)
+        >>> def train_step():
+        ...     with tf.GradientTape() as tape:
+        ...         loss = tf.reduce_mean((model(x) - y) ** 2)
+        ...     grads = tape.gradient(loss, model.trainable_variables)
+        ...     optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        >>> with backup.Backup(tempfile.mkdtemp(), model, optimizer) as saver:
+        ...     point = saver.resume_point()  # ResumePoint(0, None): a fresh start
+        ...     saver.restore(point)
+        ...     for step in range(point.step, 6):
+        ...         train_step()
+        ...         if (step + 1) % 3 == 0:
+        ...             _ = saver.save(step + 1)
+        ...     saver.resume_point().step, int(optimizer.iterations)
+        (6, 6)
     """
 
-    def __init__(self, backup_dir: str, model, *, keep: int = 2,
-                 fingerprint: dict | None = None, chief: bool | None = None,
+    def __init__(self, backup_dir: str, model, optimizer=None, *, keep: int = 2,
+                 fingerprint: dict | None = None,
+                 strategy: tf.distribute.Strategy | None = None, chief: bool | None = None,
                  task_index: int | None = None, run: int = 0):
         if not backup_dir:
             raise ValueError("`backup_dir` must be a directory path, got an empty value.")
@@ -151,12 +191,18 @@ class Backup:
         self.extra_fingerprint = _json_fields(fingerprint)
         self.backup_dir = backup_dir
         self.keep = keep
-        self.chief, self.task_index, self.num_workers = _role(chief, task_index)
+        self.strategy = (strategy or getattr(model, "distribute_strategy", None)
+                         or tf.distribute.get_strategy())
+        role = strategy_lib.cluster_role(self.strategy)
+        self.chief = role.is_chief if chief is None else chief
+        self.task_index = role.worker_index if task_index is None else task_index
+        self.num_workers = role.num_workers
         self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self.run = run
         self.resume_key = _RESUME_KEY.format(run=run)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfmulti_global_step")
-        self._metric_values: list | None = None
+        self._restored = False  # then `restore_metrics` puts the totals back at epoch starts
         self._lock = _files.DirLock(backup_dir)
         self._fingerprint_checked = False
 
@@ -186,10 +232,10 @@ class Backup:
         dtypes), the optimizer's class and the caller's fields."""
         fields = dict(self.extra_fingerprint)
         if self.model is not None:
-            fields["variables"] = [f"{list(v.shape)} {v.dtype}" for v in self.model.variables]
-            optimizer = getattr(self.model, "optimizer", None)
-            if optimizer is not None:
-                fields["optimizer"] = type(optimizer).__name__
+            fields["variables"] = {key: f"{list(variables[0].shape)} {variables[0].dtype}"
+                                   for key, variables in _keys.model_variables(self.model).items()}
+        if self.optimizer is not None:
+            fields["optimizer"] = type(self.optimizer).__name__
         return json.loads(json.dumps(fields))  # as stored: tuples become lists
 
     def check_fingerprint(self) -> None:
@@ -227,16 +273,61 @@ class Backup:
 
     # ------------------------------------------------------------ save / restore
 
-    # The checkpoint is built when saving or restoring, after Keras created the
-    # optimizer's and the metrics' variables (at the start of `fit`).
-    def _checkpoint(self, *, metrics: bool = True, optimizer: bool = True) -> tf.train.Checkpoint:
-        items = {"model": list(self.model.variables), "step": self.step}
-        opt = getattr(self.model, "optimizer", None)
-        if optimizer and opt is not None and opt.built:
-            items["optimizer"] = list(opt.variables)
+    # The variables are looked up when saving or restoring, after Keras created
+    # the optimizer's and the metrics' (at the start of `fit`).
+    def _sections(self, *, optimizer: bool = True, metrics: bool = True) -> dict:
+        """{"model"|"optimizer"|"metrics": {key: [variables]}} (see `_keys`)."""
+        model_keys = _keys.model_variables(self.model)
+        sections = {"model": model_keys}
+        if optimizer and self.optimizer is not None and self.optimizer.built:
+            sections["optimizer"] = _keys.optimizer_variables(self.optimizer, model_keys)
         if metrics:
-            items["metrics"] = list(self.model.metrics_variables)
-        return tf.train.Checkpoint(**items)
+            sections["metrics"] = _keys.metric_variables(self.model)
+        return sections
+
+    def _checkpoint(self) -> tf.train.Checkpoint:
+        """What is saved: each key's first variable (the others are copies)."""
+        items = {name: {key: variables[0] for key, variables in keyed.items()}
+                 for name, keyed in self._sections().items()}
+        return tf.train.Checkpoint(step=self.step, **items)
+
+    def _read(self, path: str, sections: dict) -> None:
+        """Assigns every variable of `sections` its key's value in the checkpoint at
+        `path` (a section the checkpoint does not have at all, e.g. an optimizer
+        saved before its first step, is left as it is).
+
+        Raises:
+            ValueError: the checkpoint lacks some of the keys.
+        """
+        reader = tf.train.load_checkpoint(path)
+        suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
+        stored = {}
+        for name in reader.get_variable_to_shape_map():
+            section, _, rest = name.partition("/")
+            if rest.endswith(suffix):
+                stored[(section, _keys.unescape(rest[: -len(suffix)]))] = name
+        present = {section for section, _ in stored}
+        sections = {name: keyed for name, keyed in sections.items()
+                    if name == "model" or name in present}
+        missing = [f"{name}/{key}" for name, keyed in sections.items() for key in keyed
+                   if (name, key) not in stored]
+        if missing:
+            raise ValueError(
+                f"the backup {path} has no value for {len(missing)} of this run's variables "
+                f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): it was "
+                "written for another model or optimizer; pass a new `backup_dir`.")
+        for name, keyed in sections.items():
+            for key, variables in keyed.items():
+                value = reader.get_tensor(stored[(name, key)])
+                for variable in variables:
+                    variable.assign(value)
+
+    def _build_optimizer(self) -> None:
+        """Creates the optimizer's slots (a loop of your own may restore before its
+        first step), so that they can be restored."""
+        if self.optimizer is not None and not self.optimizer.built:
+            with self.strategy.scope():
+                self.optimizer.build(self.model.trainable_variables)
 
     def save(self, step: int) -> str | None:
         """Saves at global step `step`; every worker must call it at the same step.
@@ -299,27 +390,36 @@ class Backup:
         return ResumePoint(int(step_text), path)
 
     def restore(self, point: ResumePoint) -> None:
-        """Restores model, optimizer, metrics and step from `point.path`, after
-        checking that the backup is this run's (`check_fingerprint`)."""
+        """Restores the model's variables, the optimizer's (building its slots
+        first if needed) and the metrics' totals from `point.path`, after
+        checking that the backup is this run's (`check_fingerprint`); nothing
+        for a fresh start (`point.path` None). Every worker calls it.
+
+        Raises:
+            ValueError: the backup is another run's (settings or variables differ).
+        """
         if point.path is None:
             return
         self.check_fingerprint()
-        status = self._checkpoint().read(point.path)
-        status.assert_existing_objects_matched().expect_partial()
-        self._metric_values = [v.numpy() for v in self.model.metrics_variables]
+        self._build_optimizer()
+        self._read(point.path, self._sections())
+        self._restored = True
 
     def restore_weights(self, point: ResumePoint) -> None:
-        """Restores only the model's variables (nothing left to train)."""
+        """Restores only the model's variables (nothing left to train).
+
+        Raises:
+            ValueError: the backup is another run's (settings or variables differ).
+        """
         if point.path is not None:
             self.check_fingerprint()
-            self._checkpoint(metrics=False, optimizer=False).read(point.path).expect_partial()
+            self._read(point.path, self._sections(metrics=False, optimizer=False))
 
     def restore_metrics(self, point: ResumePoint) -> None:
         """Puts the interrupted epoch's running metric totals back (Keras resets
         them at every epoch start)."""
-        if point.path is not None and self._metric_values is not None:
-            tf.train.Checkpoint(metrics=list(self.model.metrics_variables)).read(
-                point.path).expect_partial()
+        if point.path is not None and self._restored:
+            self._read(point.path, {"metrics": _keys.metric_variables(self.model)})
 
     def delete(self) -> None:
         """The chief removes the backup (see `delete`); other workers do nothing."""

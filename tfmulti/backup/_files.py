@@ -243,6 +243,12 @@ class DirLock:
         """Removes the lock file when the last holder in this process releases it."""
         _held[self._key][2] = True
 
+    def __del__(self) -> None:  # an owner that forgot to release (a loop of one's own)
+        try:
+            self.release()
+        except Exception:  # pylint: disable=broad-except  (interpreter shutdown)
+            pass
+
     def __enter__(self) -> "DirLock":
         self.acquire()
         return self

@@ -455,6 +455,13 @@ class PipelineModel(keras.Model):
             copy.set_weights(original.get_weights())
         return model
 
+    def checkpoint_layers(self) -> list[list[keras.layers.Layer]]:
+        """The unpartitioned stack's layers, once per replica (replica 0 first):
+        layer i of each holds the weights of `to_sequential().layers[i]`.
+        `tfmulti.backup` keys a pipeline's variables by them, so that its
+        backup restores into the unpartitioned model, and back."""
+        return [[layer for stage in stages for layer in stage.layers] for stages in self.replicas]
+
     def memory_report(self, batch_size: int, optimizer: str | None = None) -> list[dict]:
         """Bytes per device, by the memory model `tfmulti estimate-memory` uses
         (`tfmulti.footprint.stack_footprint`): parameters, gradients,
