@@ -32,6 +32,9 @@ WORKERS = {
     "streaming": "tfmulti.bench.streaming:worker",
     "devices": "tfmulti.bench.devices:worker",
     "gpu_check": "tfmulti.bench.gpu_check:worker",
+    "own_model": "tfmulti.bench.own:model_worker",
+    "own_write": "tfmulti.bench.own:write_worker",
+    "own_train": "tfmulti.bench.own:train_worker",
 }
 """Worker kind -> "module:function"."""
 
