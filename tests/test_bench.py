@@ -515,12 +515,37 @@ def test_own_bytes_per_pass_counts_from_one_pass_to_the_next():
         own._bytes_per_pass([("a", 0), ("b", 0), ("a", 5), ("a", 6)], 2)
 
 
+def test_own_model_worker_alternates_which_side_goes_first(monkeypatch):
+    # The pairs go built-in then own, own then built-in, ...: drift and going
+    # second hit both sides alike. The clock is replaced (it returns each
+    # call's position, plus 100 on the own side) to see the order and the
+    # pairing; the runs are real.
+    from tfmulti.insight import timing
+
+    calls = []
+
+    def clock(model, dist_input, steps, epochs=2):
+        calls.append("own" if model.name == "user_mlp" else "builtin")
+        return [len(calls) + (100.0 if calls[-1] == "own" else 0.0)] * (epochs - 1)
+
+    monkeypatch.setattr(timing, "time_fit", clock)
+    monkeypatch.setattr(own, "_train_step_ops", lambda run: {})  # needs a trained model
+    out = own.model_worker(repeats=2, global_batch_size=32, steps_per_execution=2,
+                           num_examples=128, pairs_per_repeat=2, seconds=0.01)
+    assert calls == ["builtin", "own"] + ["builtin", "own", "own", "builtin"] * 2
+    assert out["builtin_seconds_per_step"] == [3.0, 6.0, 7.0, 10.0]
+    assert out["own_seconds_per_step"] == [104.0, 105.0, 108.0, 109.0]
+    assert out["ratios"] == [209.0 / 9.0, 217.0 / 17.0]
+
+
 @pytest.mark.slow  # trains for seconds
 def test_own_model_worker_times_both_paths_in_turn():
     out = own.model_worker(repeats=2, global_batch_size=64, steps_per_execution=4,
                            num_examples=512, pairs_per_repeat=1, seconds=0.01)
     assert out["params"] == {"builtin": 407050, "own": 407050}
     assert out["same_initial_weights"] is True
+    ops = out["train_step_ops"]
+    assert ops["own"] == ops["builtin"] and ops["own"]["MatMul"] == 5  # 2 forward, 3 backward
     assert out["steps_per_epoch"] % 4 == 0
     own_s, builtin_s = out["own_seconds_per_step"], out["builtin_seconds_per_step"]
     assert len(own_s) == len(builtin_s) == 2 and min(own_s + builtin_s) > 0
@@ -546,6 +571,7 @@ def test_own_suite_runs_end_to_end(monkeypatch, capsys):
                 "hardware_ceiling"):
         assert r[key]["n"] >= 1 and r[key]["median"] > 0, key
     assert r["params"] == {"builtin": 407050, "own": 407050} and r["same_initial_weights"]
+    assert r["same_train_step"] and r["train_step_ops"]["own"]["ResourceApplyAdam"] == 4
     assert r["files_steps_per_execution"] == 4 and r["rounds"] == 1
     assert list(r["examples_per_second"]) == ["1_worker", "2_workers_by_examples",
                                               "2_workers_by_files"]
@@ -574,5 +600,5 @@ def test_own_suite_runs_end_to_end(monkeypatch, capsys):
 
     fig, ax = plt.subplots()
     own.plot(r, ax)
-    assert ax.get_title().startswith("Own: model ")
+    assert ax.get_title().startswith("Own: own model / built-in ")
     plt.close(fig)

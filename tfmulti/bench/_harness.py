@@ -77,6 +77,11 @@ def launch_pinned(command: list[str], num_workers: int, timeout: float = 900) ->
     the launch confined to the first `num_workers` cores of this process, so
     that each worker gets exactly one; returns what the launch printed.
 
+    Args:
+        command: each worker's command line (e.g. `worker_command(...)`).
+        num_workers: workers, and cores, of the launch.
+        timeout: seconds the whole launch may take.
+
     Raises:
         RuntimeError: the launch failed (its output's tail in the message).
         subprocess.TimeoutExpired: it ran longer than `timeout` seconds.

@@ -11,9 +11,10 @@ Keras' functional API) and `dataset="tfmulti.bench.own:user_data"` (the same
 examples, returned as NumPy arrays), as `--model=M:F --dataset=M:F` would
 name them. Both start from the same initial weights (recorded). Epochs of
 about `epoch_seconds` (steps calibrated on the built-in path, the same for
-both) alternate A, B, A, B, ...; each is a `fit` of a warm-up epoch and a
-timed one, so both sides start every timed epoch alike. own_vs_builtin: a
-repeat's own seconds per step over its built-in ones (its
+both) alternate, each pair in the other order than the last (A B, B A,
+A B, ...: drift and going second hit both alike); each is a `fit` of a
+warm-up epoch and a timed one, so both sides start every timed epoch alike.
+own_vs_builtin: a repeat's own seconds per step over its built-in ones (its
 `pairs_per_repeat` pairs summed); goal <= 1.03.
 
 **Files vs examples across 2 pinned workers** (`train_worker` under
@@ -79,9 +80,18 @@ _LAUNCHES = {"1_worker": (1, "examples"), "2_workers_by_examples": (2, "examples
 # ------------------------------------------------------------------ the user's code
 
 
-def user_mlp(input_shape, num_classes, dropout):
+def user_mlp(input_shape: tuple, num_classes: int, dropout: float) -> "keras.Model":
     """The user's model function: the built-in MLP's network, written with
-    Keras' functional API (Flatten, Dense(512, relu), Dropout, Dense)."""
+    Keras' functional API (Flatten, Dense(512, relu), Dropout, Dense).
+
+    Args:
+        input_shape: one example's shape (tfmulti passes the data's).
+        num_classes: logits out.
+        dropout: the dropout rate.
+
+    Returns:
+        The model (tfmulti builds it under the strategy's scope).
+    """
     import keras
 
     inputs = keras.Input(shape=input_shape, name="image")
@@ -91,22 +101,30 @@ def user_mlp(input_shape, num_classes, dropout):
     return keras.Model(inputs, keras.layers.Dense(num_classes)(h), name="user_mlp")
 
 
-def _arrays(dataset):
+def _arrays(dataset) -> tuple:
     """An unbatched dataset's examples as NumPy arrays, one per component."""
     return tuple(t.numpy() for t in next(iter(dataset.batch(int(dataset.cardinality())))))
 
 
 def user_data(num_examples: int) -> dict:
     """The user's dataset function: the examples `dataset="synthetic"` gives,
-    as NumPy arrays (features, labels), with their 10 classes."""
+    as NumPy arrays (features, labels), with their 10 classes.
+
+    Args:
+        num_examples: training examples (tfmulti passes `TrainConfig.num_examples`).
+
+    Returns:
+        {"train": (features, labels), "num_classes": 10}; no test split.
+    """
     from tfmulti import data
 
     return {"train": _arrays(data.synthetic("train", num_examples=num_examples)),
             "num_classes": 10}
 
 
-def parse_record(record):
-    """One TFRecord of the benchmark's files -> (image, label)."""
+def parse_record(record: "tf.Tensor") -> tuple:
+    """One TFRecord of the benchmark's files (a serialized `tf.train.Example`)
+    -> (image of `IMAGE_SHAPE`, float32; label, int64)."""
     import tensorflow as tf
 
     parsed = tf.io.parse_single_example(record, {
@@ -119,14 +137,32 @@ def parse_record(record):
 # ------------------------------------------------------------------ workers
 
 
+def _train_step_ops(run) -> dict:
+    """The graph operations of one training step of `run` (`model.train_step`
+    traced on its input's batches), counted by type; the model has trained."""
+    import collections
+
+    import tensorflow as tf
+
+    spec = run.train_input.dataset.element_spec
+    graph = tf.function(run.model.train_step).get_concrete_function(spec).graph
+    return dict(sorted(collections.Counter(op.type for op in graph.get_operations()).items()))
+
+
 def model_worker(repeats: int, global_batch_size: int, steps_per_execution: int,
                  num_examples: int, pairs_per_repeat: int, seconds: float) -> dict:
     """`fit` of the built-in MLP and of the user's functions, alternating.
 
+    Args:
+        repeats: figures to return; each sums `pairs_per_repeat` pairs.
+        global_batch_size, steps_per_execution, num_examples: the runs'.
+        pairs_per_repeat: pairs of timed epochs (one per side) per repeat.
+        seconds: about how long each timed epoch runs.
+
     Returns:
         Seconds per step of every timed epoch of each side, each repeat's
-        ratio, the steps per epoch, and what shows the two are the same
-        network (parameters, initial weights).
+        ratio, the steps per epoch, and what shows the two do the same work
+        (parameters, initial weights, the training step's graph operations).
     """
     import numpy as np
 
@@ -145,22 +181,30 @@ def model_worker(repeats: int, global_batch_size: int, steps_per_execution: int,
     estimate = timing.time_fit(builtin.model, builtin.train_input, 2 * k, epochs=2)[0]
     timing.time_fit(own.model, own.train_input, 2 * k, epochs=2)  # traces
     steps = timing.steps_for(seconds, estimate, k)
-    builtin_s, own_s = [], []
-    for _ in range(repeats * pairs_per_repeat):
-        builtin_s.append(timing.time_fit(builtin.model, builtin.train_input, steps)[0])
-        own_s.append(timing.time_fit(own.model, own.train_input, steps)[0])
+    sides = [(builtin, []), (own, [])]
+    for pair in range(repeats * pairs_per_repeat):
+        for side, seconds_per_step in sides[::-1] if pair % 2 else sides:  # A B, B A, ...
+            seconds_per_step.append(timing.time_fit(side.model, side.train_input, steps)[0])
+    (_, builtin_s), (_, own_s) = sides
+    ops = {"builtin": _train_step_ops(builtin), "own": _train_step_ops(own)}
     n = pairs_per_repeat
     ratios = [sum(own_s[n * r:n * (r + 1)]) / sum(builtin_s[n * r:n * (r + 1)])
               for r in range(repeats)]
     return {"builtin_seconds_per_step": builtin_s, "own_seconds_per_step": own_s,
             "ratios": ratios, "steps_per_epoch": steps,
             "params": {"builtin": builtin.model.count_params(), "own": own.model.count_params()},
-            "same_initial_weights": bool(same_weights)}
+            "same_initial_weights": bool(same_weights), "train_step_ops": ops}
 
 
 def write_worker(folder: str, num_files: int, examples_per_file: int) -> dict:
     """Writes `num_files` TFRecord files of `examples_per_file` synthetic
     examples each (image as raw float32 bytes, label) to `folder`.
+
+    Args:
+        folder: where (created if missing); the files are
+            part-III-of-NNN.tfrecord.
+        num_files: how many files.
+        examples_per_file: examples in each.
 
     Returns:
         {"files": their paths, "bytes": their sizes}.
@@ -225,6 +269,16 @@ def train_worker(pattern: str, out_dir: str, num_workers: int, sharding: str,
     """One worker of a launch: the MLP trained on the files `pattern`
     (`from_files` + `distribute` through `build_run`), `epochs` epochs, the
     first a warm-up; writes its record to OUT_DIR/worker{I}.json.
+
+    Args:
+        pattern: the files (a glob).
+        out_dir: where each worker writes its record.
+        num_workers: workers in the launch (checked against the cluster).
+        sharding: "examples" or "files".
+        per_worker_batch: examples per step on each worker.
+        num_examples: examples in all the files (an epoch is one pass).
+        steps_per_execution: steps per call (dividing the steps per epoch).
+        epochs: epochs to train; the first is a warm-up.
 
     Returns:
         Its record: the seconds per step of each timed epoch; the bytes read
@@ -384,6 +438,8 @@ def _model_part(repeats: int, epoch_seconds: float) -> dict:
     return {**MODEL_SETTINGS, "epoch_seconds": epoch_seconds,
             "own_model_steps_per_epoch": m["steps_per_epoch"], "params": m["params"],
             "same_initial_weights": m["same_initial_weights"],
+            "train_step_ops": m["train_step_ops"],
+            "same_train_step": m["train_step_ops"]["builtin"] == m["train_step_ops"]["own"],
             "builtin_seconds_per_step": m["builtin_seconds_per_step"],
             "own_seconds_per_step": m["own_seconds_per_step"],
             "own_vs_builtin": _harness.summary(m["ratios"])}
@@ -493,7 +549,9 @@ def summarize(r: dict) -> list[str]:
     fmt, goals = _harness.fmt, r["goals"]
     return [
         f"own: own model function / built-in mlp, fit seconds per step "
-        f"{fmt(r['own_vs_builtin'], 'x', 3)} (goal <= {goals['own_vs_builtin']})",
+        f"{fmt(r['own_vs_builtin'], 'x', 3)} (goal <= {goals['own_vs_builtin']}); same "
+        f"initial weights {r['same_initial_weights']}, same training step graph "
+        f"{r['same_train_step']} ({sum(r['train_step_ops']['own'].values())} ops)",
         f"own: 2 pinned workers by files / by examples, bytes read per worker "
         f"{fmt(r['bytes_per_worker_ratio'], '', 3)} (goal {goals['bytes_per_worker_ratio']})",
         f"own: 2 vs 1 pinned workers by files {fmt(r['scaling_files'])}, by examples "
@@ -508,8 +566,8 @@ def plot(r: dict, ax) -> None:
     """Steady-state examples/s of 1 worker and of 2 by examples and by files."""
     rates = r["examples_per_second"]
     ax.boxplot(list(rates.values()), tick_labels=["1 worker", "2 by examples", "2 by files"])
-    ax.set_title(f"Own: model {r['own_vs_builtin']['median']:.3f}x built-in; files read "
-                 f"{r['bytes_per_worker_ratio']['median']:.2f} of the bytes, scale "
-                 f"{r['scaling_files']['median']:.2f}x vs "
-                 f"{r['scaling_examples']['median']:.2f}x", fontsize=9)
+    ax.set_title(f"Own: own model / built-in {r['own_vs_builtin']['median']:.3f}x\n"
+                 f"by files: {r['bytes_per_worker_ratio']['median']:.2f} of the bytes, "
+                 f"{r['scaling_files']['median']:.2f}x (by examples "
+                 f"{r['scaling_examples']['median']:.2f}x)", fontsize=9)
     ax.set_ylabel("examples / s (steady state)")
