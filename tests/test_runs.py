@@ -244,3 +244,41 @@ def test_an_optimizer_object_brings_its_own_rate():
     assert run.model.optimizer.momentum == 0.9
     assert float(keras.ops.convert_to_numpy(run.model.optimizer.learning_rate)) == \
         pytest.approx(0.2)
+
+
+def test_accumulate_steps_batches_k_micro_batches_per_update():
+    """--accumulate_steps=k: each step's batch holds k x global_batch_size
+    examples, trained as k micro-steps and one update (workarounds fix 7)."""
+    run = build_run(TrainConfig(distribution="mirrored", accumulate_steps=4, epochs=1,
+                                **SYNTHETIC))  # 1024 examples, micro-batches of 64 on 4
+    assert run.examples_per_step == 256 and run.train_input.global_batch_size == 256
+    assert run.steps_per_epoch == 4 and run.model._tfmulti_accumulate_steps == 4
+    assert "each step 4 accumulated micro-steps of 64" in run.describe()
+    run.model.fit(**run.train_input.fit_kwargs(), epochs=1, verbose=0)
+    assert int(keras.ops.convert_to_numpy(run.model.optimizer.iterations)) == 4
+
+
+def test_the_users_functional_model_as_a_pipeline_with_accumulation():
+    from tests import own_model
+
+    run = build_run(TrainConfig(distribution="pipeline", devices=("CPU:0", "CPU:1"),
+                                num_stages=2, num_microbatches=2, accumulate_steps=2,
+                                model=own_model.build, dataset=own_model.data,
+                                global_batch_size=128, seed=0))
+    assert isinstance(run.model, PipelineModel) and run.model.accumulate_steps == 2
+    assert run.train_input.global_batch_size == 256 and run.steps_per_epoch == 8
+    run.model.fit(**run.train_input.fit_kwargs(), epochs=1, verbose=0)
+    assert int(run.model.optimizer.iterations.numpy()) == 8
+    assert run.model.to_model().name == "pipeline_model"
+
+
+def test_input_sharding_by_files_reads_test_arrays_by_examples(tmp_path):
+    from tests import own_model
+
+    paths = own_model.write_tfrecords(tmp_path, num_files=2, per_file=32)
+    run = build_run(TrainConfig(
+        distribution="one_device", model=own_model.build, input_sharding="files",
+        dataset=lambda: (data.from_files(paths, own_model.parse), own_model.arrays(32)),
+        global_batch_size=16))
+    assert run.train_input.sharding == "files"  # as asked (one worker reads all of them)
+    assert run.test_input.sharding == "examples" and run.test_input.steps_per_epoch == 2

@@ -3,7 +3,7 @@
 The package in layers; each imports only from the layers below it (a test
 enforces this, see `setup.cfg`, `[importlinter]`):
 
-    application   cli, training, backup, bench (the benchmark suites)
+    application   cli, training, backup, export (SavedModel), bench (the benchmark suites)
     tools         insight: timing, diagnose, environment, memory (estimate)
     assembly      runs: a config's strategy, inputs and compiled model
     model parallel  parallel: pipeline, partitioner, schedules
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.2.0"
 
 # Public submodules, reachable as attributes (`tfmulti.data.load(...)`).
-_SUBMODULES = ("backup", "bench", "cluster", "config", "data", "devices", "footprint",
+_SUBMODULES = ("backup", "bench", "cluster", "config", "data", "devices", "export", "footprint",
                "insight", "loops", "models", "optimizers", "parallel", "runs", "strategy",
                "training", "transformer", "workarounds")
 # Public names re-exported here: name -> module.
@@ -55,8 +55,8 @@ _NAMES = {
 __all__ = sorted([*_SUBMODULES, *_NAMES, "__version__"])
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time they load on first use
-    from tfmulti import (backup, bench, cluster, config, data, devices, footprint, insight,
-                         loops, models, optimizers, parallel, runs, strategy, training,
+    from tfmulti import (backup, bench, cluster, config, data, devices, export, footprint,
+                         insight, loops, models, optimizers, parallel, runs, strategy, training,
                          transformer,
                          workarounds)
     from tfmulti.cluster.launcher import launch

@@ -20,7 +20,7 @@ import math
 import keras
 import tensorflow as tf
 
-from tfmulti import _checks, optimizers
+from tfmulti import _checks, optimizers, workarounds
 from tfmulti.config import (LR_SCALINGS, MIXED_PRECISION, MODEL_TASKS, OPTIMIZERS, TASKS,
                             resolve_steps_per_execution)
 
@@ -265,6 +265,7 @@ def compile_model(
     warmup_epochs: float = 0.0,
     steps_per_epoch: int | None = None,
     steps_per_execution: int | str = "auto",
+    accumulate_steps: int = 1,
     **compile_kwargs,
 ) -> keras.Model:
     """Compiles `model` under `strategy.scope()`: the user's optimizer, loss and
@@ -303,6 +304,12 @@ def compile_model(
             2+ replicas, `tfmulti.workarounds`); "auto" (default): the largest
             divisor of `steps_per_epoch` up to 32, or 1 without `steps_per_epoch`
             (`tfmulti.config.resolve_steps_per_execution`).
+        accumulate_steps: gradient accumulation: each step's batch (of
+            accumulate_steps x B rows) runs as that many micro-batches of B
+            rows one after the other, their gradients summed into one update
+            (`tfmulti.workarounds.accumulate_gradients`; it works under every
+            strategy, where Keras' own `gradient_accumulation_steps` fails
+            with 2+ replicas). 1 (the default) updates at every step.
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
 
     Returns:
@@ -372,6 +379,7 @@ def compile_model(
         compile_kwargs["metrics"] = _metrics(compile_kwargs.get("metrics", metrics), task)
         model.compile(optimizer=opt, loss=_loss(loss, task, model),
                       steps_per_execution=steps_per_execution, **compile_kwargs)
+    workarounds.accumulate_gradients(model, accumulate_steps)
     return model
 
 

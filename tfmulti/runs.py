@@ -322,9 +322,6 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
     config.validate()
-    if config.accumulate_steps > 1:
-        raise NotImplementedError("accumulate_steps > 1: wired in with the accumulating "
-                                  "train step")
     named_optimizer = isinstance(config.optimizer, str)
     if not named_optimizer and config.learning_rate != _LEARNING_RATE_DEFAULT:
         raise ValueError(f"`learning_rate` ({config.learning_rate}) applies to an optimizer "
@@ -344,8 +341,12 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
         steps_per_epoch=_if_unknown_size(run_data.train, config.steps_per_epoch))
     test_input = None
     if run_data.test is not None:
-        test_input = data.distribute(run_data.test, strategy, config.global_batch_size,
-                                     training=False, sharding=config.input_sharding)
+        # input_sharding is about the training input; test data that is not
+        # files is read by examples (files: as the training data).
+        test_input = data.distribute(
+            run_data.test, strategy, config.global_batch_size, training=False,
+            sharding=(config.input_sharding if isinstance(run_data.test, FileSource)
+                      else "examples"))
     steps_per_epoch = config.steps_per_epoch or train_input.steps_per_epoch
     steps_per_execution = resolve_steps_per_execution(
         config.steps_per_execution, steps_per_epoch, config.backup_every_steps)
@@ -360,7 +361,7 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
             lr_scaling=config.lr_scaling, global_batch_size=examples_per_step,
             base_batch_size=config.base_batch_size, warmup_epochs=config.warmup_epochs,
             steps_per_epoch=steps_per_epoch, steps_per_execution=steps_per_execution,
-            jit_compile=config.jit_compile)
+            accumulate_steps=config.accumulate_steps, jit_compile=config.jit_compile)
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
                test_input, steps_per_epoch, steps_per_execution, model)
 

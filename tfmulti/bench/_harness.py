@@ -15,8 +15,8 @@ import subprocess
 import sys
 import time
 
-__all__ = ["fmt", "machine_worker", "plot_results", "plot_step_seconds", "report", "run_worker",
-           "summary"]
+__all__ = ["fmt", "launch_pinned", "machine_worker", "plot_results", "plot_step_seconds", "report",
+           "run_worker", "summary"]
 
 WORKER_MODULE = "tfmulti.bench.worker"
 # The directory holding the `tfmulti` package this process runs, so that a
@@ -70,6 +70,32 @@ def run_worker(kind: str, timeout: float = 900, **config) -> dict:
         raise RuntimeError(f"benchmark worker {kind} {config} failed ({result.returncode}):\n"
                            f"{result.stderr[-3000:]}")
     return json.loads(lines[-1])
+
+
+def launch_pinned(command: list[str], num_workers: int, timeout: float = 900) -> str:
+    """Runs `command` as `num_workers` workers under `tfmulti launch --pin_cpus`,
+    the launch confined to the first `num_workers` cores of this process, so
+    that each worker gets exactly one; returns what the launch printed.
+
+    Args:
+        command: each worker's command line (e.g. `worker_command(...)`).
+        num_workers: workers, and cores, of the launch.
+        timeout: seconds the whole launch may take.
+
+    Raises:
+        RuntimeError: the launch failed (its output's tail in the message).
+        subprocess.TimeoutExpired: it ran longer than `timeout` seconds.
+    """
+    launch = [sys.executable, "-m", "tfmulti.cli", "launch", f"--num_workers={num_workers}",
+              "--pin_cpus", "--", *command]
+    cores = sorted(os.sched_getaffinity(0))[:num_workers]
+    result = subprocess.run(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=timeout, env=_worker_env(),
+                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    if result.returncode != 0:
+        raise RuntimeError(f"benchmark launch failed ({result.returncode}): "
+                           f"{' '.join(launch)}\n{result.stdout[-6000:]}")
+    return result.stdout
 
 
 def machine_worker() -> dict:

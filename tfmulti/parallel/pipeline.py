@@ -560,6 +560,15 @@ class PipelineModel(keras.Model):
             raise ValueError("PipelineModel needs a loss: pass `loss=` to compile().")
         return self._compile_loss(y, y_pred, None)
 
+    def accumulate_gradients(self, steps: int) -> "PipelineModel":
+        """Sets `accumulate_steps` (`tfmulti.workarounds.accumulate_gradients`
+        and `compile_model(accumulate_steps=...)` call this): one update per
+        batch of `steps` x B rows, `steps` GPipe rounds in turn."""
+        _checks.positive_int("accumulate_steps", steps)
+        self.accumulate_steps = steps
+        self.train_function = None  # made again, with the new step, by the next fit
+        return self
+
     def compile(self, *args, jit_compile=False, **kwargs):
         if jit_compile not in (False, None):
             raise ValueError(
@@ -613,6 +622,21 @@ class PipelineModel(keras.Model):
         clone.set_weights(source.get_weights())
         return keras.Model(clone._inputs_struct, clone._outputs_struct,
                            name=name or f"{self.name}_model")
+
+    def checkpoint_layers(self) -> list[list[keras.layers.Layer]]:
+        """The unpartitioned model's layers that the stages hold, in its own
+        order (`to_model().layers`), once per replica (replica 0, the layer
+        objects given, first). `tfmulti.backup` keys a pipeline's variables
+        by them, so that its backup restores into the unpartitioned model,
+        and back."""
+        self._built_chain("checkpoint_layers()")
+        held = {id(layer): (s, j) for s, stage in enumerate(self.replicas[0])
+                for j, layer in enumerate(stage.layers)}
+        source = self._source.model
+        order = [layer for layer in (source.layers if source is not None else self._source.value)
+                 if id(layer) in held]
+        return [[stages[held[id(layer)][0]].layers[held[id(layer)][1]] for layer in order]
+                for stages in self.replicas]
 
     def memory_report(self, batch_size: int, optimizer: str | None = None) -> list[dict]:
         """Bytes per device, by the memory model `tfmulti estimate-memory` uses
