@@ -14,6 +14,17 @@ RECIPES = REPO / "recipes"
 WORKERS = REPO / "tests" / "workers"
 
 
+def file_tree(path) -> dict[str, bytes]:
+    """Relative path -> bytes of every file under `path` (to prove nothing changed)."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = f.read()
+    return out
+
+
 def run_python(args: list[str], timeout: float = 240, env: dict | None = None,
                cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     """Runs `python ARGS` in a fresh process (own TF runtime) with a timeout."""

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tests._util import REPO, run_python
 from tfmulti import bench, data, models
-from tfmulti.bench import _harness, cpus, fixtures, scaling, worker
+from tfmulti.bench import _harness, cpus, fixtures, own, scaling, worker
 from tfmulti.insight import timing
 from tfmulti.strategy import get_strategy
 
@@ -31,7 +31,8 @@ two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
 
 
 def test_suites_registry_lists_every_suite_module_in_order():
-    assert list(bench.SUITES) == ["scaling", "pipeline", "baseline", "overhead", "streaming"]
+    assert list(bench.SUITES) == ["scaling", "pipeline", "baseline", "overhead", "streaming",
+                                  "own", "tensor"]
     for name, module in bench.SUITES.items():
         assert module.__name__ == f"tfmulti.bench.{name}"
         for attribute in ("run", "check", "summarize", "plot"):
@@ -400,6 +401,32 @@ def test_pipeline_worker_times_each_configuration():
     assert min(out["matmul_gflops_by_rows"].values()) > 0
 
 
+TOY_TRANSFORMER = {"seq_len": 16, "d_model": 32, "num_heads": 4, "num_layers": 2, "batch": 8,
+                   "steps": 1}
+
+
+@pytest.mark.slow
+def test_tensor_workers_time_each_configuration():
+    # The tensor suite's workers at a toy shape: the unsplit and the T=2
+    # step, the naive and a pipelined step, each timed once per repeat.
+    out = _harness.run_worker("tensor", timeout=300, repeats=2, **TOY_TRANSFORMER)
+    assert set(out["step_seconds"]) == {"unsplit", "T=2"}
+    assert all(len(t) == 2 and min(t) > 0 for t in out["step_seconds"].values())
+    out = _harness.run_worker("tensor_pipeline", timeout=300, repeats=1,
+                              microbatches={"naive": 1, "M=2": 2}, **TOY_TRANSFORMER)
+    assert set(out["step_seconds"]) == {"naive", "M=2"}
+    assert all(len(t) == 1 and min(t) > 0 for t in out["step_seconds"].values())
+
+
+def test_tensor_suite_checks_its_sizes():
+    tensor = bench.SUITES["tensor"]
+    tensor.check(d_model=32, batch=8)
+    with pytest.raises(ValueError, match=r"`option` must be one of \['seq_len'"):
+        tensor.check(width=3)
+    with pytest.raises(ValueError, match="`d_model` must be a positive integer, got 0"):
+        tensor.check(d_model=0)
+
+
 @pytest.mark.slow
 def test_run_worker_reports_a_failed_worker():
     with pytest.raises(RuntimeError, match=r"benchmark worker pipeline \{'bogus': 1\} failed"):
@@ -420,3 +447,184 @@ def test_benchmark_recipe_refuses_bad_options_before_running_anything(tmp_path):
     assert "machine:" not in result.stdout and not output.exists()
     result = run_python([BENCHMARK, "--suite=bogus"], timeout=60)
     assert result.returncode == 2 and "flag --suite=bogus" in result.stderr
+
+
+# ---------------------------------------------------------------- the own suite
+
+
+def test_own_checks_its_options():
+    own.check()  # the defaults: 8 files of 2,048 examples, 256 per worker
+    with pytest.raises(ValueError, match=r"`num_files` \(7\) must be even, so that 2 workers "
+                                         r"reading by files get equal shares; use 8"):
+        own.check(num_files=7)
+    with pytest.raises(ValueError, match=r"`num_files` must be an integer >= 2, got 1"):
+        own.check(num_files=1)
+    with pytest.raises(ValueError, match=r"the files' examples \(2 x 100 = 200\) must be a "
+                                         r"multiple of 2 x `per_worker_batch` \(512\)"):
+        own.check(num_files=2, examples_per_file=100)
+    with pytest.raises(ValueError, match=r"`epochs` must be an integer >= 2, got 1; the first "
+                                         r"epoch of a launch is a warm-up"):
+        own.check(epochs=1)
+    with pytest.raises(ValueError, match=r"`epoch_seconds` must be a finite number >= 0.1"):
+        own.check(epoch_seconds=float("nan"))
+    with pytest.raises(ValueError, match=r"`repeats` must be a positive integer, got 0"):
+        own.run(0)
+
+
+def test_own_file_launches_train_whole_passes_in_whole_calls():
+    # 1 worker trains twice the steps of 2 at the same per-worker batch, both
+    # whole passes over the files, in calls of the same number of steps.
+    files = own._checked(1.0, 8, 2048, 256, 4)
+    assert (files.num_examples, files.steps_per_execution) == (16384, 32)
+    assert own._checked(1.0, 6, 1024, 256, 4).steps_per_execution == 12  # 12 and 24 steps
+    with pytest.raises(ValueError, match=r"the files' examples \(6 x 1000 = 6000\) must be a "
+                                         r"multiple of 2 x `per_worker_batch` \(512\), so "
+                                         r"that 1 and 2 workers train whole passes over the "
+                                         r"files; use e.g. examples_per_file=1024"):
+        own.check(num_files=6, examples_per_file=1000)
+
+
+def test_own_user_functions_build_the_builtin_network_on_the_same_data():
+    """The own-model measurement compares like with like: the user's model
+    function builds the built-in MLP's network (same layers, parameters and
+    initial weights under the same seed) and the user's dataset function
+    returns the built-in synthetic examples, as NumPy arrays."""
+    from tfmulti import runs
+    from tfmulti.config import TrainConfig
+
+    x, y = own.user_data(num_examples=64)["train"]
+    assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)
+    reference = own._arrays(data.synthetic("train", num_examples=64))
+    np.testing.assert_array_equal(x, reference[0])
+    np.testing.assert_array_equal(y, reference[1])
+    config = TrainConfig(distribution="one_device", model="mlp", dataset="synthetic",
+                         num_examples=256, global_batch_size=32, seed=0)
+    builtin = runs.build_run(config).model
+    mine = runs.build_run(config.replace(model=own.USER_MODEL, dataset=own.USER_DATA)).model
+    assert not isinstance(mine, keras.Sequential) and mine.name == "user_mlp"
+
+    def kinds(model):
+        return [(type(layer).__name__, getattr(layer, "units", None),
+                 getattr(getattr(layer, "activation", None), "__name__", None),
+                 getattr(layer, "rate", None)) for layer in model.layers
+                if not isinstance(layer, keras.layers.InputLayer)]
+
+    assert kinds(mine) == kinds(builtin) == [
+        ("Flatten", None, None, None), ("Dense", 512, "relu", None),
+        ("Dropout", None, None, 0.2), ("Dense", 10, "linear", None)]
+    for a, b in zip(builtin.get_weights(), mine.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert type(builtin.loss) is type(mine.loss)
+
+
+def test_own_files_hold_the_synthetic_examples(tmp_path):
+    written = own.write_worker(str(tmp_path), num_files=2, examples_per_file=3)
+    assert [os.path.basename(f) for f in written["files"]] == ["part-000-of-002.tfrecord",
+                                                               "part-001-of-002.tfrecord"]
+    assert written["bytes"] == [os.path.getsize(f) for f in written["files"]]
+    assert min(written["bytes"]) > 3 * 28 * 28 * 4  # the images, as raw float32
+    read = list(data.from_files(written["files"], own.parse_record, cycle_length=1).dataset()
+                .as_numpy_iterator())
+    reference = own._arrays(data.synthetic("train", num_examples=6))
+    np.testing.assert_array_equal(np.stack([image for image, _ in read]), reference[0])
+    np.testing.assert_array_equal([label for _, label in read], reference[1])
+
+
+def test_own_bytes_per_pass_counts_from_one_pass_to_the_next():
+    # 2 files a pass: each pass's first opening (the smaller rchar of the two,
+    # whatever order two concurrent openings were logged in) to the next's.
+    opened = [("a", 100), ("b", 100), ("b", 1300), ("a", 1290), ("a", 2500), ("b", 2510),
+              ("b", 3700)]
+    assert own._bytes_per_pass(opened, 2) == [1190, 1210, 1200]
+    with pytest.raises(RuntimeError, match=r"pass 1 of the own suite's input opened a file "
+                                           r"twice \(\['a', 'a'\]\)"):
+        own._bytes_per_pass([("a", 0), ("b", 0), ("a", 5), ("a", 6)], 2)
+
+
+def test_own_model_worker_alternates_which_side_goes_first(monkeypatch):
+    # The pairs go built-in then own, own then built-in, ...: drift and going
+    # second hit both sides alike. The clock is replaced (it returns each
+    # call's position, plus 100 on the own side) to see the order and the
+    # pairing; the runs are real.
+    from tfmulti.insight import timing
+
+    calls = []
+
+    def clock(model, dist_input, steps, epochs=2):
+        calls.append("own" if model.name == "user_mlp" else "builtin")
+        return [len(calls) + (100.0 if calls[-1] == "own" else 0.0)] * (epochs - 1)
+
+    monkeypatch.setattr(timing, "time_fit", clock)
+    monkeypatch.setattr(own, "_train_step_ops", lambda run: {})  # needs a trained model
+    out = own.model_worker(repeats=2, global_batch_size=32, steps_per_execution=2,
+                           num_examples=128, pairs_per_repeat=2, seconds=0.01)
+    assert calls == ["builtin", "own"] + ["builtin", "own", "own", "builtin"] * 2
+    assert out["builtin_seconds_per_step"] == [3.0, 6.0, 7.0, 10.0]
+    assert out["own_seconds_per_step"] == [104.0, 105.0, 108.0, 109.0]
+    assert out["ratios"] == [209.0 / 9.0, 217.0 / 17.0]
+
+
+@pytest.mark.slow  # trains for seconds
+def test_own_model_worker_times_both_paths_in_turn():
+    out = own.model_worker(repeats=2, global_batch_size=64, steps_per_execution=4,
+                           num_examples=512, pairs_per_repeat=1, seconds=0.01)
+    assert out["params"] == {"builtin": 407050, "own": 407050}
+    assert out["same_initial_weights"] is True
+    ops = out["train_step_ops"]
+    assert ops["own"] == ops["builtin"] and ops["own"]["MatMul"] == 5  # 2 forward, 3 backward
+    assert out["steps_per_epoch"] % 4 == 0
+    own_s, builtin_s = out["own_seconds_per_step"], out["builtin_seconds_per_step"]
+    assert len(own_s) == len(builtin_s) == 2 and min(own_s + builtin_s) > 0
+    assert out["ratios"] == pytest.approx([own_s[0] / builtin_s[0], own_s[1] / builtin_s[1]])
+
+
+@pytest.mark.cluster
+@two_cores
+def test_own_suite_runs_end_to_end(monkeypatch, capsys):
+    """The whole suite at a toy size: every figure in its record, and the
+    file launches read what they should: by files each worker opens only its
+    own half of the files and reads about half the bytes of a worker reading
+    by examples (bytes, not time: exact enough to assert). The launches are
+    real; the other workers run in this process (the same functions), to
+    keep the test short."""
+    monkeypatch.setattr(_harness, "run_worker",
+                        lambda kind, timeout=None, **config: worker.run(kind, config))
+    r = bench.run_suite("own", 1, epoch_seconds=0.1, num_files=4, examples_per_file=128,
+                        per_worker_batch=64, epochs=2)
+    assert json.loads(json.dumps(r)) == r
+    for key in ("own_vs_builtin", "bytes_per_worker_ratio", "file_bytes_per_worker_ratio",
+                "scaling_examples", "scaling_files", "files_vs_examples_scaling",
+                "hardware_ceiling"):
+        assert r[key]["n"] >= 1 and r[key]["median"] > 0, key
+    assert r["params"] == {"builtin": 407050, "own": 407050} and r["same_initial_weights"]
+    assert r["same_train_step"] and r["train_step_ops"]["own"]["ResourceApplyAdam"] == 4
+    assert r["files_steps_per_execution"] == 4 and r["rounds"] == 1
+    assert list(r["examples_per_second"]) == ["1_worker", "2_workers_by_examples",
+                                              "2_workers_by_files"]
+    assert all(len(v) == 1 for v in r["examples_per_second"].values())
+    opened = r["files_opened_per_worker"]
+    files = [os.path.basename(f) for f in opened["1_worker"][0]]
+    assert files == [f"part-00{i}-of-004.tfrecord" for i in range(4)]
+    assert opened["2_workers_by_examples"] == opened["1_worker"] * 2
+    assert [[os.path.basename(f) for f in w] for w in opened["2_workers_by_files"]] == [
+        files[0::2], files[1::2]]
+    assert r["file_bytes_per_worker_ratio"]["median"] == pytest.approx(0.5)
+    assert r["bytes_per_worker_ratio"]["median"] == pytest.approx(0.5, abs=0.03)
+    held = r["file_bytes_per_worker_per_pass"]["2_workers_by_examples"][0]
+    assert held == r["file_bytes"]
+    assert r["bytes_read_per_worker_per_pass"]["2_workers_by_examples"][0] == pytest.approx(
+        held, rel=0.03)
+    lines = own.summarize(r)
+    assert lines[0].startswith("own: own model function / built-in mlp, fit seconds per step")
+    assert lines[1].startswith("own: 2 pinned workers by files / by examples, bytes read per "
+                               "worker 0.5")
+    assert "own round 1/1: 2 vs 1 pinned workers by examples" in capsys.readouterr().out
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    own.plot(r, ax)
+    assert ax.get_title().startswith("Own: own model / built-in ")
+    plt.close(fig)

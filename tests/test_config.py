@@ -206,6 +206,39 @@ def test_jit_compile_with_placed_pipelines_refused_elsewhere_valid(mixed_precisi
     assert (config.jit_compile, config.mixed_precision) == (True, mixed_precision)
 
 
+# ------------------------------------------------------------ tensor parallelism and sizes
+
+
+def test_tensor_parallel_needs_placed_stages_and_the_transformer():
+    _refused(r"`tensor_parallel` \(2\) needs distribution 'pipeline' or 'hybrid' \(stages of 2 "
+             r"devices; num_stages=1 for tensor parallelism alone\), got 'mirrored'\.",
+             distribution="mirrored", tensor_parallel=2)
+    _refused(r"`tensor_parallel` \(2\) splits model 'transformer', got model 'mlp'; set "
+             r"model='transformer' or tensor_parallel=1\.",
+             distribution="pipeline", tensor_parallel=2)
+    _refused(r"`tensor_parallel` must be a positive integer, got 0", tensor_parallel=0)
+    _refused(r"`device_memory_mb` must be a finite number > 0 \(or None\), got -1",
+             device_memory_mb=-1)
+    TrainConfig(device_memory_mb=64.5).validate()
+
+
+def test_transformer_sizes_split_evenly_over_tensor_parallel_devices():
+    sizes = dict(seq_len=64, d_model=96, num_heads=6, num_layers=2)
+    config_lib.check_transformer_sizes(**sizes, tensor_parallel=2)
+    with pytest.raises(ValueError, match=r"`tensor_parallel` \(4\) must divide num_heads \(6\) "
+                                         r"to split it evenly; use tensor_parallel=2 or change "
+                                         r"num_heads\."):
+        config_lib.check_transformer_sizes(**sizes, tensor_parallel=4)
+    with pytest.raises(ValueError, match=r"`tensor_parallel` \(3\) must divide vocab_size "
+                                         r"\(256\)"):
+        config_lib.check_transformer_sizes(**sizes, tensor_parallel=3)
+    with pytest.raises(ValueError, match=r"`num_heads` \(5\) must divide `d_model` \(96\); "
+                                         r"use e.g. num_heads=4\."):
+        config_lib.check_transformer_sizes(**{**sizes, "num_heads": 5})
+    with pytest.raises(ValueError, match="`seq_len` must be a positive integer, got 0"):
+        config_lib.check_transformer_sizes(**{**sizes, "seq_len": 0})
+
+
 # --------------------------------------------------------------------- backup and output
 
 

@@ -40,7 +40,8 @@ SAMPLE = TrainConfig(
     warmup_epochs=0.5, optimizer="sgd", loss="huber", metrics=("auc", "mae"),
     task="regression", accumulate_steps=2, input_sharding="files", cluster_resolver="slurm",
     overwrite=True, seed=7, steps_per_execution=4, num_stages=3,
-    num_microbatches=2, num_replicas=4, partition="flops", remat=True,
+    num_microbatches=2, num_replicas=4, partition="flops", remat=True, tensor_parallel=2,
+    seq_len=64, d_model=96, num_heads=6, num_layers=3, device_memory_mb=512.5,
     mixed_precision="bfloat16", jit_compile=True, backup_dir="/tmp/backup",
     backup_every_steps=4, keep_backup=True, model_dir="/tmp/model", verbose=2)
 

@@ -188,3 +188,127 @@ def test_cli_text_and_json(capsys):
             assert key in row, key
     assert estimate["devices"][0]["activation_batch"] == 128
     assert estimate == _one(distribution="mirrored", num_devices=2)
+
+
+# --------------------------------------------------------------------------- transformer
+
+TRANSFORMER = dict(seq_len=16, d_model=32, num_heads=4, num_layers=2)
+
+
+def _transformer(**kwargs) -> dict:
+    return memory.estimate_memory("transformer", global_batch_size=32, dropout=0.0,
+                                  **TRANSFORMER, **kwargs)
+
+
+def test_transformer_on_one_device_counts_every_weight_and_layer_output():
+    from tfmulti import transformer
+
+    (row,) = _transformer()["devices"]
+    model = transformer.build_transformer(**TRANSFORMER)
+    assert row["parameters"] == F32 * model.count_params()
+    assert row["optimizer_slots"] == 2 * row["parameters"]
+    # Per example: every layer's output (the embeddings, each block's 2
+    # LayerNorms, attention, 2 dropouts, 2 residuals, MLP up (4 d) and down,
+    # the final LayerNorm) and the logits, float32, for the batch of 32.
+    d, n, length = 32, 2, 16
+    per_position = 3 * d + n * (8 * d + 4 * d) + d + 256
+    assert row["activations"] == per_position * length * 32 * F32
+
+
+@pytest.mark.parametrize("replicas,stages,shards", [(1, 1, 2), (1, 2, 2), (2, 2, 2),
+                                                     (1, 2, 4)])
+def test_tensor_parallel_devices_share_each_stage(replicas, stages, shards):
+    distribution = "hybrid" if replicas > 1 else "pipeline"
+    estimate = _transformer(distribution=distribution, num_stages=stages,
+                            tensor_parallel=shards, num_microbatches=2,
+                            **({"num_replicas": replicas} if replicas > 1 else {}))
+    unsplit = _transformer(distribution=distribution, num_stages=stages, num_microbatches=2,
+                           **({"num_replicas": replicas} if replicas > 1 else {}))
+    rows = estimate["devices"]
+    assert estimate["num_devices"] == len(rows) == replicas * stages * shards
+    assert [(r["device"], r["replica"], r["stage"], r["shard"]) for r in rows] == [
+        ((r * stages + s) * shards + t, r, s, t)
+        for r in range(replicas) for s in range(stages) for t in range(shards)]
+    for s in range(stages):
+        stage = [row for row in rows if row["replica"] == 0 and row["stage"] == s]
+        whole = unsplit["devices"][s]
+        # The stage's weights, gradients and slots are shared out, none copied;
+        # the shards other than the first hold the same, 1/T of the split ones.
+        for key in ("parameters", "gradients", "optimizer_slots"):
+            assert sum(row[key] for row in stage) == whole[key], key
+        assert len({row["parameters"] for row in stage[1:]}) == 1
+        assert stage[0]["parameters"] > stage[1]["parameters"]
+        # Every device holds less than the unsplit stage; their activations
+        # add up to more: the copies of the inputs the shards take.
+        assert all(row["total"] < whole["total"] for row in stage)
+        assert sum(row["activations"] for row in stage) > whole["activations"]
+        assert stage[0]["activations"] < whole["activations"]
+    if replicas > 1:
+        strip = ("device", "replica")
+        assert [{k: v for k, v in row.items() if k not in strip} for row in rows[:len(rows) // 2]] \
+            == [{k: v for k, v in row.items() if k not in strip} for row in rows[len(rows) // 2:]]
+    assert "shard" in memory.format_memory_estimate(estimate).splitlines()[1]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(model="mlp", distribution="pipeline", tensor_parallel=2),
+     r"`tensor_parallel` \(2\) splits model 'transformer', got model 'mlp'"),
+    (dict(model="mlp", d_model=64), r"`d_model` \(64\) sizes model 'transformer', got model "
+                                    r"'mlp'; leave it unset"),
+    (dict(model="transformer", tensor_parallel=2),
+     r"`tensor_parallel` \(2\) does not apply to distribution 'one_device'"),
+    (dict(model="transformer", distribution="pipeline", tensor_parallel=3),
+     r"`tensor_parallel` \(3\) must divide num_heads \(4\)"),
+    (dict(model="transformer", distribution="pipeline", tensor_parallel=2, num_devices=2),
+     r"uses 1 replica\(s\) x 2 stages x 2 tensor-parallel = 4 devices, got `num_devices` \(2\)"),
+])
+def test_tensor_parallel_arguments_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        memory.estimate_memory(global_batch_size=32, **kwargs)
+
+
+def test_check_fits_names_the_fullest_device():
+    estimate = _transformer(distribution="pipeline", num_stages=2, tensor_parallel=2,
+                            num_microbatches=2)
+    fullest = max(estimate["devices"], key=lambda r: r["total"])
+    memory.check_fits(estimate, fullest["total"] / 2**20)  # exactly full: fits
+    with pytest.raises(ValueError, match=rf"device {fullest['device']} \(replica 0, stage "
+                                         rf"{fullest['stage']}, shard {fullest['shard']}\) "
+                                         r"needs .* MiB to train transformer under pipeline .*"
+                                         r"over the budget of 0.5 MiB per device; split the "
+                                         r"model over more devices"):
+        memory.check_fits(estimate, 0.5)
+    with pytest.raises(ValueError, match=r"`device_memory_mb` must be a finite number > 0"):
+        memory.check_fits(estimate, 0)
+
+
+def test_cli_takes_the_tensor_parallel_flags(capsys):
+    assert {"tensor_parallel", "seq_len", "d_model", "num_heads", "num_layers"} <= set(
+        cli.ESTIMATE_FIELDS)
+    assert cli.main(["estimate-memory", "--model", "mlp", "--distribution", "pipeline",
+                     "--tensor_parallel", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "tfmulti estimate-memory: error: --tensor_parallel (2) splits model 'transformer', got "
+        "model 'mlp'; set --model='transformer' or --tensor_parallel=1.\n")
+
+
+def test_a_training_configuration_is_checked_against_its_budget():
+    from tfmulti.config import TrainConfig
+
+    config = TrainConfig(distribution="hybrid", num_replicas=2, num_stages=2,
+                         num_microbatches=2, global_batch_size=32, dropout=0.0)
+    estimate = memory.estimate_for_config(config)
+    assert estimate == memory.estimate_memory(
+        "mlp", distribution="hybrid", num_replicas=2, num_stages=2, num_microbatches=2,
+        global_batch_size=32, dropout=0.0)
+    memory.check_config(config)  # no budget: nothing to check
+    fullest = max(row["total"] for row in estimate["devices"]) / 2**20
+    memory.check_config(config.replace(device_memory_mb=fullest))
+    with pytest.raises(ValueError, match=r"over the budget of 0.1 MiB per device"):
+        memory.check_config(config.replace(device_memory_mb=0.1))
+    assert memory.estimate_for_config(TrainConfig(distribution="mirrored", devices=(
+        "CPU:0", "CPU:1")))["num_devices"] == 2
+    with pytest.raises(ValueError, match="distribution 'auto' decides them when it runs"):
+        memory.estimate_for_config(TrainConfig())
+    with pytest.raises(ValueError, match="cannot cut stages by measured time"):
+        memory.estimate_for_config(TrainConfig(distribution="pipeline", partition="time"))

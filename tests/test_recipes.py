@@ -17,24 +17,13 @@ import numpy as np
 import pytest
 from absl import flags
 
-from tests._util import RECIPES, REPO, run_python, run_recipe
+from tests._util import RECIPES, REPO, file_tree, run_python, run_recipe
 from tfmulti import config_flags
 from tfmulti.config import TrainConfig
 from tfmulti.data import DataNotFoundError
 from tfmulti.training import train
 
 TINY = ["--dataset=synthetic", "--num_examples=512", "--epochs=2", "--global_batch_size=64"]
-
-
-def _tree(path) -> dict:
-    """Relative path -> bytes of every file under `path` (to prove nothing changed)."""
-    out = {}
-    for root, _, files in os.walk(path):
-        for name in files:
-            full = os.path.join(root, name)
-            with open(full, "rb") as f:
-                out[os.path.relpath(full, path)] = f.read()
-    return out
 
 
 def _metrics(model_dir) -> dict:
@@ -192,14 +181,14 @@ def test_train_recipe_bad_flags_in_process(tmp_path, argv, message):
     model_dir = tmp_path / "existing_run"
     model_dir.mkdir()
     (model_dir / "keep.txt").write_text("previous results")
-    before = _tree(model_dir)
+    before = file_tree(model_dir)
     extra = [] if any(a.startswith("--dataset") for a in argv) else [
         "--dataset=synthetic", "--num_examples=256"]
     error = _run_main([*extra, f"--model_dir={model_dir}", *argv])
     assert isinstance(error, str), f"no error for {argv}"
     assert message in error, error
     assert "\n" not in error
-    assert _tree(model_dir) == before
+    assert file_tree(model_dir) == before
 
 
 def test_missing_dataset_names_the_download_flag(tmp_path):
@@ -250,7 +239,7 @@ def test_train_recipe_error_after_tensorflow_starts_is_one_error_line(tmp_path):
     model_dir = tmp_path / "existing_run"
     model_dir.mkdir()
     (model_dir / "keep.txt").write_text("previous results")
-    before = _tree(model_dir)
+    before = file_tree(model_dir)
     result = run_recipe("train", "--dataset=synthetic", "--num_examples=256",
                         "--devices=CPU:9", "--num_virtual_devices=2",
                         f"--model_dir={model_dir}", timeout=120)
@@ -258,7 +247,7 @@ def test_train_recipe_error_after_tensorflow_starts_is_one_error_line(tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(errors) == 1 and "do not exist; available" in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    assert _tree(model_dir) == before
+    assert file_tree(model_dir) == before
 
 
 # ------------------------------------------------------------------------ seed examples

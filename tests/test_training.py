@@ -82,8 +82,8 @@ def test_train_regression_with_fewer_steps_and_a_kept_backup(tmp_path, capsys):
     assert metrics["distribution"] == "OneDeviceStrategy" and metrics["num_replicas"] == 1
     assert metrics["test_mae"] > 0 and metrics["test_loss"] > 0
     assert "test_accuracy" not in metrics and "train_accuracy" not in metrics
-    assert sorted(p.name for p in (tmp_path / "backup").glob("ckpt-*.index")) == \
-        ["ckpt-2.index", "ckpt-4.index"]  # keep_backup: the newest 2 epoch-end backups
+    assert sorted(p.name for p in (tmp_path / "backup").glob("tfmulti-ckpt-*.index")) == \
+        ["tfmulti-ckpt-2.index", "tfmulti-ckpt-4.index"]  # keep_backup: the newest 2
     out = capsys.readouterr().out
     assert "Epoch 1/2" in out and "Epoch 2/2" in out  # verbose "auto" off a terminal: 2
     assert "wrote metrics.json" not in out  # no model_dir: nothing written

@@ -3,13 +3,14 @@
 The package in layers; each imports only from the layers below it (a test
 enforces this, see `setup.cfg`, `[importlinter]`):
 
-    application   cli, training, backup, bench (the benchmark suites)
+    application   cli, training, backup, export (SavedModel), bench (the benchmark suites)
     tools         insight: timing, diagnose, environment, memory (estimate)
     assembly      runs: a config's strategy, inputs and compiled model
     model parallel  parallel: pipeline, partitioner, schedules
     core          models, data, strategy, footprint (the memory model), loops
                   (custom training loops), optimizers, workarounds (upstream
-                  bug fixes), devices
+                  bug fixes), devices, transformer (the byte-level language
+                  model)
     cluster       cluster: TF_CONFIG, launcher, supervisor, notebook launcher
                   (no TensorFlow)
     configuration config, config_flags, _checks, _tables (no TensorFlow)
@@ -31,9 +32,9 @@ from typing import TYPE_CHECKING
 __version__ = "0.2.0"
 
 # Public submodules, reachable as attributes (`tfmulti.data.load(...)`).
-_SUBMODULES = ("backup", "bench", "cluster", "config", "data", "devices", "footprint",
+_SUBMODULES = ("backup", "bench", "cluster", "config", "data", "devices", "export", "footprint",
                "insight", "loops", "models", "optimizers", "parallel", "runs", "strategy",
-               "training", "workarounds")
+               "training", "transformer", "workarounds")
 # Public names re-exported here: name -> module.
 _NAMES = {
     "configure_virtual_devices": "tfmulti.devices",
@@ -54,8 +55,9 @@ _NAMES = {
 __all__ = sorted([*_SUBMODULES, *_NAMES, "__version__"])
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time they load on first use
-    from tfmulti import (backup, bench, cluster, config, data, devices, footprint, insight,
-                         loops, models, optimizers, parallel, runs, strategy, training,
+    from tfmulti import (backup, bench, cluster, config, data, devices, export, footprint,
+                         insight, loops, models, optimizers, parallel, runs, strategy, training,
+                         transformer,
                          workarounds)
     from tfmulti.cluster.launcher import launch
     from tfmulti.cluster.notebook_launcher import notebook_launcher

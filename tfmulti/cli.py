@@ -5,6 +5,8 @@
                          [--source_dir DIR]
     tfmulti estimate-memory [--model mlp] [--distribution one_device] [--num_devices N]
                             [--num_stages S --num_microbatches M --num_replicas R --remat]
+                            [--tensor_parallel T --seq_len L --d_model D --num_heads H
+                             --num_layers N]
                             [--global_batch_size B] [--optimizer adam]
                             [--mixed_precision none] [--partition params] [--json]
     tfmulti launch --num_workers N [--pin_cpus] [--port P] [--startup_timeout S]
@@ -13,6 +15,7 @@
                    [--gpus_per_worker K] -- COMMAND ...
     tfmulti diagnose [recipes/train.py flags] [--no_prefetch] [--no_cache] [--seconds S]
                      [--no_measure] [--profile_dir DIR] [--plot FILE.png] [--json]
+    tfmulti export --model_dir DIR --output DIR [--overwrite] [--model MODULE[:FUNCTION]]
 
 The training options of `diagnose` and `estimate-memory` are generated from
 `tfmulti.config.TrainConfig` (`tfmulti.config_flags`). Bad input prints one
@@ -37,9 +40,10 @@ __all__ = ["build_parser", "main"]
 # TrainConfig fields that `diagnose` does not take: it trains no epochs and writes nothing.
 DIAGNOSE_EXCLUDES = ("epochs", "steps_per_epoch", "backup_dir", "backup_every_steps",
                      "keep_backup", "model_dir", "verbose")
-ESTIMATE_FIELDS = ("model", "dataset", "distribution", "num_stages", "num_microbatches", "num_replicas",
-                   "remat", "global_batch_size", "optimizer", "mixed_precision", "partition",
-                   "dropout")
+ESTIMATE_FIELDS = ("model", "dataset", "distribution", "num_stages", "num_microbatches",
+                   "num_replicas", "remat", "tensor_parallel", "global_batch_size", "optimizer",
+                   "mixed_precision", "partition", "dropout", "seq_len", "d_model", "num_heads",
+                   "num_layers")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -213,6 +217,32 @@ def _add_diagnose_parser(sub) -> None:
     p.set_defaults(func=_cmd_diagnose, parser=p)
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from tfmulti import export
+
+    path = export.from_model_dir(args.model_dir, args.output, overwrite=args.overwrite,
+                                 model_module=args.model)
+    print(f"tfmulti export: wrote a SavedModel to {path} (signature serving_default, "
+          "endpoint serve)")
+    return 0
+
+
+def _add_export_parser(sub) -> None:
+    p = sub.add_parser(
+        "export", help="write a trained run's model as a SavedModel for serving",
+        description="Loads MODEL_DIR/model.keras (what recipes/train.py --model_dir writes, "
+                    "from any distribution) and writes it as a TensorFlow SavedModel that "
+                    "loads on one device (tf.saved_model.load, keras.layers.TFSMLayer, "
+                    "TensorFlow Serving). Written to a temporary directory and renamed.")
+    p.add_argument("--model_dir", required=True, help="the training run's --model_dir")
+    p.add_argument("--output", required=True, help="the SavedModel directory to create")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--model", default=None, metavar="MODULE[:FUNCTION]",
+                   help="import this module first (the --model hook's), so that the custom "
+                        "layers it registers load")
+    p.set_defaults(func=_cmd_export, parser=p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tfmulti", description="Multi-device training for TensorFlow + Keras 3.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -238,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_estimate_memory_parser(sub)
     _add_launch_parser(sub)
     _add_diagnose_parser(sub)
+    _add_export_parser(sub)
     return parser
 
 

@@ -34,9 +34,9 @@ from typing import Any
 from tfmulti import _checks
 
 __all__ = ["AUTO_STEPS_PER_EXECUTION", "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "HOOK_PATTERN",
-           "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS", "TrainConfig", "is_hook",
-           "largest_divisor", "parse_steps_per_execution", "resolve_steps_per_execution",
-           "validate_for_diagnose"]
+           "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS", "TRANSFORMER",
+           "TrainConfig", "check_transformer_sizes", "is_hook", "largest_divisor",
+           "parse_steps_per_execution", "resolve_steps_per_execution", "validate_for_diagnose"]
 
 DISTRIBUTIONS = ("auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid")
 """How a run spreads over devices: tf.distribute strategies, or placed pipeline stages."""
@@ -47,6 +47,9 @@ DIAGNOSE_DISTRIBUTIONS = ("auto", "one_device", "mirrored")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
 MODEL_TASKS = {"mlp": "classification", "regression": "regression", "cnn": "classification"}
 """The built-in model builders (`tfmulti.models.build_model`) and what each one does."""
+TRANSFORMER = "transformer"
+"""The model name of `tfmulti.transformer`'s language model, the one model
+`tensor_parallel` splits."""
 TASKS = ("classification", "regression")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "adafactor",
               "nadam", "ftrl", "lion", "muon", "schedulefreeadamw")
@@ -75,6 +78,32 @@ def _field(default: Any, help: str, **metadata) -> Any:  # noqa: A002  (the flag
 def largest_divisor(n: int, limit: int) -> int:
     """The largest divisor of `n` that is at most `limit` (n, limit >= 1)."""
     return max(d for d in range(1, min(limit, n) + 1) if n % d == 0)
+
+
+def check_transformer_sizes(*, seq_len: int, d_model: int, num_heads: int, num_layers: int,
+                            mlp_ratio: int = 4, vocab_size: int = 256,
+                            tensor_parallel: int = 1) -> None:
+    """Checks a transformer's sizes, and that `tensor_parallel` devices split
+    its heads, MLP width and vocabulary evenly (`tfmulti.transformer`).
+
+    Raises:
+        ValueError: naming the size, the value and a value that works.
+    """
+    for name, value in (("seq_len", seq_len), ("d_model", d_model), ("num_heads", num_heads),
+                        ("num_layers", num_layers), ("mlp_ratio", mlp_ratio),
+                        ("vocab_size", vocab_size), ("tensor_parallel", tensor_parallel)):
+        _checks.positive_int(name, value)
+    if d_model % num_heads:
+        raise ValueError(f"`num_heads` ({num_heads}) must divide `d_model` ({d_model}); use "
+                         f"e.g. num_heads={largest_divisor(d_model, num_heads)}.")
+    sizes = {"num_heads": num_heads, "the MLP width mlp_ratio x d_model": mlp_ratio * d_model,
+             "vocab_size": vocab_size}
+    for name, size in sizes.items():
+        if size % tensor_parallel:
+            works = largest_divisor(math.gcd(*sizes.values()), tensor_parallel)
+            raise ValueError(
+                f"`tensor_parallel` ({tensor_parallel}) must divide {name} ({size}) to split it "
+                f"evenly; use tensor_parallel={works} or change {name.split()[-1]}.")
 
 
 def parse_steps_per_execution(value) -> int | str:
@@ -217,6 +246,17 @@ class TrainConfig:
     remat: bool = _field(
         False, "Recompute stage activations in the backward pass (pipeline, hybrid; no "
         "dropout or batch normalization).")
+    tensor_parallel: int = _field(
+        1, "Tensor parallelism T: each pipeline stage's attention heads, MLP and output head "
+        "split over T devices (model transformer; pipeline, hybrid): replicas x stages x T "
+        "devices in all.")
+    seq_len: int = _field(128, "Transformer: bytes per training sequence.")
+    d_model: int = _field(128, "Transformer: the width of the residual stream.")
+    num_heads: int = _field(4, "Transformer: attention heads (dividing d_model).")
+    num_layers: int = _field(2, "Transformer: blocks.")
+    device_memory_mb: float | None = _field(
+        None, "Refuse a layout whose estimated training memory (tfmulti estimate-memory) "
+        "exceeds this many MiB on some device (default: no check).")
     mixed_precision: str = _field(
         "none", "Compute in 16 bits, keep variables and logits float32: none, bfloat16 "
         "(CPUs and recent GPUs) or float16 (GPUs only; loss scaling is automatic).",
@@ -327,6 +367,21 @@ class TrainConfig:
                     f"`jit_compile` cannot be used with distribution {self.distribution!r}: "
                     f"XLA would compile the step as one cluster and collapse the per-stage "
                     f"device placement; set jit_compile=False or use one_device/mirrored.")
+        c.positive_number("device_memory_mb", self.device_memory_mb, none_ok=True)
+        c.positive_int("tensor_parallel", self.tensor_parallel)
+        if self.tensor_parallel > 1 and not self.model_parallel:
+            raise ValueError(
+                f"`tensor_parallel` ({self.tensor_parallel}) needs distribution 'pipeline' or "
+                f"'hybrid' (stages of {self.tensor_parallel} devices; num_stages=1 for tensor "
+                f"parallelism alone), got {self.distribution!r}.")
+        if self.tensor_parallel > 1 and self.model != TRANSFORMER:
+            raise ValueError(f"`tensor_parallel` ({self.tensor_parallel}) splits model "
+                             f"{TRANSFORMER!r}, got model {self.model!r}; set "
+                             f"model={TRANSFORMER!r} or tensor_parallel=1.")
+        if self.model == TRANSFORMER:
+            check_transformer_sizes(seq_len=self.seq_len, d_model=self.d_model,
+                                    num_heads=self.num_heads, num_layers=self.num_layers,
+                                    tensor_parallel=self.tensor_parallel)
         if self.backup_every_steps and not self.backup_dir:
             raise ValueError("`backup_every_steps` needs `backup_dir`; set `backup_dir` too.")
         if self.backup_dir is not None:

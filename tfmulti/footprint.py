@@ -183,12 +183,14 @@ def slot_bytes_by_device(optimizer, canonical) -> dict[str, int]:
 
 
 def format_footprint(rows: list[dict], *, title: str | None = None) -> str:
-    """Rows of `stack_footprint` (with "device", "replica", "stage") as a table in MiB."""
+    """Rows of `stack_footprint` (with "device", "replica", "stage", and
+    "shard" for tensor-parallel stages) as a table in MiB."""
     from tfmulti._tables import format_table, mib
 
-    header = ("device", "replica", "stage", *COLUMNS)
-    body = [(row["device"], row["replica"], row["stage"], *(mib(row[k]) for k in COLUMNS))
-            for row in rows]
+    places = ("device", "replica", "stage") + (
+        ("shard",) if any(row.get("shard") for row in rows) else ())
+    header = (*places, *COLUMNS)
+    body = [(*(row[p] for p in places), *(mib(row[k]) for k in COLUMNS)) for row in rows]
     table = format_table(header, body, left=(0,))
     return f"{title}\n{table}" if title else table
 

@@ -23,7 +23,7 @@ import types
 import keras
 import tensorflow as tf
 
-__all__ = ["fuse", "fused_adam", "is_fused"]
+__all__ = ["build_on_variable_devices", "fuse", "fused_adam", "is_fused"]
 
 _FUSED = "_tfmulti_fused_update"
 
@@ -53,6 +53,47 @@ def fuse(optimizer: keras.optimizers.Adam) -> keras.optimizers.Adam:
         optimizer.update_step = types.MethodType(_fused_update_step, optimizer)
         setattr(optimizer, _FUSED, True)
     return optimizer
+
+
+def build_on_variable_devices(optimizer, variables) -> None:
+    """Builds `optimizer` for `variables` now, each slot on its variable's device.
+
+    Keras builds an optimizer lazily, inside the traced training step, where
+    the variables' placement is lost: every slot lands on the default
+    device. For weights placed by hand (pipeline stages, tensor-parallel
+    shards) that would put all the optimizer state on one device; building
+    here, eagerly and under each variable's device, keeps a shard's slots
+    with its weights. Does nothing when the optimizer is already built.
+
+    Args:
+        optimizer: a Keras optimizer (a `LossScaleOptimizer`'s inner one is
+            built).
+        variables: the trainable variables it will update.
+
+    Example:
+        >>> import keras, tensorflow as tf, tfmulti
+        >>> _ = tfmulti.configure_virtual_devices(2)
+        >>> with tf.device("CPU:1"):
+        ...     weight = keras.Variable(tf.zeros((3,)))
+        >>> adam = keras.optimizers.Adam()
+        >>> build_on_variable_devices(adam, [weight])
+        >>> sorted({v.value.device[-5:] for v in adam.variables if len(v.shape)})
+        ['CPU:1']
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if inner is None or inner.built:
+        return
+    create = inner.add_variable_from_reference
+
+    def add_variable_from_reference(reference_variable, *args, **kwargs):
+        with tf.device(reference_variable.value.device):
+            return create(reference_variable, *args, **kwargs)
+
+    inner.add_variable_from_reference = add_variable_from_reference
+    try:
+        optimizer.build(list(variables))
+    finally:
+        del inner.add_variable_from_reference  # back to the class method
 
 
 def is_fused(optimizer) -> bool:

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -141,8 +142,31 @@ def train(config: TrainConfig, callbacks=()) -> dict:
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
     run = runs.build_run(config)  # validates the config first
-    model = run.model
     role = strategy_lib.cluster_role(run.strategy)
+    # The backup stays this run's from before the first write to model_dir until
+    # after the last (a second run on it fails here, having touched nothing).
+    held = (backup.lock(config.backup_dir, run.strategy) if config.backup_dir
+            else contextlib.nullcontext())
+    with held:
+        return _train(config, run, role, callbacks)
+
+
+def _fingerprint(run: runs.Run, role) -> dict:
+    """What a resumed run must share with the one that wrote the backup, beyond
+    what `backup.fit` checks itself (variables, steps per epoch and call)."""
+    c = run.config
+    fingerprint = {"model": c.model_name, "dataset": c.dataset_name,
+                   "num_examples": c.num_examples, "seed": c.seed,
+                   "global_batch_size": c.global_batch_size,
+                   "accumulate_steps": c.accumulate_steps,
+                   "input_sharding": run.train_input.sharding}
+    if run.train_input.sharding == "files":  # each worker's files: its share of every step
+        fingerprint["num_workers"] = role.num_workers
+    return fingerprint
+
+
+def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
+    model = run.model
     chief = role.is_chief  # only the chief writes
     writes = bool(config.model_dir) and chief
     if writes:
@@ -165,8 +189,8 @@ def train(config: TrainConfig, callbacks=()) -> dict:
         result = backup.fit(model, run.dataset_from, epochs=config.epochs,
                             steps_per_epoch=run.steps_per_epoch, backup_dir=config.backup_dir,
                             save_every_steps=config.backup_every_steps,
-                            delete_on_success=False,  # after evaluation and writing, below
-                            callbacks=all_callbacks, verbose=verbose)
+                            callbacks=all_callbacks, verbose=verbose,
+                            fingerprint=_fingerprint(run, role))
         history, resumed_step = result.history, result.resumed_step
     else:
         fit_kwargs = run.train_input.fit_kwargs()
@@ -183,10 +207,10 @@ def train(config: TrainConfig, callbacks=()) -> dict:
         _write_outputs(config, model, metrics)
         print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",
               flush=True)
-    if config.backup_dir and chief and not config.keep_backup:
+    if config.backup_dir and not config.keep_backup:
         # Only now: a crash during evaluation or the writes above resumes from
         # the finished backup instead of training again.
-        backup.delete(config.backup_dir)
+        result.delete_backup()
     return metrics
 
 

@@ -8,16 +8,13 @@ backup every 4 steps) with `tfmulti.training.train(backup_dir=OUT_DIR/backup)`;
 --config overrides TrainConfig fields. The chief saves the final weights and
 step count to OUT_DIR/final.npz and the metrics to OUT_DIR/metrics.json.
 
-Each --kill makes worker WORKER send itself SIGNAL (KILL, the default, or
-TERM) at the first batch end at or past global step STEP, once: a marker
-file in OUT_DIR stops a restarted run from doing it again, so one launch
-with --max_restarts can be interrupted several times.
+Each --kill makes worker WORKER send itself SIGNAL at global step STEP, once
+(tests/workers/killer.py).
 """
 
 import argparse
 import json
 import os
-import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -28,16 +25,13 @@ FIELDS = dict(dataset="synthetic", num_examples=1024, global_batch_size=64, epoc
 """The run's TrainConfig fields, besides distribution and backup_dir."""
 
 
-def _kill_spec(text: str) -> tuple[int, int, str]:
-    step, worker, *sig = text.split(":")
-    return int(step), int(worker), (sig[0] if sig else "KILL").upper()
-
-
 def main():
+    import killer  # the workers' directory is sys.path[0]
+
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
     parser.add_argument("distribution")
-    parser.add_argument("--kill", type=_kill_spec, action="append", default=[],
+    parser.add_argument("--kill", type=killer.kill_spec, action="append", default=[],
                         metavar="STEP:WORKER[:SIGNAL]")
     parser.add_argument("--config", default="{}", help="JSON of TrainConfig fields")
     args = parser.parse_args()
@@ -52,18 +46,6 @@ def main():
     environ = tf_config.from_environ()
     index = int(environ["task"]["index"]) if environ else 0
 
-    class Killer(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            step = int(self.model.optimizer.iterations.numpy())
-            for kill_step, worker, sig in args.kill:
-                marker = os.path.join(args.out_dir, f"killed-{kill_step}-{worker}")
-                if step >= kill_step and index == worker and not os.path.exists(marker):
-                    open(marker, "w").close()
-                    print(f"resumable: worker {index} sends itself SIG{sig} at step {step}",
-                          flush=True)
-                    os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
-                    return
-
     class Final(keras.callbacks.Callback):
         def on_train_end(self, logs=None):
             self.model_ref = self.model
@@ -72,7 +54,8 @@ def main():
     fields = dict(FIELDS, distribution=args.distribution,
                   backup_dir=os.path.join(args.out_dir, "backup"))
     fields.update(json.loads(args.config))
-    metrics = train(TrainConfig(**fields), callbacks=[Killer(), final])
+    kills = killer.callback(args.out_dir, index, args.kill, "resumable")
+    metrics = train(TrainConfig(**fields), callbacks=[kills, final])
     model = final.model_ref
     if tf_config.is_chief(environ):
         np.savez(os.path.join(args.out_dir, "final.npz"),

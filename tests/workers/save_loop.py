@@ -4,7 +4,9 @@
 
 Every variable of a ~32 MB model is filled with the step number before each
 save of that step, so a restored checkpoint is consistent exactly when all of
-its values equal its step. Continues from the newest valid checkpoint.
+its values equal its step. Continues from the newest valid checkpoint; prints
+`ready` once its first save is complete (the kills come after it, whatever
+the load on the machine).
 """
 
 import os
@@ -27,12 +29,14 @@ def main(backup_dir):
     m = model()
     saver = backup.Backup(backup_dir, m, keep=2, chief=True, task_index=0)
     step = backup.latest_valid(backup_dir).step
-    print("ready", flush=True)
+    first = step + 1
     while True:
         step += 1
         for v in m.variables:
             v.assign(v.numpy() * 0 + step)
         saver.save(step)
+        if step == first:
+            print("ready", flush=True)
 
 
 if __name__ == "__main__":

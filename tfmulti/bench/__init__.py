@@ -21,6 +21,11 @@ explains its method and figures):
              same work, interleaved in one process
   streaming  an input pipeline and a training step of equal cost on a core
              each, overlapped by prefetch-to-device
+  own        the user's own model and data functions vs the built-in MLP
+             (`fit`, same network), and TFRecord files read by 2 pinned
+             workers sharding by files vs by examples
+  tensor     the byte-level transformer on 2 virtual CPUs: tensor-parallel
+             T=2 vs unsplit (its cost), a 2-stage pipeline vs the naive split
 
 Each suite module has `run(repeats, **options) -> dict` (its JSON record),
 `check(**options)` (the same options, checked before anything runs),
@@ -48,12 +53,13 @@ from collections.abc import Mapping, Sequence
 
 from tfmulti import _checks
 from tfmulti._io import write_json_atomic
-from tfmulti.bench import _harness, baseline, overhead, pipeline, scaling, streaming
+from tfmulti.bench import (_harness, baseline, overhead, own, pipeline, scaling, streaming,
+                           tensor)
 
 __all__ = ["SUITES", "run_benchmark", "run_suite"]
 
 SUITES = {"scaling": scaling, "pipeline": pipeline, "baseline": baseline,
-          "overhead": overhead, "streaming": streaming}
+          "overhead": overhead, "streaming": streaming, "own": own, "tensor": tensor}
 """Suite name -> its module, in the order `all` runs them."""
 
 

@@ -15,8 +15,8 @@ import subprocess
 import sys
 import time
 
-__all__ = ["fmt", "machine_worker", "plot_results", "report", "run_worker", "summary",
-]
+__all__ = ["fmt", "launch_pinned", "machine_worker", "plot_results", "plot_step_seconds", "report",
+           "run_worker", "summary"]
 
 WORKER_MODULE = "tfmulti.bench.worker"
 # The directory holding the `tfmulti` package this process runs, so that a
@@ -72,6 +72,32 @@ def run_worker(kind: str, timeout: float = 900, **config) -> dict:
     return json.loads(lines[-1])
 
 
+def launch_pinned(command: list[str], num_workers: int, timeout: float = 900) -> str:
+    """Runs `command` as `num_workers` workers under `tfmulti launch --pin_cpus`,
+    the launch confined to the first `num_workers` cores of this process, so
+    that each worker gets exactly one; returns what the launch printed.
+
+    Args:
+        command: each worker's command line (e.g. `worker_command(...)`).
+        num_workers: workers, and cores, of the launch.
+        timeout: seconds the whole launch may take.
+
+    Raises:
+        RuntimeError: the launch failed (its output's tail in the message).
+        subprocess.TimeoutExpired: it ran longer than `timeout` seconds.
+    """
+    launch = [sys.executable, "-m", "tfmulti.cli", "launch", f"--num_workers={num_workers}",
+              "--pin_cpus", "--", *command]
+    cores = sorted(os.sched_getaffinity(0))[:num_workers]
+    result = subprocess.run(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=timeout, env=_worker_env(),
+                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    if result.returncode != 0:
+        raise RuntimeError(f"benchmark launch failed ({result.returncode}): "
+                           f"{' '.join(launch)}\n{result.stdout[-6000:]}")
+    return result.stdout
+
+
 def machine_worker() -> dict:
     """What the figures depend on beyond the core count: the CPU, whether
     TensorFlow runs its oneDNN kernels (several times faster convolutions;
@@ -82,6 +108,18 @@ def machine_worker() -> dict:
     env = environment.env_report()
     return {key: env[key] for key in ("cpu_model", "onednn", "cpu_count", "tensorflow",
                                       "keras", "platform")}
+
+
+def plot_step_seconds(step_seconds: dict, ax, title: str) -> None:
+    """A suite's panel: the median step time of each configuration (name ->
+    `summary` of seconds per step), min-max as error bars."""
+    names = list(step_seconds)
+    medians = [step_seconds[n]["median"] * 1000 for n in names]
+    ax.bar(names, medians,
+           yerr=[[m - step_seconds[n]["min"] * 1000 for n, m in zip(names, medians)],
+                 [step_seconds[n]["max"] * 1000 - m for n, m in zip(names, medians)]])
+    ax.set_ylabel("training step (ms)")
+    ax.set_title(title)
 
 
 def plot_results(results: dict, path: str, draw: dict) -> None:

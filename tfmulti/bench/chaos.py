@@ -251,7 +251,7 @@ def plan_trial(phase: str, rng: random.Random, setup: Setup, windows: Windows,
         kill = fault(kind, delay=rng.uniform(0, windows.write))
     else:
         worker = 0
-        kill = fault(kind, worker=0, hit=rng.randint(1, 2 if kind == "io.publish" else 3))
+        kill = fault(kind, worker=0, hit=rng.randint(1, 2))  # 2 outputs; 2 checkpoints kept
     return Trial(phase, sig, worker, (kill,))
 
 

@@ -7,7 +7,8 @@
 * `InterleavedClock`: `time_fit`'s epoch clock, running other work between
   the timed epochs (the overhead suite interleaves the loop there);
 * `EpochStepTimer`: seconds per step of each epoch, from its begin to its
-  end (the pipeline suite);
+  end, and `interleaved_step_seconds`, several models timed in turn by it
+  (the pipeline and tensor suites);
 * `TimeToAccuracy`: the clock of a race to a test accuracy (the baseline
   suite).
 
@@ -17,6 +18,7 @@ its devices and threads are configured.
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable
 
@@ -28,7 +30,7 @@ from tfmulti import _checks
 from tfmulti.insight.timing import EpochClock, EpochTimer
 
 __all__ = ["CustomLoop", "EpochStepTimer", "InterleavedClock", "TimeToAccuracy",
-           "costly_batch_map"]
+           "costly_batch_map", "interleaved_step_seconds"]
 
 
 class CustomLoop:
@@ -170,6 +172,29 @@ class EpochStepTimer(EpochTimer):
 
     def _elapsed(self, seconds: float) -> float:
         return seconds / self.steps
+
+
+def interleaved_step_seconds(models: dict, dataset, steps: int, repeats: int,
+                             epochs: int) -> dict:
+    """Seconds per training step of compiled models, interleaved so that a
+    machine's drift hits them alike: each model trains one epoch first
+    (builds, traces), then per repeat every model trains `epochs` epochs of
+    `steps` steps in turn; a repeat's figure is its median epoch's.
+
+    Returns:
+        name -> one figure per repeat.
+    """
+    for model in models.values():
+        model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+    results = {name: [] for name in models}
+    times: list[float] = []
+    for _ in range(repeats):
+        for name, model in models.items():
+            times.clear()
+            model.fit(dataset, steps_per_epoch=steps, epochs=epochs, verbose=0,
+                      callbacks=[EpochStepTimer(steps, times)])
+            results[name].append(statistics.median(times))
+    return results
 
 
 class TimeToAccuracy:

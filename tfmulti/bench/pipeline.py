@@ -101,7 +101,7 @@ def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: i
     import numpy as np
 
     import tfmulti
-    from tfmulti.bench.fixtures import EpochStepTimer
+    from tfmulti.bench.fixtures import interleaved_step_seconds
     from tfmulti.parallel import PipelineModel
 
     tfmulti.configure_virtual_devices(_STAGES)
@@ -109,23 +109,14 @@ def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: i
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, width), dtype=np.float32)
     ds = tf.data.Dataset.from_tensors((x, x)).repeat()
-    times: list[float] = []
     models = {}
     for name, m in microbatches.items():
         layers = [keras.layers.Dense(width, activation="relu") for _ in range(_LAYERS)]
         model = PipelineModel(layers, input_shape=(width,), devices=devices,
                               num_microbatches=m, partition=[_LAYERS // 2, _LAYERS // 2])
         model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
-        model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)  # builds, traces
         models[name] = model
-    results = {name: [] for name in models}
-    for _ in range(repeats):
-        for name, model in models.items():
-            times.clear()
-            model.fit(ds, steps_per_epoch=steps, epochs=_EPOCHS, verbose=0,
-                      callbacks=[EpochStepTimer(steps, times)])
-            results[name].append(statistics.median(times))
-    out = {"step_seconds": results}
+    out = {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, _EPOCHS)}
     if matmul_rows:
         out["matmul_gflops_by_rows"] = matmul_gflops_by_rows(width)
     return out
@@ -193,11 +184,6 @@ def summarize(r: dict) -> list[str]:
 
 def plot(r: dict, ax) -> None:
     """Median step time of each configuration, min-max as error bars."""
-    steps = r["step_seconds"]
-    names = list(steps)
-    ax.bar(names, [steps[n]["median"] * 1000 for n in names],
-           yerr=[[(steps[n]["median"] - steps[n]["min"]) * 1000 for n in names],
-                 [(steps[n]["max"] - steps[n]["median"]) * 1000 for n in names]])
-    ax.set_ylabel("training step (ms)")
-    ax.set_title(f"Pipeline: {r['pipeline_speedup']['median']:.2f}x over naive, "
-                 f"efficiency {r['pipeline_efficiency']['median']:.2f}")
+    _harness.plot_step_seconds(r["step_seconds"], ax,
+                               f"Pipeline: {r['pipeline_speedup']['median']:.2f}x over naive, "
+                               f"efficiency {r['pipeline_efficiency']['median']:.2f}")

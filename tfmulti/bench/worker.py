@@ -31,7 +31,12 @@ WORKERS = {
     "overhead": "tfmulti.bench.overhead:worker",
     "streaming": "tfmulti.bench.streaming:worker",
     "devices": "tfmulti.bench.devices:worker",
+    "tensor": "tfmulti.bench.tensor:tensor_worker",
+    "tensor_pipeline": "tfmulti.bench.tensor:pipeline_worker",
     "gpu_check": "tfmulti.bench.gpu_check:worker",
+    "own_model": "tfmulti.bench.own:model_worker",
+    "own_write": "tfmulti.bench.own:write_worker",
+    "own_train": "tfmulti.bench.own:train_worker",
 }
 """Worker kind -> "module:function"."""
 

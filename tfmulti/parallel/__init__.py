@@ -1,9 +1,10 @@
 """Model parallelism by manual device placement: the GPipe pipeline (and the
-data x pipeline hybrid), the chain of blocks a model is cut into
-(`blocks`), variables made on their stage's device (`placement`), the stage
-partitioner and the schedule tables.
+data x pipeline hybrid), tensor-parallel layers (`tfmulti.parallel.tensor`),
+the chain of blocks a model is cut into (`blocks`), variables made on their
+stage's device (`placement`), the stage partitioner and the schedule tables.
 
-`PipelineModel` loads lazily (it imports TensorFlow); the schedule helpers
+`PipelineModel` and the tensor-parallel layers load lazily (they import
+TensorFlow); the schedule helpers
 and `tfmulti.parallel.partition`'s numeric core are pure Python.
 """
 
@@ -14,6 +15,10 @@ from typing import TYPE_CHECKING
 
 _LAZY = {
     "PipelineModel": "tfmulti.parallel.pipeline",
+    "build_parallel_transformer": "tfmulti.parallel.layouts",
+    "ColumnParallelDense": "tfmulti.parallel.tensor",
+    "RowParallelDense": "tfmulti.parallel.tensor",
+    "ParallelMultiHeadAttention": "tfmulti.parallel.tensor",
     "plan_partition": "tfmulti.parallel.partition",
     "gpipe": "tfmulti.parallel.schedule",
     "one_f_one_b": "tfmulti.parallel.schedule",
@@ -24,10 +29,13 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
+    from tfmulti.parallel.layouts import build_parallel_transformer
     from tfmulti.parallel.partition import plan_partition
     from tfmulti.parallel.pipeline import PipelineModel
     from tfmulti.parallel.schedule import (bubble_fraction, gpipe, max_in_flight,
                                            measured_bubble, one_f_one_b)
+    from tfmulti.parallel.tensor import (ColumnParallelDense, ParallelMultiHeadAttention,
+                                         RowParallelDense)
 
 
 def __getattr__(name: str):

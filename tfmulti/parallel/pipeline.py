@@ -66,10 +66,11 @@ import keras
 import tensorflow as tf
 from keras.src.trainers import data_adapters
 
-from tfmulti import _checks, footprint
+from tfmulti import _checks, footprint, optimizers
 from tfmulti import devices as devices_lib
 from tfmulti.parallel import blocks, placement
 from tfmulti.parallel import partition as partition_lib
+from tfmulti.parallel import tensor as tensor_lib
 
 __all__ = ["PipelineModel", "check_remat"]
 
@@ -176,8 +177,13 @@ class PipelineModel(keras.Model):
         input_shape: a stack's per-example input shape; optional: without
             it, a stack of unbuilt layers is built from the first batch (as
             `keras.Sequential` is).
-        devices: R*S device names, replica-major (replica 0's stages first);
-            default: the first R*S logical GPUs, else logical CPUs.
+        devices: R*S*T device names, replica-major (replica 0's stages
+            first), each stage's T devices together: stage s of replica r on
+            devices[(r*S + s)*T : (r*S + s + 1)*T]; T is 1 unless the model
+            has tensor-parallel layers (`tfmulti.parallel.tensor`), which are
+            split over T devices: each stage's then run on its T devices,
+            everything else on the first. Default: the first R*S*T logical
+            GPUs, else logical CPUs.
         num_stages: S; default: `len(devices) // num_replicas`, or 2.
         num_microbatches: M, micro-batches per replica batch (must divide it).
         partition: how to cut the stack (chain of blocks): "params"
@@ -220,8 +226,10 @@ class PipelineModel(keras.Model):
         if functional:
             chain, shape = blocks.chain_of(layers), None
             check = chain.check_num_stages
+            tensor_parallel = tensor_lib.tensor_parallel_degree(layers.layers)
         else:
             stack, _, shape, _ = blocks._stack(layers)
+            tensor_parallel = tensor_lib.tensor_parallel_degree(stack)
             if input_shape is not None:
                 shape = partition_lib._per_example_shape(input_shape)
 
@@ -229,8 +237,8 @@ class PipelineModel(keras.Model):
                 _check_stage_count(count, len(stack), names)
         if num_stages is not None:
             check(num_stages)  # before looking for devices
-        device_names = self._choose_devices(devices, num_stages, num_replicas)
-        num_stages = len(device_names) // num_replicas
+        device_names = self._choose_devices(devices, num_stages, num_replicas, tensor_parallel)
+        num_stages = len(device_names) // (num_replicas * tensor_parallel)
         check(num_stages, device_names)  # derived from `devices`
         self._source = _Source(layers)
         self._partition = partition
@@ -239,8 +247,14 @@ class PipelineModel(keras.Model):
         self.num_microbatches = num_microbatches
         self.accumulate_steps = accumulate_steps
         self.remat = remat
-        self.stage_devices = [device_names[r * num_stages:(r + 1) * num_stages]
-                              for r in range(num_replicas)]
+        # Stage s of replica r runs on a group of T devices (T = 1 without
+        # tensor-parallel layers): their shards on the group, the rest on its
+        # first device, the stage's device.
+        self.tensor_parallel = tensor_parallel
+        self.stage_groups = [[device_names[(r * num_stages + s) * tensor_parallel:
+                                           (r * num_stages + s + 1) * tensor_parallel]
+                              for s in range(num_stages)] for r in range(num_replicas)]
+        self.stage_devices = [[group[0] for group in row] for row in self.stage_groups]
         self.plan = None
         self._chain = None
         self.replicas = []
@@ -250,26 +264,29 @@ class PipelineModel(keras.Model):
     # ------------------------------------------------------------------ set-up
 
     @staticmethod
-    def _choose_devices(devices, num_stages, num_replicas) -> list[str]:
+    def _choose_devices(devices, num_stages, num_replicas, tensor_parallel=1) -> list[str]:
+        T = tensor_parallel
+        shards = f" x {T} tensor-parallel devices" if T > 1 else ""
         if devices is None:
             available = devices_lib.logical_devices("GPU") or devices_lib.logical_devices("CPU")
             stages = num_stages or 2
-            needed = stages * num_replicas
+            needed = stages * num_replicas * T
             if len(available) < needed:
                 raise ValueError(
-                    f"{stages} stages x {num_replicas} replica(s) need {needed} devices, "
-                    f"found {len(available)}: {available}; create more with "
+                    f"{stages} stages x {num_replicas} replica(s){shards} need {needed} "
+                    f"devices, found {len(available)}: {available}; create more with "
                     f"tfmulti.configure_virtual_devices({needed}) or pass `devices`.")
             return [devices_lib.canonical_device_name(d) for d in available[:needed]]
         names = devices_lib.resolve_devices(devices)
-        if len(names) % num_replicas:
+        if len(names) % (num_replicas * T):
             raise ValueError(
                 f"{len(names)} devices cannot form {num_replicas} replicas of equal "
-                f"pipelines; pass num_stages x num_replicas devices.")
-        if num_stages is not None and len(names) != num_stages * num_replicas:
+                f"pipelines{shards and f' of {T}-device stages'}; pass num_stages x "
+                f"num_replicas{shards and f' x {T}'} devices.")
+        if num_stages is not None and len(names) != num_stages * num_replicas * T:
             raise ValueError(
                 f"`devices` lists {len(names)} devices but num_stages ({num_stages}) x "
-                f"num_replicas ({num_replicas}) = {num_stages * num_replicas}.")
+                f"num_replicas ({num_replicas}){shards} = {num_stages * num_replicas * T}.")
         return names
 
     def build(self, input_shape=None):
@@ -311,14 +328,14 @@ class PipelineModel(keras.Model):
         for r in range(self.num_replicas):
             stages = []
             for s, (a, b) in enumerate(self._bounds):
-                device, name = self.stage_devices[r][s], f"replica{r}_stage{s}"
+                group, name = self.stage_groups[r][s], f"replica{r}_stage{s}"
                 if r == 0:  # the given layer objects
                     stage = chain.stage_model(a, b, name=name)
-                    own = placement.self_placed(stage)
-                    placement.place([v for v in stage.variables if id(v) not in own], device,
-                                    deferred)
+                    for device, variables in tensor_lib.stage_placement(_own_layers(stage),
+                                                                        group):
+                        placement.place(variables, device, deferred)
                 else:
-                    stage = _copy_stage(replicas[0][s], device, name)
+                    stage = _copy_stage(replicas[0][s], group, name)
                 stages.append(stage)
             replicas.append(stages)
         self.replicas.extend(replicas)
@@ -432,8 +449,8 @@ class PipelineModel(keras.Model):
                     sums[r] = round_grads[r]
                     continue
                 for s in range(S):
-                    with tf.device(self.stage_devices[r][s]):
-                        sums[r][s] = [_sum([a, g]) for a, g in zip(sums[r][s], round_grads[r][s])]
+                    sums[r][s] = [_sum_on(v, [a, g]) for v, a, g in zip(
+                        self.replicas[r][s].trainable_variables, sums[r][s], round_grads[r][s])]
             previous = [g for grads in round_grads for row in grads for g in row]
         self.optimizer.apply_gradients(self._averaged(sums))
         with tf.device(self.stage_devices[0][-1]):
@@ -450,11 +467,13 @@ class PipelineModel(keras.Model):
         pairs = []
         for s in range(self.num_stages):
             for i in range(len(sums[0][s])):
-                with tf.device(self.stage_devices[0][s]):
+                # On the variable's device: its stage's, or its shard's in a
+                # tensor-parallel stage.
+                with tf.device(self.replicas[0][s].trainable_variables[i].value.device):
                     mean = _scaled(_sum([sums[r][s][i] for r in range(R)]), 1 / (R * K))
                 for r in range(R):
                     variable = self.replicas[r][s].trainable_variables[i]
-                    with tf.device(self.stage_devices[r][s]):
+                    with tf.device(variable.value.device):
                         pairs.append((_scaled(mean, 1), variable))
         return pairs
 
@@ -525,7 +544,8 @@ class PipelineModel(keras.Model):
                     for i, g in enumerate(result[:len(variables)]):
                         if g is None:
                             g = tf.zeros_like(variables[i])
-                        grads[s][i] = g if grads[s][i] is None else _sum([grads[s][i], g])
+                        grads[s][i] = g if grads[s][i] is None else _sum_on(variables[i],
+                                                                            [grads[s][i], g])
                     upstream = result[-1] if s > 0 else None
         with tf.device(devices[-1]):
             loss = tf.add_n(losses) / M
@@ -559,26 +579,9 @@ class PipelineModel(keras.Model):
             self._build_optimizer_on_stage_devices()
 
     def _build_optimizer_on_stage_devices(self) -> None:
-        """Creates every optimizer slot on its variable's device. Keras builds
-        optimizers lazily inside the traced train function, where it ignores
-        placement; building here, eagerly and under each variable's device,
-        keeps a stage's slots with its weights."""
-        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        if optimizer is None or optimizer.built:
-            return
-        create = optimizer.add_variable_from_reference
-
-        def add_variable_from_reference(reference_variable, *args, **kwargs):
-            with tf.device(reference_variable.value.device):
-                return create(reference_variable, *args, **kwargs)
-
-        optimizer.add_variable_from_reference = add_variable_from_reference
-        try:
-            self.optimizer.build(self.trainable_variables)
-        finally:
-            del optimizer.add_variable_from_reference  # back to the class method
-
-    # ------------------------------------------------------------------ views
+        """Creates every optimizer slot on its variable's device (Keras would
+        build them inside the traced train function, on the default device)."""
+        optimizers.build_on_variable_devices(self.optimizer, self.trainable_variables)
 
     def _built_chain(self, what: str):
         if self._chain is None:
@@ -620,6 +623,21 @@ class PipelineModel(keras.Model):
         return keras.Model(clone._inputs_struct, clone._outputs_struct,
                            name=name or f"{self.name}_model")
 
+    def checkpoint_layers(self) -> list[list[keras.layers.Layer]]:
+        """The unpartitioned model's layers that the stages hold, in its own
+        order (`to_model().layers`), once per replica (replica 0, the layer
+        objects given, first). `tfmulti.backup` keys a pipeline's variables
+        by them, so that its backup restores into the unpartitioned model,
+        and back."""
+        self._built_chain("checkpoint_layers()")
+        held = {id(layer): (s, j) for s, stage in enumerate(self.replicas[0])
+                for j, layer in enumerate(stage.layers)}
+        source = self._source.model
+        order = [layer for layer in (source.layers if source is not None else self._source.value)
+                 if id(layer) in held]
+        return [[stages[held[id(layer)][0]].layers[held[id(layer)][1]] for layer in order]
+                for stages in self.replicas]
+
     def memory_report(self, batch_size: int, optimizer: str | None = None) -> list[dict]:
         """Bytes per device, by the memory model `tfmulti estimate-memory` uses
         (`tfmulti.footprint`): parameters, gradients, optimizer slots, and
@@ -636,7 +654,17 @@ class PipelineModel(keras.Model):
             optimizer: the optimizer's name ("adam", "sgd") when the model is
                 not compiled yet; a compiled model's built optimizer slots are
                 measured instead.
+
+        Raises:
+            RuntimeError: tensor-parallel stages, whose T devices each hold a
+                share (`tfmulti.insight.memory.estimate_memory` reports them).
         """
+        if self.tensor_parallel > 1:
+            raise RuntimeError(
+                f"memory_report() counts one device per stage; these stages are split over "
+                f"{self.tensor_parallel} devices each: use tfmulti.insight.memory."
+                f"estimate_memory('transformer', tensor_parallel={self.tensor_parallel}, ...), "
+                f"which reports every device.")
         chain = self._built_chain("memory_report()")
         micro = max(batch_size // (self.accumulate_steps * self.num_replicas
                                    * self.num_microbatches), 1)
@@ -692,6 +720,13 @@ def _sum(gradients: list):
     return tf.add_n([tf.convert_to_tensor(g) for g in gradients])
 
 
+def _sum_on(variable, gradients: list):
+    """`_sum(gradients)` on the variable's device (its stage's, or its
+    shard's in a tensor-parallel stage)."""
+    with tf.device(variable.value.device):
+        return _sum(gradients)
+
+
 def _scaled(gradient, factor: float):
     """gradient x factor, made on the current device (a copy when factor is 1)."""
     if isinstance(gradient, tf.IndexedSlices):
@@ -700,17 +735,17 @@ def _scaled(gradient, factor: float):
     return tf.identity(gradient) if factor == 1 else gradient * factor
 
 
-def _copy_stage(source, device: str, name: str) -> keras.Model:
+def _copy_stage(source, group, name: str) -> keras.Model:
     """A copy of a stage (new layers, same architecture and weights) with
-    its variables made on `device`."""
+    its variables made on its device group (`tensor.stage_placement`)."""
     with placement.deferred_variables() as deferred:
         clone = keras.models.clone_model(source)
+    values = {id(c): w.value for c, w in zip(clone.weights, source.weights)}
     own = placement.self_placed(clone)
-    pairs = list(zip(clone.weights, source.weights))
-    for copy, weight in pairs:
+    for copy in clone.weights:
         if id(copy) in own:
-            copy.assign(weight.value)
-    placed = [(c, w.value) for c, w in pairs if id(c) not in own]
-    placement.place([c for c, _ in placed], device, deferred, values=[v for _, v in placed])
-    placement.place(deferred.remaining(), device, deferred)  # random seeds' state
+            copy.assign(values[id(copy)])
+    for device, variables in tensor_lib.stage_placement(_own_layers(clone), group):
+        placement.place(variables, device, deferred, values=[values.get(id(v)) for v in variables])
+    placement.place(deferred.remaining(), group[0], deferred)  # random seeds' state
     return keras.Model(clone._inputs_struct, clone._outputs_struct, name=name)

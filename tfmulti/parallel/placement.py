@@ -10,10 +10,11 @@ already has a value elsewhere moves there: a new TensorFlow variable on the
 stage's device holding the same value, owned by the same Keras variable, so
 every reference to the layer (and to the variable) sees the moved one.
 
-A layer that places its own variables (a tensor-parallel layer, whose
-shards live on several devices) says so with a true attribute
+A layer that places its own variables says so with a true attribute
 `places_own_variables`; its variables are left where it made them (its
 `build` makes them under `outside_symbolic_pass()`, each under its device).
+Tensor-parallel layers are placed by the pipeline instead, each shard on
+its device of the stage's group (`tfmulti.parallel.tensor.stage_placement`).
 
 Example:
     >>> import keras, tfmulti
