@@ -10,6 +10,7 @@ run's. Every subprocess has a timeout; the launcher reaps its workers.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -781,6 +782,45 @@ def test_the_backup_survives_fit_until_the_caller_deletes_it(tmp_path):
     assert result.chief and result.backup_dir == str(tmp_path)
     _fit(tmp_path, delete_on_success=True)  # the old behaviour, asked for
     assert not tmp_path.exists()
+
+
+@pytest.mark.parametrize("where", ["no strategy", "mirrored, distributed data"])
+def test_a_run_resumed_at_its_end_gets_its_optimizer_and_last_epochs_metrics(tmp_path, where):
+    """A crash after training (in the caller's evaluation, or while it saves the
+    model) resumes at the finished backup: the model must be as `fit` left it,
+    Adam's iteration count and moments and the last epoch's metric totals
+    included, since the caller saves it next (found by recipes/chaos.py: a
+    model.keras with a fresh optimizer, iteration count 0, and no train
+    metrics, after every kill during evaluation or the final writes)."""
+    import keras
+
+    import tfmulti
+
+    def run():
+        strategy = (None if where == "no strategy"
+                    else tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"]))
+        with strategy.scope() if strategy else contextlib.nullcontext():
+            model = user_model.functional_model()
+            model.compile(keras.optimizers.Adam(0.02), user_model.loss, metrics=["accuracy"])
+        data = (_dict_stream if strategy is None else
+                lambda step: strategy.experimental_distribute_dataset(_dict_stream(step)))
+        result = backup.fit(model, data, epochs=2, steps_per_epoch=8, save_every_steps=4,
+                            backup_dir=str(tmp_path), verbose=0)
+        return model, result
+
+    finished, first = run()
+    resumed, again = run()  # as after a crash past `fit`: the backup is the finished run
+    assert (first.resumed_step, again.resumed_step, again.history) == (0, 16, {})
+    assert int(np.asarray(resumed.optimizer.iterations)) == 16
+    assert len(resumed.optimizer.variables) == len(finished.optimizer.variables)
+    for a, b in zip(resumed.optimizer.variables, finished.optimizer.variables):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+    for a, b in zip(resumed.get_weights(), finished.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    metrics = {k: float(v) for k, v in resumed.get_metrics_result().items()}
+    assert sorted(metrics) == ["accuracy", "loss"]
+    for name, value in metrics.items():  # the last epoch's, as in the first run's history
+        assert value == pytest.approx(first.history[name][-1], abs=1e-6)
 
 
 def test_other_workers_save_into_private_scratch_dirs(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import os
 import stat
 
 import keras
+import numpy as np
 import pytest
 
 from tfmulti.config import TrainConfig
@@ -177,6 +178,27 @@ def test_a_resumed_run_removes_the_half_written_outputs_of_a_killed_one(tmp_path
     (other / ".staging-0th3r").mkdir(parents=True)
     train(TrainConfig(**{**run, "model_dir": str(other), "backup_dir": str(tmp_path / "c")}))
     assert (other / ".staging-0th3r").is_dir()
+
+
+def test_a_run_resumed_at_its_end_writes_the_trained_optimizer_and_train_metrics(tmp_path):
+    """Killed after training (during the evaluation or the writes), the rerun
+    resumes at the finished backup and writes what the uninterrupted run wrote:
+    model.keras with the trained optimizer (Adam's step count and moments) and
+    metrics.json with the last epoch's train metrics (found by recipes/chaos.py:
+    a fresh optimizer and train_loss None before)."""
+    run = dict(TINY, optimizer="adam", model_dir=str(tmp_path / "run"),
+               backup_dir=str(tmp_path / "backup"), keep_backup=True)  # as if killed
+    first = train(TrainConfig(**run))
+    saved = keras.models.load_model(tmp_path / "run" / "model.keras")
+    again = train(TrainConfig(**run))
+    assert (first["resumed_from_step"], again["resumed_from_step"]) == (0, 4)
+    assert again["epochs_completed"] == first["epochs_completed"] == 1
+    for name in ("train_loss", "train_accuracy", "test_loss", "test_accuracy"):
+        assert again[name] == pytest.approx(first[name], abs=1e-6), name
+    rewritten = keras.models.load_model(tmp_path / "run" / "model.keras")
+    assert int(rewritten.optimizer.iterations) == int(saved.optimizer.iterations) == 4
+    for a, b in zip(rewritten.optimizer.variables, saved.optimizer.variables):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
 
 
 def test_outputs_are_published_together(tmp_path, monkeypatch):

@@ -184,7 +184,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         print(f"{model.plan.table()}\n"
               f"{footprint.format_footprint(model.memory_report(config.global_batch_size))}",
               flush=True)
-    resumed_step = 0
+    resumed_step, last_epoch = 0, {}
     if config.backup_dir:
         result = backup.fit(model, run.dataset_from, epochs=config.epochs,
                             steps_per_epoch=run.steps_per_epoch, backup_dir=config.backup_dir,
@@ -192,6 +192,8 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
                             callbacks=all_callbacks, verbose=verbose,
                             fingerprint=_fingerprint(run, role))
         history, resumed_step = result.history, result.resumed_step
+        if not history and result.resumed_from:  # resumed at the end: nothing trained here
+            last_epoch = model.get_metrics_result()  # the backup's, before evaluate resets it
     else:
         fit_kwargs = run.train_input.fit_kwargs()
         if config.steps_per_epoch:
@@ -201,7 +203,8 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     _faults.point("train.evaluate")
     results = (model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True, verbose=0)
                if run.test_input is not None else {})
-    metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers)
+    metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
+                       last_epoch)
     _faults.point("train.write")
     if writes:
         _write_outputs(config, model, metrics)
@@ -215,7 +218,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
 
 
 def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[float],
-             resumed_step: int, num_workers: int) -> dict:
+             resumed_step: int, num_workers: int, last_epoch: dict) -> dict:
     config, model = run.config, run.model
     steady = epoch_seconds[1:] or epoch_seconds
     examples_per_epoch = run.steps_per_epoch * run.examples_per_step
@@ -246,8 +249,9 @@ def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[fl
     for name, values in history.items():
         if not name.startswith("val_"):
             metrics[f"train_{name}"] = values[-1] if values else None
-    if "loss" not in history:
-        metrics["train_loss"] = None  # nothing left to train
+    if "loss" not in history:  # nothing trained here: the last epoch's totals from the backup
+        metrics.update({f"train_{name}": value for name, value in last_epoch.items()}
+                       or {"train_loss": None})
     for name, value in results.items():
         metrics[f"test_{name}"] = value
     if config.model_parallel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import sys
@@ -21,7 +22,11 @@ _runs = itertools.count()
 class FitResult:
     """What `fit` did: the merged Keras history of the epochs trained in this
     process, the global step it resumed from (0: a fresh start) and the
-    checkpoint it resumed from; `delete_backup()` once the results are saved."""
+    checkpoint it resumed from; `delete_backup()` once the results are saved.
+
+    A run resumed at its end (the backup is the finished run) trains nothing:
+    `history` is empty, and the model's metrics hold the last epoch's totals
+    (`model.get_metrics_result()`), as after the uninterrupted `fit`."""
 
     history: dict
     resumed_step: int
@@ -102,7 +107,7 @@ def _callback_class():
     return BackupCallback
 
 
-def _build_for_restore(model, dataset) -> None:
+def _build_for_restore(model, dataset, *, without_fit: bool = False) -> None:
     """Creates the model's, optimizer's and metrics' variables, so that a
     restore has them to fill.
 
@@ -111,18 +116,24 @@ def _build_for_restore(model, dataset) -> None:
     one made outside any scope only when its first step is traced, after it:
     a restore then found no optimizer slots (Adam resumed with fresh moments
     and iteration count) or, for a model without an `Input`, no weights at
-    all. Built here from the data's element spec, nothing is read.
+    all. `without_fit`: no `fit` follows (the backup is the finished run), so
+    a model under a strategy is built here too. Built from the data's element
+    spec (one replica's, for a distributed dataset), nothing is read.
     """
-    if getattr(model, "_distribute_strategy", None) is not None:
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is not None and not without_fit:
         return  # Keras builds it before the callbacks run
     spec = getattr(dataset, "element_spec", None)
+    if spec is not None:  # a distributed dataset's per-replica specs: one replica's
+        spec = tf.nest.map_structure(lambda s: getattr(s, "_value_specs", (s,))[0], spec)
     if spec is None or not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
         raise ValueError(
             f"cannot build the model to restore its backup from data of type "
             f"{type(dataset).__name__}: pass a tf.data.Dataset from `dataset_from`, or "
             f"build the model (and `model.optimizer.build(model.trainable_variables)`) "
             f"before calling fit.")
-    model._symbolic_build(data_batch=spec)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model._symbolic_build(data_batch=spec)
 
 
 def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_epoch: int,
@@ -217,7 +228,7 @@ def _fit(model, backup: Backup, dataset_from, epochs: int, steps_per_epoch: int,
                          "with the steps per execution it was saved with.")
     if point.path and point.step == total:
         _say(f"resuming from {point.path}: global step {point.step}, the end of the run; "
-             "restoring its weights, nothing left to train")
+             "restoring its weights, optimizer and last epoch's metrics, nothing left to train")
     elif point.path:
         _say(f"resuming from {point.path}: global step {point.step} = epoch "
              f"{point.epoch(steps_per_epoch) + 1}, step {point.step_in_epoch(steps_per_epoch)}"
@@ -236,14 +247,18 @@ def _fit(model, backup: Backup, dataset_from, epochs: int, steps_per_epoch: int,
         phases.append((first_epoch, epochs, steps_per_epoch, first_epoch * steps_per_epoch, 0))
     fit_kwargs.setdefault("shuffle", False)  # the data comes positioned: never reorder
     if point.path:
-        _build_for_restore(model, dataset_from(phases[0][3] if phases else point.step))
+        _build_for_restore(model, dataset_from(phases[0][3] if phases else point.step),
+                           without_fit=not phases)
         if model.built:  # else Keras builds it in `fit`, and `restore` checks it there
             backup.check_fingerprint()
     if preemption:
         watcher.install()
     try:
-        if not phases:  # the backup is the finished run: only the weights matter
-            backup.restore_weights(point)
+        if not phases:
+            # The backup is the finished run (a crash came during the caller's
+            # evaluation or writes): the model as `fit` left it, optimizer and
+            # the last epoch's metric totals included, since the caller saves it.
+            backup.restore(point)
         for i, (initial, end, steps, skip, phase_offset) in enumerate(phases):
             if i and model.stop_training:  # a callback stopped the resumed epoch
                 break
