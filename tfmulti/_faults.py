@@ -71,6 +71,7 @@ POINTS = {
     "train.write": "the evaluation ended, before the outputs are written (every worker; "
                    "the chief writes)",
     "io.publish": "before each staged output is renamed into place",
+    "train.done": "the run is complete: outputs written, backup removed (every worker)",
 }
 """Every failpoint, by name: where it is."""
 

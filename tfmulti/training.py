@@ -214,6 +214,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         # Only now: a crash during evaluation or the writes above resumes from
         # the finished backup instead of training again.
         result.delete_backup()
+    _faults.point("train.done")
     return metrics
 
 

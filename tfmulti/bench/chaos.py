@@ -47,9 +47,10 @@ so far:
 
 The phased kills use the failpoints of `tfmulti._faults` (`TFMULTI_FAULTS`);
 each records where it fired and the last failpoint the process had passed
-(`landed`), and a kill counts in the phase it landed in. A kill that never
-fires (a delay past the end of the process) is not counted; another trial
-replaces it.
+(`landed`), and a kill counts in the phase it landed in: `training` after a
+step, `exit` once the process's run was complete (it waits for a delayed
+signal before exiting). A kill that never fires (its point never reached) is
+not counted; another trial replaces it.
 
 This process never imports TensorFlow; it reads `model.keras` with h5py.
 """
@@ -87,7 +88,7 @@ _PHASE_OF_POINT = {"backup.save": "save", "backup.saved": "save",
                    "backup.restore": "restore", "backup.agreement": "agreement",
                    "train.evaluate": "evaluate", "train.write": "write",
                    "io.publish": "write", "backup.delete": "write",
-                   "backup.step": "training"}
+                   "backup.step": "training", "train.done": "exit"}
 _OUTPUTS = ("metrics.json", "model.keras", "logs", ".tfmulti-run.json")
 MILESTONE = re.compile(r"^\[worker 0\] (?:tfmulti: |Epoch \d)")
 """Worker 0's progress lines: the same sequence in every run until a kill (its
@@ -243,7 +244,7 @@ def plan_trial(phase: str, rng: random.Random, setup: Setup, windows: Windows,
         return Trial(phase, sig, worker, (trigger, fault("backup.agreement")))
     if phase == "evaluate":
         return Trial(phase, sig, worker, (fault(
-            "train.evaluate", delay=rng.uniform(0, windows.evaluate)),))
+            "train.evaluate", delay=rng.uniform(0, 0.8 * windows.evaluate)),))
     # write: the chief's writes, each rename, the backup's removal; or worker 1
     # stopping while the chief writes (the launcher then stops the chief)
     kind = rng.choice(("train.write", "io.publish", "backup.delete"))
@@ -546,8 +547,8 @@ def format_table(records: list[dict]) -> str:
         total          1        1        0                1     0
     """
     rows = _counts(records)
-    order = [p for p in (*PHASES, "training") if p in rows] + sorted(
-        p for p in rows if p not in (*PHASES, "training"))
+    known = (*PHASES, "training", "exit")
+    order = [p for p in known if p in rows] + sorted(p for p in rows if p not in known)
     lines = [f"{'phase':<10} {'kills':>5}  {'SIGKILL':>7}  {'SIGTERM':>7}  "
              f"{'resumed exactly':>15}  {'lost':>4}"]
     total = {"kills": 0, "KILL": 0, "TERM": 0, "exact": 0, "lost": 0}
