@@ -823,6 +823,39 @@ def test_a_run_resumed_at_its_end_gets_its_optimizer_and_last_epochs_metrics(tmp
         assert value == pytest.approx(first.history[name][-1], abs=1e-6)
 
 
+def test_an_interrupted_delete_leaves_the_newest_checkpoint_whole(tmp_path, monkeypatch):
+    """The backup is removed oldest checkpoint first: a run killed while its
+    finished backup is removed (its results already written) restarts at the
+    end, not from an older checkpoint (found by recipes/chaos.py: the restarted
+    run trained the last steps again). The interruption: the failpoint before
+    the second checkpoint's removal, with the directory listing newest first."""
+    from tfmulti import _faults
+    from tfmulti.backup import _files
+
+    class Killed(Exception):
+        pass
+
+    def killed(signum, frame):
+        raise Killed
+
+    _fit(tmp_path)
+    assert [os.path.basename(p) for p in backup.checkpoints(str(tmp_path))] == \
+        ["tfmulti-ckpt-16", "tfmulti-ckpt-12"]
+    entries = _files._entries
+    monkeypatch.setattr(_files, "_entries", lambda d: sorted(entries(d), reverse=True))
+    monkeypatch.setattr(_faults, "_hits", _faults.collections.Counter())
+    monkeypatch.setenv(_faults.ENV, "point=backup.delete,hit=2,signal=USR1")
+    previous = signal.signal(signal.SIGUSR1, killed)
+    try:
+        with pytest.raises(Killed):
+            backup.delete(str(tmp_path))
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert [os.path.basename(p) for p in backup.checkpoints(str(tmp_path))] == \
+        ["tfmulti-ckpt-16"]
+    assert backup.latest_valid(str(tmp_path)).step == 16
+
+
 def test_other_workers_save_into_private_scratch_dirs(tmp_path, monkeypatch):
     """A non-chief save goes to a fresh `mkdtemp` directory (mode 0700), removed
     afterwards, also when the save fails; the predictable name of before

@@ -1,7 +1,8 @@
 """The fault-injection campaign (tfmulti.bench.chaos and chaos_checks,
-recipes/chaos.py): its checks catch what they must (in-process, no cluster), and a small campaign (one
-kill inside the preemption agreement) resumes exactly. The 30-kill campaign is
-not part of the tests; BENCHMARKS.md records it (RELIABILITY)."""
+recipes/chaos.py): its checks catch what they must (in-process, no cluster),
+and a small campaign (one kill inside the preemption agreement) resumes
+exactly. The 30-kill campaign is not part of the tests; BENCHMARKS.md records
+it (Reliability)."""
 
 from __future__ import annotations
 
@@ -155,7 +156,8 @@ def test_snapshot_changes_name_what_was_added_removed_or_rewritten(tmp_path):
     (tmp_path / "gone").unlink()
     (tmp_path / "tfmulti-backup-1").mkdir()  # a leftover
     (tmp_path / "own" / "x").write_text("the run's own: not watched")
-    changes = chaos_checks.snapshot_changes(before, chaos_checks.snapshot(str(tmp_path), exclude=("own",)))
+    after = chaos_checks.snapshot(str(tmp_path), exclude=("own",))
+    changes = chaos_checks.snapshot_changes(before, after)
     assert changes == ["added tfmulti-backup-1", "removed gone", "changed keep/a"]
 
 
@@ -188,14 +190,16 @@ def test_read_resumes_catches_a_lost_backup_and_a_finished_run_trained_again():
     preempted = _output(START, "[worker 0] Epoch 1/2",
                         "[worker 0] tfmulti: preempted: saved a backup at global step 6 in /r",
                         START, _resumed(4))
-    assert "the backup at step 6 was complete" in chaos_checks.read_resumes(preempted, 16).problems[0]
+    problems = chaos_checks.read_resumes(preempted, 16).problems
+    assert "the backup at step 6 was complete" in problems[0]
     # Once the outputs are written, the backup is being removed: a restart from
     # what is left of it (or from nothing) loses nothing but trains again.
     end = _output(START, _saved(16), "[worker 0] tfmulti: wrote metrics.json, ...")
     assert chaos_checks.read_resumes(end + "\n" + _output(START, _resumed(16)), 16) == \
         chaos_checks.Resumes([16], [], [])
-    assert chaos_checks.read_resumes(end + "\n" + _output(START, _resumed(12)), 16) == chaos_checks.Resumes(
-        [12], [], ["attempt 2 resumed from step 12 after the outputs were written"])
+    assert chaos_checks.read_resumes(end + "\n" + _output(START, _resumed(12)), 16) == \
+        chaos_checks.Resumes([12], [], ["attempt 2 resumed from step 12 after the outputs "
+                                        "were written"])
     assert chaos_checks.read_resumes(end + "\n" + _output(START, "[worker 0] Epoch 1/2"), 16) == \
         chaos_checks.Resumes([0], [], ["attempt 2 started afresh after the outputs were written"])
 

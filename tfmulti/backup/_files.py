@@ -333,9 +333,13 @@ def delete(backup_dir: str) -> None:
     if not os.path.isdir(backup_dir):
         return
     with DirLock(backup_dir) as lock:
-        for names in _own(backup_dir).values():
+        # Oldest first, each one's index first: interrupted (a kill right after the
+        # caller saved its results), the newest checkpoint is still whole, and a
+        # restart resumes at the end instead of training again.
+        own = _own(backup_dir)
+        for step in sorted(own):
             _faults.point("backup.delete")
-            _remove(backup_dir, names)
+            _remove(backup_dir, sorted(own[step], key=lambda name: not name.endswith(".index")))
         _remove(backup_dir, [MANIFEST])
         lock.remove_on_release()  # the lock file last, by its last holder here
 
