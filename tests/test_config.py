@@ -386,7 +386,8 @@ def test_own_model_data_loss_and_keras_names_are_accepted(fields):
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"model": "resnet"}, r"`model` must be one of \['mlp', 'regression', 'cnn'\] or your own "
+    ({"model": "resnet"}, r"`model` must be one of \['mlp', 'regression', 'cnn', 'transformer'\] "
+                          r"or your own "
                           r"package.module:function, got 'resnet'"),
     ({"model": "my models:build"}, r"`model` 'my models:build' is not package.module:function"),
     ({"dataset": "a:b:c"}, r"`dataset` 'a:b:c' is not package.module:function"),

@@ -34,7 +34,7 @@ from typing import Any
 from tfmulti import _checks
 
 __all__ = ["AUTO_STEPS_PER_EXECUTION", "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "HOOK_PATTERN",
-           "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS", "TRANSFORMER",
+           "BUILTIN_MODELS", "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS", "TRANSFORMER",
            "TrainConfig", "check_transformer_sizes", "is_hook", "largest_divisor",
            "parse_steps_per_execution", "resolve_steps_per_execution", "validate_for_diagnose"]
 
@@ -50,6 +50,8 @@ MODEL_TASKS = {"mlp": "classification", "regression": "regression", "cnn": "clas
 TRANSFORMER = "transformer"
 """The model name of `tfmulti.transformer`'s language model, the one model
 `tensor_parallel` splits."""
+BUILTIN_MODELS = {**MODEL_TASKS, TRANSFORMER: "classification"}
+"""Every built-in model name and its task (the transformer predicts the next byte)."""
 TASKS = ("classification", "regression")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "adafactor",
               "nadam", "ftrl", "lion", "muon", "schedulefreeadamw")
@@ -183,7 +185,9 @@ class TrainConfig:
     num_examples: int | None = _field(
         None, "Synthetic data: training examples (a quarter as many test examples).")
     model: str | Callable = _field(
-        "mlp", "The model: a built-in builder (mlp, cnn, regression), or your own as "
+        "mlp", "The model: a built-in builder (mlp, cnn, regression; transformer, a byte-level "
+        "language model for dataset tfmulti_text, sized by seq_len, d_model, num_heads and "
+        "num_layers, split by tensor_parallel), or your own as "
         "package.module:function, a function returning a Keras model, which tfmulti calls "
         "under the strategy's scope (found on sys.path, the current directory first; it may "
         "take input_shape, num_classes, dropout and seed). From Python, also the function "
@@ -289,7 +293,7 @@ class TrainConfig:
     @property
     def builtin_model(self) -> bool:
         """Whether `model` names one of tfmulti's builders."""
-        return isinstance(self.model, str) and self.model in MODEL_TASKS
+        return isinstance(self.model, str) and self.model in BUILTIN_MODELS
 
     @property
     def builtin_task(self) -> str | None:
@@ -297,7 +301,7 @@ class TrainConfig:
         model's; None for "auto" with the user's own model (the labels decide)."""
         if self.task != "auto":
             return self.task
-        return MODEL_TASKS[self.model] if self.builtin_model else None
+        return BUILTIN_MODELS[self.model] if self.builtin_model else None
 
     @property
     def model_name(self) -> str:
@@ -332,15 +336,15 @@ class TrainConfig:
         c.integer("seed", self.seed, none_ok=True)
         c.positive_int("accumulate_steps", self.accumulate_steps,
                        hint="1 updates at every step")
-        _check_hook("model", self.model, tuple(MODEL_TASKS))
+        _check_hook("model", self.model, tuple(BUILTIN_MODELS))
         _check_hook("dataset", self.dataset, None)
         if self.loss is not None:
             _check_hook("loss", self.loss, None)
         if isinstance(self.optimizer, str):
             c.one_of("optimizer", self.optimizer.lower(), OPTIMIZERS)
-        if self.builtin_model and self.task not in ("auto", MODEL_TASKS[self.model]):
+        if self.builtin_model and self.task not in ("auto", BUILTIN_MODELS[self.model]):
             raise ValueError(f"`task` {self.task!r} does not fit `model` {self.model!r}, which "
-                             f"does {MODEL_TASKS[self.model]}; leave task='auto'.")
+                             f"does {BUILTIN_MODELS[self.model]}; leave task='auto'.")
         if isinstance(self.metrics, str):
             raise ValueError(f"`metrics` must be a list of metric names, got the string "
                              f"{self.metrics!r}; e.g. ({self.metrics!r},).")

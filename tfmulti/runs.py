@@ -25,14 +25,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfmulti import data, devices, hooks, models
+from tfmulti import data, devices, hooks, models, transformer
 from tfmulti import strategy as strategy_lib
 from tfmulti import config as config_lib
 from tfmulti.config import TrainConfig, resolve_steps_per_execution
 from tfmulti.data.sources import FileSource
+from tfmulti.parallel.layouts import build_parallel_transformer
 from tfmulti.parallel.pipeline import PipelineModel
 
-__all__ = ["Run", "RunData", "build_model_for", "build_run", "features_spec", "load_data"]
+__all__ = ["Run", "RunData", "build_model_for", "build_run", "features_spec", "is_text_dataset",
+           "load_data"]
 
 _LEARNING_RATE_DEFAULT = TrainConfig().learning_rate
 
@@ -162,8 +164,21 @@ def load_data(config: TrainConfig) -> RunData:
         tfmulti.data.DataNotFoundError: a named dataset is not available offline.
     """
     data_dir = config.data_dir or data.default_data_dir()
+    is_text = is_text_dataset(config.dataset)
+    if (config.model == config_lib.TRANSFORMER) != is_text and config.builtin_model \
+            and isinstance(config.dataset, str) and ":" not in config.dataset:
+        raise ValueError(
+            f"`model` {config.model!r} and `dataset` {config.dataset!r} do not fit: the "
+            f"transformer reads byte sequences (dataset={data.text.NAME!r}), the other built-in "
+            f"models images or features; use model='transformer' with "
+            f"dataset={data.text.NAME!r}, or another pair.")
     if not isinstance(config.dataset, str) or ":" in config.dataset:
         run_data = _user_data(config, data_dir)
+    elif is_text:
+        train, test = (data.text.load(config.dataset, split, data_dir, download=config.download,
+                                      sequence_length=config.seq_len)
+                       for split in ("train", "validation"))
+        run_data = RunData(train, test, (config.seq_len,), "classification", 256)
     else:
         test_examples = config.num_examples and max(config.num_examples // 4, 1)
         train = data.load(config.dataset, "train", data_dir=data_dir, download=config.download,
@@ -181,6 +196,16 @@ def load_data(config: TrainConfig) -> RunData:
     return run_data
 
 
+def is_text_dataset(dataset) -> bool:
+    """Whether `dataset` names tfmulti's byte-level text data (`tfmulti.data.text`)."""
+    return isinstance(dataset, str) and dataset.partition("/")[0] == data.text.NAME
+
+
+def _transformer_sizes(config: TrainConfig) -> dict:
+    return dict(seq_len=config.seq_len, d_model=config.d_model, num_heads=config.num_heads,
+                num_layers=config.num_layers, dropout=config.dropout)
+
+
 def build_model_for(config: TrainConfig, run_data: RunData, strategy=None) -> keras.Model:
     """The run's model, unpartitioned: a built-in builder's, or the user's
     model function's, built under `strategy`'s scope (none: the current one).
@@ -189,6 +214,9 @@ def build_model_for(config: TrainConfig, run_data: RunData, strategy=None) -> ke
         ValueError: a model function that cannot be found, asks for an
             argument tfmulti does not offer, or returns no Keras model.
     """
+    if config.model == config_lib.TRANSFORMER:
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            return transformer.build_transformer(seed=config.seed, **_transformer_sizes(config))
     if config.builtin_model:
         return models.build_model(
             config.model, strategy=strategy, input_shape=run_data.input_shape,
@@ -377,6 +405,15 @@ def _if_unknown_size(source, steps):
 def _model(config: TrainConfig, strategy, run_data: RunData) -> keras.Model:
     if not config.model_parallel:
         return build_model_for(config, run_data, strategy)
+    if config.model == config_lib.TRANSFORMER:  # stages of T devices each
+        return build_parallel_transformer(
+            num_replicas=config.num_replicas if config.distribution == "hybrid" else 1,
+            num_stages=config.num_stages, tensor_parallel=config.tensor_parallel,
+            num_microbatches=config.num_microbatches,
+            devices=list(config.devices) if config.devices else None,
+            partition=config.partition, remat=config.remat,
+            accumulate_steps=config.accumulate_steps, seed=config.seed,
+            **_transformer_sizes(config))
     with tf.device("/CPU:0"):  # built on the host; the pipeline places its stages
         model = build_model_for(config, run_data, None)
     return PipelineModel(

@@ -30,11 +30,11 @@ import sys
 
 import keras
 
-from tfmulti import _faults, backup, footprint, models, runs
+from tfmulti import _faults, backup, data, footprint, models, runs
 from tfmulti import strategy as strategy_lib
 from tfmulti._io import publish_staged, write_json_atomic
 from tfmulti.config import TrainConfig
-from tfmulti.insight import timing
+from tfmulti.insight import memory, timing
 
 __all__ = ["OUTPUTS", "train"]
 
@@ -141,7 +141,9 @@ def train(config: TrainConfig, callbacks=()) -> dict:
         RuntimeError: virtual devices requested after TensorFlow started.
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
-    run = runs.build_run(config)  # validates the config first
+    config.validate()
+    memory.check_config(config)  # a layout a device cannot hold fails before anything is built
+    run = runs.build_run(config)
     role = strategy_lib.cluster_role(run.strategy)
     # The backup stays this run's from before the first write to model_dir until
     # after the last (a second run on it fails here, having touched nothing).
@@ -181,9 +183,12 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         verbose = 0 if not chief else 1 if sys.stdout.isatty() else 2
     print(f"tfmulti: {run.describe()}", flush=True)
     if config.model_parallel:
-        print(f"{model.plan.table()}\n"
-              f"{footprint.format_footprint(model.memory_report(config.global_batch_size))}",
-              flush=True)
+        # Stages split over T devices are counted per device by the estimate
+        # (the placed pipeline's report counts one device per stage).
+        rows = (memory.estimate_for_config(config)["devices"]
+                if getattr(model, "tensor_parallel", 1) > 1
+                else model.memory_report(config.global_batch_size))
+        print(f"{model.plan.table()}\n{footprint.format_footprint(rows)}", flush=True)
     resumed_step, last_epoch = 0, {}
     if config.backup_dir:
         result = backup.fit(model, run.dataset_from, epochs=config.epochs,
@@ -205,6 +210,12 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
                if run.test_input is not None else {})
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
                        last_epoch)
+    if runs.is_text_dataset(config.dataset) and "loss" in results:
+        baseline = data.text.unigram_baseline(config.data_dir, sequence_length=config.seq_len)
+        metrics.update(unigram_baseline=baseline, test_loss_vs_unigram=results["loss"] / baseline)
+        print(f"tfmulti: validation loss {results['loss']:.3f} nats/byte; the unigram "
+              f"(byte-frequency) baseline {baseline:.3f}: "
+              f"{100 * (1 - results['loss'] / baseline):.0f}% below it", flush=True)
     _faults.point("train.write")
     if writes:
         _write_outputs(config, model, metrics)
