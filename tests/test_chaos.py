@@ -170,11 +170,11 @@ RESTART = "tfmulti launch: restart 1 of 3: starting all 2 workers again"
 
 
 def _saved(step):
-    return f"[worker 0] tfmulti: backup at global step {step} (every 4 steps): /r/ckpt-{step}"
+    return f"[worker 0] tfmulti: backup at global step {step} (every 4 steps): /r/tfmulti-ckpt-{step}"
 
 
 def _resumed(step):
-    return f"[worker 0] tfmulti: resuming from /r/ckpt-{step}: global step {step} = epoch 1"
+    return f"[worker 0] tfmulti: resuming from /r/tfmulti-ckpt-{step}: global step {step} = epoch 1"
 
 
 def test_read_resumes_catches_a_lost_backup_and_a_finished_run_trained_again():

@@ -236,7 +236,7 @@ def test_a_worker_killed_on_host_b_restarts_both_hosts_from_the_shared_backup(
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
     assert "[worker 1] resumable: worker 1 sends itself SIGKILL at step 10" in outputs[1]
     assert "worker 1 failed with exit code 137 (killed by SIGKILL) on host 1" in outputs[0]
-    resumed = f"resuming from {tmp_path / 'backup' / 'ckpt-8'}: global step 8"
+    resumed = f"resuming from {tmp_path / 'backup' / 'tfmulti-ckpt-8'}: global step 8"
     for rank in (0, 1):
         assert f"restart 1 of 1: starting this host's workers again" in outputs[rank]
         assert f"[worker {rank}] tfmulti: {resumed}" in outputs[rank], outputs[rank][-3000:]
