@@ -382,15 +382,21 @@ ESTIMATE_BLOCKS = [b for b in SH_BLOCKS if _estimate_memory_args(b)]
 DOCS_PROJECT = REPO / "tests" / "docs_project"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in ESTIMATE_BLOCKS])
-def test_estimate_memory_commands_run(block):
+def test_estimate_memory_commands_run(block, monkeypatch, capsys):
+    # In this process (the command's own process start is tested in test_cli.py):
+    # an estimate places nothing on a device, so this process's virtual devices
+    # do not matter. From the folder of the user's project the docs name
+    # (`my_project:build`).
+    from tfmulti import cli
+
+    monkeypatch.chdir(DOCS_PROJECT)
     outputs = []
     for args in _estimate_memory_args(block):
-        # From the folder of the user's project the docs name (`my_project:build`).
-        result = run_python(["-m", "tfmulti.cli", *args], timeout=240, cwd=DOCS_PROJECT)
-        assert result.returncode == 0, f"{block.id}: tfmulti {' '.join(args)}\n{result.stderr}"
-        outputs.append(result.stdout)
+        code = cli.main(args)
+        out, err = capsys.readouterr()
+        assert code == 0, f"{block.id}: tfmulti {' '.join(args)}\n{err}"
+        outputs.append(out)
     shown = _following_text_block(block)
     if shown is not None:  # the output the docs show is the real one
         strip = lambda text: [line.rstrip() for line in text.strip().splitlines()]  # noqa: E731

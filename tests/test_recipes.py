@@ -99,7 +99,7 @@ def test_train_recipe_transformer_2x2x2_beats_the_unigram_baseline(tmp_path):
         "--num_virtual_devices=8", "--num_replicas=2", "--num_stages=2", "--tensor_parallel=2",
         "--num_microbatches=2", "--seq_len=64", "--d_model=64", "--num_heads=4",
         "--num_layers=2", "--dropout=0", "--global_batch_size=64", "--steps_per_epoch=100",
-        "--epochs=3", "--learning_rate=0.003", f"--model_dir={model_dir}", timeout=600)
+        "--epochs=2", "--learning_rate=0.003", f"--model_dir={model_dir}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = _metrics(model_dir)
     assert metrics["num_replicas"] == 2 and metrics["num_stages"] == 2
