@@ -21,21 +21,18 @@ from tfmulti import _faults
 __all__ = ["publish_staged", "sync_directory", "write_json_atomic"]
 
 
-def sync_directory(folder: str) -> None:
-    """fsync a folder, so the renames into it survive a power loss."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sync_file(path: str) -> None:
+def _fsync(path: str) -> None:
+    """fsync a file or a folder by its path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_directory(folder: str) -> None:
+    """fsync a folder, so the renames into it survive a power loss."""
+    _fsync(folder)
 
 
 def publish_staged(folder: str, write: Callable[[str], None], order: Sequence[str]) -> None:
@@ -57,7 +54,7 @@ def publish_staged(folder: str, write: Callable[[str], None], order: Sequence[st
             path = os.path.join(stage, name)
             if not os.path.exists(path):
                 raise FileNotFoundError(f"staged output {name!r} was not written")
-            _sync_file(path)
+            _fsync(path)
         for name in order:
             _faults.point("io.publish")
             os.replace(os.path.join(stage, name), os.path.join(folder, name))
