@@ -159,6 +159,21 @@ def test_scaling_launches_train_py_with_the_distribution_flag():
     assert across[7:] == command[6:]
 
 
+@pytest.mark.cluster
+def test_scaling_times_the_all_reduce_of_the_cnns_gradients_between_2_workers(tmp_path):
+    """The all-reduce the scaling suite times is the CNN's gradients (its 6 weight
+    tensors, 34,826 floats), summed over both workers of a pinned launch."""
+    milliseconds, reduced = scaling.all_reduce_milliseconds(
+        str(tmp_path / "reduce"), across_hosts=False, iterations=3, repeats=2)
+    assert reduced == 4 * 34826 and len(milliseconds) == 2 and min(milliseconds) > 0
+    records = [json.loads((tmp_path / "reduce" / f"worker{i}.json").read_text())
+               for i in (0, 1)]
+    assert [r["worker"] for r in records] == [0, 1]
+    for r in records:
+        assert r["workers"] == 2 and r["tensors"] == 6
+        assert r["reduced_sum"] == pytest.approx(2 * r["local_sum"], rel=1e-4, abs=1e-2)
+
+
 def test_scaling_checks_its_options():
     scaling.check()  # the defaults: 24 and 12 steps per epoch, 12 per call
     with pytest.raises(ValueError, match=r"must divide the steps per epoch of 1 and of 2 "

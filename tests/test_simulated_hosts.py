@@ -255,3 +255,19 @@ def test_a_worker_killed_on_host_b_restarts_both_hosts_from_the_shared_backup(
     assert len(got) == len(keep.weights)
     for a, b in zip(got, keep.weights):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_the_all_reduce_across_two_hosts_sums_both_workers(tmp_path):
+    """The scaling suite's all-reduce through the simulated network (its own hosts)."""
+    ok, why = simulated_hosts.available()
+    if not ok:
+        pytest.skip(f"cannot make network namespaces here: {why}")
+    from tfmulti.bench import scaling
+
+    milliseconds, reduced = scaling.all_reduce_milliseconds(
+        str(tmp_path / "reduce"), across_hosts=True, iterations=3, repeats=2)
+    assert reduced == 4 * 34826 and len(milliseconds) == 2
+    worker1 = json.loads((tmp_path / "reduce" / "worker1.json").read_text())
+    assert worker1["reduced_sum"] == pytest.approx(2 * worker1["local_sum"], rel=1e-4)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"tfmsim{os.getpid()}x" not in listed  # its hosts are gone with their launch

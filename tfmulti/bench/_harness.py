@@ -16,7 +16,7 @@ import sys
 import time
 
 __all__ = ["fmt", "launch_pinned", "machine_worker", "plot_results", "plot_step_seconds", "report",
-           "run_worker", "summary"]
+           "run_worker", "summary", "worker_env"]
 
 WORKER_MODULE = "tfmulti.bench.worker"
 # The directory holding the `tfmulti` package this process runs, so that a
@@ -48,7 +48,8 @@ def worker_command(kind: str, **config) -> list[str]:
     return [sys.executable, "-m", WORKER_MODULE, kind, json.dumps(config)]
 
 
-def _worker_env() -> dict:
+def worker_env() -> dict:
+    """This environment, with this checkout's package first on PYTHONPATH."""
     path = os.environ.get("PYTHONPATH")
     return {**os.environ,
             "PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + path if path else "")}
@@ -64,7 +65,7 @@ def run_worker(kind: str, timeout: float = 900, **config) -> dict:
         subprocess.TimeoutExpired: it ran longer than `timeout` seconds.
     """
     result = subprocess.run(worker_command(kind, **config), capture_output=True, text=True,
-                            timeout=timeout, env=_worker_env())
+                            timeout=timeout, env=worker_env())
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
         raise RuntimeError(f"benchmark worker {kind} {config} failed ({result.returncode}):\n"
@@ -90,7 +91,7 @@ def launch_pinned(command: list[str], num_workers: int, timeout: float = 900) ->
               "--pin_cpus", "--", *command]
     cores = sorted(os.sched_getaffinity(0))[:num_workers]
     result = subprocess.run(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=timeout, env=_worker_env(),
+                            text=True, timeout=timeout, env=worker_env(),
                             preexec_fn=lambda: os.sched_setaffinity(0, cores))
     if result.returncode != 0:
         raise RuntimeError(f"benchmark launch failed ({result.returncode}): "

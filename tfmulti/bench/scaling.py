@@ -21,7 +21,8 @@ round also runs the 2-worker training across 2 simulated hosts
 (`tfmulti.cluster.simulated_hosts`: network namespaces joined by a bridge, one
 `tfmulti launch --hosts ... --pin_cpus` in each, each on one core, 1 worker
 per host): the same work as the single-host 2-worker launch, through a
-virtual network instead of loopback.
+virtual network instead of loopback. The two run back to back, in alternating
+order from round to round, so that drift over a round hits both alike.
 
 Figures: multi_worker_scaling = 2-worker / 1-worker examples/s (goal >=
 1.8x, 90% efficiency); synchronization_efficiency = multi_worker_scaling /
@@ -29,13 +30,18 @@ independent_pair_scaling; efficiency_vs_ceiling = multi_worker_scaling /
 hardware_ceiling; simulated_hosts_scaling = 2 simulated hosts x 1 worker /
 1-worker examples/s, and simulated_hosts_vs_single_host = that over
 multi_worker_scaling, epoch by epoch (goal: within 5% of 1.0, the simulated
-network adding no real cost). Also MirroredStrategy over 1, 2 and 4 virtual
-CPUs in one process ("virtual_devices", `tfmulti.bench.devices`).
+network adding no real cost); all_reduce = milliseconds per all-reduce of the
+CNN's gradients between 2 pinned workers (`all_reduce_worker`), on one host and
+across 2 simulated hosts, and its share of a 2-worker step: the network's cost
+measured directly, apart from the noise of whole training runs. Also
+MirroredStrategy over 1, 2 and 4 virtual CPUs in one process ("virtual_devices",
+`tfmulti.bench.devices`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -50,8 +56,8 @@ from tfmulti.bench import _harness, cpus, devices
 from tfmulti.cluster import simulated_hosts as simulated_hosts_lib
 from tfmulti.config import TrainConfig
 
-__all__ = ["TRAIN_RECIPE", "check", "launch_command", "plot", "run", "summarize",
-           "train_config"]
+__all__ = ["TRAIN_RECIPE", "all_reduce_milliseconds", "all_reduce_worker", "check",
+           "launch_command", "plot", "run", "summarize", "train_config"]
 
 TRAIN_RECIPE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -83,17 +89,76 @@ def train_config(num_workers: int, model_dir: str, *, per_worker_batch: int = 51
     return config
 
 
+def _launcher_command(argv: list[str], num_workers: int, hosts: str | None,
+                      host_rank: int) -> list[str]:
+    """`tfmulti launch --pin_cpus -- argv`: of `num_workers` workers on this host, or
+    host `host_rank`'s launcher of a launch across `hosts` ("HOST:N,...")."""
+    where = ([f"--hosts={hosts}", f"--host_rank={host_rank}"] if hosts
+             else [f"--num_workers={num_workers}"])
+    return [sys.executable, "-m", "tfmulti.cli", "launch", *where, "--pin_cpus", "--", *argv]
+
+
 def launch_command(num_workers: int, model_dir: str, *, hosts: str | None = None,
                    host_rank: int = 0, **options) -> list[str]:
     """`tfmulti launch --pin_cpus` of `recipes/train.py` with `train_config`'s flags: of
     `num_workers` workers on this host, or host `host_rank`'s launcher of a launch across
     `hosts` ("HOST:N,...", `num_workers` in all)."""
+    return _launcher_command(_train_argv(num_workers, model_dir, **options), num_workers,
+                             hosts, host_rank)
+
+
+def _train_argv(num_workers: int, model_dir: str, **options) -> list[str]:
+    """`recipes/train.py` with `train_config`'s flags."""
     config = train_config(num_workers, model_dir, **options)
-    where = ([f"--hosts={hosts}", f"--host_rank={host_rank}"] if hosts
-             else [f"--num_workers={num_workers}"])
-    return [sys.executable, "-m", "tfmulti.cli", "launch", *where, "--pin_cpus", "--",
-            sys.executable, TRAIN_RECIPE,
+    return [sys.executable, TRAIN_RECIPE,
             *(f"--{name}={getattr(config, name)}" for name in _LAUNCH_FIELDS)]
+
+
+def all_reduce_worker(out_dir: str, iterations: int = 200, repeats: int = 5) -> dict:
+    """Milliseconds per all-reduce of the CNN's gradients among the workers of this
+    process's cluster (TF_CONFIG): a sum over the workers of one tensor per trainable
+    weight of the scaling suite's CNN, as each training step does, `iterations` of them
+    in one `tf.function` call, timed `repeats` times after a warm-up call. Worker i
+    writes its record to `out_dir`/worker{i}.json and returns it."""
+    import tensorflow as tf
+
+    from tfmulti import models, strategy as strategy_lib
+
+    strategy = strategy_lib.get_strategy("multi_worker")
+    shapes = [w.shape for w in models.build_model("cnn", strategy=strategy).trainable_weights]
+    with strategy.scope():
+        grads = [tf.Variable(tf.random.stateless_normal(shape, seed=(0, i)))
+                 for i, shape in enumerate(shapes)]
+
+    def all_reduce():
+        summed = tf.distribute.get_replica_context().all_reduce(
+            "sum", [g.read_value() for g in grads])
+        return tf.add_n([tf.reduce_sum(t) for t in summed])
+
+    @tf.function
+    def reduce_n(n):
+        total = tf.constant(0.0)
+        for _ in tf.range(n):  # each sum depends on the last: no two overlap
+            total = strategy.run(all_reduce) + 0.0 * total
+        return total
+
+    float(reduce_n(tf.constant(5)))  # the warm-up traces the function
+    local_sum = sum(float(tf.reduce_sum(g)) for g in grads)
+    reduced_sum = float(reduce_n(tf.constant(1)))  # every worker's, the same tensors
+    milliseconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        float(reduce_n(tf.constant(iterations)))
+        milliseconds.append((time.perf_counter() - start) / iterations * 1e3)
+    index = strategy.cluster_resolver.task_id
+    record = {"worker": index, "bytes": 4 * sum(int(math.prod(s)) for s in shapes),
+              "tensors": len(shapes), "iterations": iterations,
+              "workers": strategy.num_replicas_in_sync, "local_sum": local_sum,
+              "reduced_sum": reduced_sum,
+              "milliseconds_per_all_reduce": milliseconds}
+    with open(os.path.join(out_dir, f"worker{index}.json"), "w") as f:
+        json.dump(record, f)
+    return record
 
 
 def _epoch_throughputs(model_dir: str) -> list[float]:
@@ -149,21 +214,19 @@ def _train_independent_pair(model_dir: str, launches: _Launches) -> list[list[fl
     return [_epoch_throughputs(folder) for folder, _ in runs]
 
 
-def _train_on_simulated_hosts(model_dir: str, launches: _Launches) -> list[float]:
-    """examples/s of each epoch after the first of the 2-worker training across 2
-    simulated hosts, 1 worker each, each host's launcher (and so its worker) on a core of
-    its own."""
+def _across_simulated_hosts(argv: list[str]) -> None:
+    """Runs `argv` as a 2-worker launch across 2 simulated hosts, 1 worker each, each
+    host's launcher (and so its worker) on a core of its own."""
     cores = sorted(os.sched_getaffinity(0))[:2]
     processes = []
     with simulated_hosts_lib.SimulatedHosts(2) as sim:
         hosts = ",".join(f"{address}:1" for address in sim.addresses)
         try:
             for rank, core in enumerate(cores):
-                command = launch_command(2, model_dir, hosts=hosts, host_rank=rank,
-                                         **dataclasses.asdict(launches))
                 processes.append(subprocess.Popen(
-                    sim.command(rank, command), stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, text=True,
+                    sim.command(rank, _launcher_command(argv, 2, hosts, rank)),
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    env=_harness.worker_env(),
                     preexec_fn=lambda core=core: os.sched_setaffinity(0, [core])))
             outputs = [p.communicate(timeout=_LAUNCH_TIMEOUT)[0] for p in processes]
         finally:
@@ -173,7 +236,37 @@ def _train_on_simulated_hosts(model_dir: str, launches: _Launches) -> list[float
                     process.wait()
     for process, output in zip(processes, outputs):
         _check(process, output)
+
+
+def _train_on_simulated_hosts(model_dir: str, launches: _Launches) -> list[float]:
+    """examples/s of each epoch after the first of the 2-worker training across 2
+    simulated hosts (`_across_simulated_hosts`)."""
+    _across_simulated_hosts(_train_argv(2, model_dir, **dataclasses.asdict(launches)))
     return _epoch_throughputs(model_dir)
+
+
+def all_reduce_milliseconds(out_dir: str, *, across_hosts: bool, iterations: int = 200,
+                            repeats: int = 5) -> tuple[list[float], int]:
+    """`all_reduce_worker`'s milliseconds per all-reduce (worker 0's) and bytes reduced,
+    of 2 pinned workers on this host (loopback) or `across_hosts` (2 simulated hosts x 1
+    worker, through their virtual network).
+
+    Raises:
+        RuntimeError: the launch failed, or the reduced sum is not both workers' sum.
+    """
+    os.makedirs(out_dir)
+    argv = _harness.worker_command("all_reduce", out_dir=out_dir, iterations=iterations,
+                                   repeats=repeats)
+    if across_hosts:
+        _across_simulated_hosts(argv)
+    else:
+        _harness.launch_pinned(argv, 2, timeout=_LAUNCH_TIMEOUT)
+    with open(os.path.join(out_dir, "worker0.json")) as f:
+        record = json.load(f)
+    if not math.isclose(record["reduced_sum"], 2 * record["local_sum"], rel_tol=1e-4,
+                        abs_tol=1e-2):
+        raise RuntimeError(f"the all-reduce between 2 workers did not sum both: {record}")
+    return record["milliseconds_per_all_reduce"], record["bytes"]
 
 
 def _checked(per_worker_batch, num_examples, steps_per_execution, epochs) -> _Launches:
@@ -244,6 +337,7 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
     one, two, pair, ratios, pair_ratios, ceilings, efficiencies = [], [], [], [], [], [], []
     per_core = [[], []]
     simulated, simulated_ratios, versus = [], [], []
+    reduce_one, reduce_across, reduced_bytes = [], [], 0
     skipped = None if simulated_hosts else "not asked for (simulated_hosts=False)"
     if simulated_hosts and not simulated_hosts_lib.available()[0]:
         skipped = simulated_hosts_lib.available()[1]
@@ -252,7 +346,28 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
         for round_ in range(rounds):
             start = time.monotonic()
             a = _train_under_launcher(1, os.path.join(tmp, f"one-{round_}"), launches)
-            b = _train_under_launcher(2, os.path.join(tmp, f"two-{round_}"), launches)
+            # The two 2-worker launches that `simulated_hosts_vs_single_host` compares run
+            # back to back, first one then the other in alternate rounds, so that the
+            # machine's drift over a round (minutes) weighs on both alike.
+            on_one_host = functools.partial(
+                _train_under_launcher, 2, os.path.join(tmp, f"two-{round_}"), launches)
+            across_hosts = functools.partial(
+                _train_on_simulated_hosts, os.path.join(tmp, f"hosts-{round_}"), launches)
+            if round_ % 2 and simulated_hosts:
+                d = across_hosts()
+                b = on_one_host()
+            else:
+                b = on_one_host()
+                d = across_hosts() if simulated_hosts else None
+            reduce_ms = {}
+            for where in (("one host", "hosts") if round_ % 2 == 0 else ("hosts", "one host")):
+                if where == "hosts" and not simulated_hosts:
+                    continue
+                milliseconds, reduced_bytes = all_reduce_milliseconds(
+                    os.path.join(tmp, f"all-reduce-{where.replace(' ', '-')}-{round_}"),
+                    across_hosts=where == "hosts")
+                (reduce_across if where == "hosts" else reduce_one).extend(milliseconds)
+                reduce_ms[where] = statistics.median(milliseconds)
             cores_rates = _train_independent_pair(os.path.join(tmp, f"pair-{round_}"),
                                                   launches)
             c = [sum(rates) for rates in zip(*cores_rates)]
@@ -264,7 +379,6 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
             pair += c
             ratios += [y / x for x, y in zip(a, b)]
             if simulated_hosts:
-                d = _train_on_simulated_hosts(os.path.join(tmp, f"hosts-{round_}"), launches)
                 simulated += d
                 simulated_ratios += [w / x for x, w in zip(a, d)]
                 versus += [w / y for y, w in zip(b, d)]
@@ -280,8 +394,12 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
                   + (f"; 2 simulated hosts x 1 worker vs 1 "
                      f"{', '.join(f'{w / x:.2f}x' for x, w in zip(a, d))}"
                      if simulated_hosts else "")
+                  + f"; all-reduce {reduce_ms['one host']:.2f} ms on one host"
+                  + (f", {reduce_ms['hosts']:.2f} ms across simulated hosts"
+                     if simulated_hosts else "")
                   + f" ({time.monotonic() - start:.0f} s)", flush=True)
     summary = _harness.summary
+    step_ms = 2e3 * per_worker_batch / statistics.median(two)
     return {
         "description": "2 workers on 1 core each vs 1 worker on 1 core (tfmulti launch "
                        "--pin_cpus), CNN, same per-worker batch; per round one launch of each, "
@@ -312,6 +430,20 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
              "simulated_hosts_scaling": summary(simulated_ratios),
              "simulated_hosts_vs_single_host": summary(versus), "goal": "within 5% of 1.0"}
             if simulated_hosts else {"skipped": skipped}),
+        "all_reduce": {
+            "description": "milliseconds per all-reduce (sum) of the CNN's gradients between "
+                           "2 pinned workers, on one host (loopback) and across 2 simulated "
+                           "hosts (their virtual network), as in each training step; "
+                           "share_of_step: the median over the 2-worker launch's median "
+                           "step time",
+            "bytes": reduced_bytes,
+            "milliseconds_one_host": reduce_one,
+            "milliseconds_simulated_hosts": reduce_across,
+            "one_host": summary(reduce_one),
+            **({"simulated_hosts": summary(reduce_across)} if reduce_across else {}),
+            "step_milliseconds_2_workers": step_ms,
+            "share_of_step": statistics.median(reduce_across or reduce_one) / step_ms,
+        },
         "virtual_devices": devices.run(repeats),
     }
 
@@ -329,6 +461,15 @@ def summarize(r: dict) -> list[str]:
         lines.append(f"scaling: 2 simulated hosts x 1 pinned worker vs 1 "
                      f"{fmt(hosts['simulated_hosts_scaling'])}; vs the single-host 2-worker "
                      f"launch {fmt(hosts['simulated_hosts_vs_single_host'], '')}")
+    reduce = r.get("all_reduce")
+    if reduce:  # records before run 16 have none
+        lines.append(
+            f"scaling: all-reduce of the CNN's gradients ({reduce['bytes'] / 1e3:.0f} kB) "
+            f"{fmt(reduce['one_host'], ' ms', 3)} on one host"
+            + (f", {fmt(reduce['simulated_hosts'], ' ms', 3)} across 2 simulated hosts"
+               if "simulated_hosts" in reduce else "")
+            + f": {100 * reduce['share_of_step']:.1f}% of a 2-worker step "
+              f"({reduce['step_milliseconds_2_workers']:.0f} ms)")
     for key in ("virtual_devices_2_vs_1", "virtual_devices_4_vs_1"):
         lines.append(f"scaling: MirroredStrategy {key.split('_')[2]} virtual devices vs 1 "
                      f"{fmt(r['virtual_devices'][key])}; ceiling 1.0 (they share the cores)")

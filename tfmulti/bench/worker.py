@@ -37,6 +37,7 @@ WORKERS = {
     "own_model": "tfmulti.bench.own:model_worker",
     "own_write": "tfmulti.bench.own:write_worker",
     "own_train": "tfmulti.bench.own:train_worker",
+    "all_reduce": "tfmulti.bench.scaling:all_reduce_worker",
 }
 """Worker kind -> "module:function"."""
 
