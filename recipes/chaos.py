@@ -6,11 +6,12 @@ moments of every phase, resume it, and check that nothing was lost.
 Runs `recipes/train.py` under `tfmulti launch --num_workers 2 --max_restarts
 K` once uninterrupted (the reference), then once per kill: SIGKILL or SIGTERM
 to a random worker during a save, the restore, the preemption agreement, the
-evaluation, the final writes, or at a random time; the launcher restarts the
-cluster until the run completes. Each kill is checked: the final weights and
-optimizer state equal the reference's within 1e-5 (the optimizer's step
-count too: no step trained twice or skipped), every restart resumed from the
-newest complete backup, and nothing outside the run's directories changed.
+evaluation, the final writes, the exit of the finished run, or at a random
+time; the launcher restarts the cluster until the run completes. Each kill is
+checked: the final weights and optimizer state equal the reference's within
+1e-5 (the optimizer's step count too: no step trained twice or skipped),
+every restart resumed from the newest complete backup, and nothing outside
+the run's directories changed.
 Prints one line per trial and a table (kills by phase and signal, resumed
 exactly, lost); writes every trial's record to --output. The method:
 `tfmulti.bench.chaos`. Exits 1 when a kill was not resumed exactly.

@@ -27,7 +27,8 @@ WINDOWS = chaos.Windows(progress=(25.0, 2.0, 3.0, 0.5, 0.5), evaluate=6.0, write
 def test_every_phase_plans_a_kill_armed_where_it_says(phase, tmp_path):
     points = {"save": {"backup.save", "backup.saved"}, "restore": {"backup.restore"},
               "agreement": {"backup.agreement"}, "evaluate": {"train.evaluate"},
-              "write": {"train.write", "io.publish", "backup.delete"}}
+              "write": {"train.write", "io.publish", "backup.delete"},
+              "exit": {"train.done"}}
     seen = set()
     for seed in range(40):
         trial = chaos.plan_trial(phase, random.Random(seed), SETUP, WINDOWS, str(tmp_path))
@@ -202,6 +203,11 @@ def test_read_resumes_catches_a_lost_backup_and_a_finished_run_trained_again():
                                         "were written"])
     assert chaos_checks.read_resumes(end + "\n" + _output(START, "[worker 0] Epoch 1/2"), 16) == \
         chaos_checks.Resumes([0], [], ["attempt 2 started afresh after the outputs were written"])
+    # What a restart does now: it finds the run finished and trains nothing.
+    finished = ("[worker 0] tfmulti: this run has finished already: its outputs are in /m "
+                "(metrics.json, model.keras); nothing left to train")
+    assert chaos_checks.read_resumes(end + "\n" + _output(START, finished), 16) == \
+        chaos_checks.Resumes([16], [], [])
 
 
 def test_the_table_counts_kills_where_they_landed(capsys):

@@ -153,12 +153,47 @@ def test_model_dir_belongs_to_one_run(tmp_path):
     assert not set(old_events) & set(new_events) and len(new_events) == len(old_events)
     assert (model_dir / "notes.txt").read_text() == "the user's own file"
     assert json.loads((model_dir / ".tfmulti-run.json").read_text())["learning_rate"] == 0.01
-    # The same configuration with a backup resumes into its own model_dir.
+    # The same configuration with a backup resumes into its own model_dir (killed before
+    # its outputs were published: here, removed).
     resumable = dict(TINY, model_dir=str(tmp_path / "resumable"), backup_dir=str(tmp_path / "b"),
                      keep_backup=True)
     train(TrainConfig(**resumable))
+    for name in ("metrics.json", "model.keras"):
+        os.remove(tmp_path / "resumable" / name)
     metrics = train(TrainConfig(**{**resumable, "verbose": 2}))  # a rerun: resumes, at the end
     assert metrics["resumed_from_step"] == 4
+
+
+def test_a_finished_run_is_not_trained_again(tmp_path, capsys):
+    """A resumable run restarted after it published its outputs (a kill at its exit,
+    a requeued job) returns its metrics, trains nothing and leaves model_dir as it
+    was; it finishes the backup's removal a kill interrupted; overwrite trains again."""
+    run = dict(TINY, model_dir=str(tmp_path / "run"), backup_dir=str(tmp_path / "backup"))
+    first = train(TrainConfig(**run))
+    assert not (tmp_path / "backup").exists()
+    before = _tree(tmp_path / "run")
+    capsys.readouterr()
+    counter = _Iterations()
+    again = train(TrainConfig(**{**run, "verbose": 2}), callbacks=[counter])
+    assert again == first and not hasattr(counter, "iterations")  # no fit at all
+    assert _tree(tmp_path / "run") == before
+    out = capsys.readouterr().out
+    assert (f"tfmulti: this run has finished already: its outputs are in {tmp_path / 'run'} "
+            "(metrics.json, model.keras); nothing left to train (overwrite=True, --overwrite, "
+            "trains it again)") in out
+    assert "Epoch 1/" not in out
+    # Killed while its backup was being removed: the restart removes the rest.
+    kept = dict(run, model_dir=str(tmp_path / "kept"), keep_backup=True)
+    train(TrainConfig(**kept))
+    assert (tmp_path / "backup").is_dir()
+    train(TrainConfig(**{**kept, "keep_backup": False}))
+    assert not (tmp_path / "backup").exists()
+    # Another configuration is still refused; overwrite trains it anew.
+    with pytest.raises(ValueError, match="holds another run's outputs"):
+        train(TrainConfig(**{**run, "learning_rate": 0.01}))
+    counter = _Iterations()
+    train(TrainConfig(**run, overwrite=True), callbacks=[counter])
+    assert counter.iterations == 4
 
 
 def test_a_resumed_run_removes_the_half_written_outputs_of_a_killed_one(tmp_path):
@@ -190,6 +225,8 @@ def test_a_run_resumed_at_its_end_writes_the_trained_optimizer_and_train_metrics
                backup_dir=str(tmp_path / "backup"), keep_backup=True)  # as if killed
     first = train(TrainConfig(**run))
     saved = keras.models.load_model(tmp_path / "run" / "model.keras")
+    for name in ("metrics.json", "model.keras"):  # killed before they were published
+        os.remove(tmp_path / "run" / name)
     again = train(TrainConfig(**run))
     assert (first["resumed_from_step"], again["resumed_from_step"]) == (0, 4)
     assert again["epochs_completed"] == first["epochs_completed"] == 1

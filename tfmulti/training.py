@@ -30,7 +30,7 @@ import sys
 
 import keras
 
-from tfmulti import _faults, backup, data, footprint, models, runs
+from tfmulti import _faults, backup, data, footprint, models, roles, runs
 from tfmulti import strategy as strategy_lib
 from tfmulti._io import publish_staged, write_json_atomic
 from tfmulti.config import TrainConfig
@@ -41,6 +41,9 @@ __all__ = ["OUTPUTS", "train"]
 OUTPUTS = ("metrics.json", "model.keras", "logs", ".tfmulti-run.json")
 """What a run writes in `model_dir` (and `overwrite` removes)."""
 _RUN_FILE = ".tfmulti-run.json"
+# How long the other workers wait for the chief to say whether the run has finished
+# (it reads its metrics.json; the workers start together).
+_FINISHED_WAIT_S = 300.0
 # Fields that may differ between a run and its resumption.
 _RESUMABLE_CHANGES = ("verbose", "overwrite", "keep_backup")
 
@@ -104,6 +107,46 @@ def _read_run_file(folder: str) -> dict | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def _published_metrics(config: TrainConfig) -> dict | None:
+    """This run's metrics.json where `model_dir` holds its published outputs (the same
+    configuration's run file, model.keras and metrics.json), else None."""
+    if config.overwrite or _read_run_file(config.model_dir) != _identity(config):
+        return None
+    if not os.path.isfile(os.path.join(config.model_dir, "model.keras")):
+        return None
+    try:
+        with open(os.path.join(config.model_dir, "metrics.json")) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return metrics if isinstance(metrics, dict) else None
+
+
+def _finished_run(config: TrainConfig, role, writes: bool) -> dict | None:
+    """The metrics of a resumable run (`backup_dir`) that has already published its
+    outputs, else None: such a run is not trained again when it restarts (a launcher's
+    restart after a kill at its exit, a requeued job, the same command run twice). Every
+    worker takes the chief's finding; the chief finishes removing the backup, which the
+    kill may have interrupted (unless `keep_backup`).
+
+    Raises:
+        RuntimeError: the chief did not share its finding within `_FINISHED_WAIT_S`.
+    """
+    if not config.backup_dir:
+        return None
+    found = _published_metrics(config) if writes else None
+    metrics = json.loads(roles.all_gather_text("finished run", json.dumps(found), role,
+                                               _FINISHED_WAIT_S)[0])
+    if metrics is None:
+        return None
+    print(f"tfmulti: this run has finished already: its outputs are in {config.model_dir} "
+          "(metrics.json, model.keras); nothing left to train (overwrite=True, --overwrite, "
+          "trains it again)", flush=True)
+    if writes and not config.keep_backup:
+        backup.delete(config.backup_dir)
+    return metrics
 
 
 def _write_outputs(config: TrainConfig, model, metrics: dict) -> None:
@@ -173,6 +216,9 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     writes = bool(config.model_dir) and chief
     if writes:
         _claim_model_dir(config)
+    finished = _finished_run(config, role, writes)
+    if finished is not None:
+        return finished
     # All checks passed: from here on we write.
     timer = timing.EpochTimer()
     all_callbacks = [timer, *callbacks]

@@ -39,6 +39,8 @@ so far:
     evaluate   during the test split's evaluation (a random delay into it)
     write      during the final writes: the chief writing the outputs, each
                rename into `model_dir`, or the removal of the backup
+    exit       once the run is complete (outputs written, backup removed), as
+               the process is about to exit: the restart must not train again
     anytime    this process signals a worker wherever it is (no failpoint):
                after the launch's start or one of worker 0's progress lines
                (`MILESTONE`), picked at random, by a random part of the time
@@ -80,7 +82,7 @@ from tfmulti.config import TrainConfig
 __all__ = ["PHASES", "Setup", "Trial", "Windows", "format_table", "launch_command",
            "plan_trial", "run_campaign", "run_trial", "train_config", "worker_pids"]
 
-PHASES = ("save", "restore", "agreement", "evaluate", "write", "anytime")
+PHASES = ("save", "restore", "agreement", "evaluate", "write", "exit", "anytime")
 """The phases kills aim at, in the order ties are broken."""
 
 # The phase a kill landed in, by the last failpoint passed before it.
@@ -245,6 +247,8 @@ def plan_trial(phase: str, rng: random.Random, setup: Setup, windows: Windows,
     if phase == "evaluate":
         return Trial(phase, sig, worker, (fault(
             "train.evaluate", delay=rng.uniform(0, 0.8 * windows.evaluate)),))
+    if phase == "exit":
+        return Trial(phase, sig, worker, (fault("train.done", delay=rng.uniform(0, 0.5)),))
     # write: the chief's writes, each rename, the backup's removal; or worker 1
     # stopping while the chief writes (the launcher then stops the chief)
     kind = rng.choice(("train.write", "io.publish", "backup.delete"))
@@ -547,7 +551,7 @@ def format_table(records: list[dict]) -> str:
         total          1        1        0                1     0
     """
     rows = _counts(records)
-    known = (*PHASES, "training", "exit")
+    known = (*PHASES, "training")
     order = [p for p in known if p in rows] + sorted(p for p in rows if p not in known)
     lines = [f"{'phase':<10} {'kills':>5}  {'SIGKILL':>7}  {'SIGTERM':>7}  "
              f"{'resumed exactly':>15}  {'lost':>4}"]

@@ -31,6 +31,7 @@ _SAVED = re.compile(r"^\[worker 0\] tfmulti: (?:preempted: saved a backup|backup
 _RESUMED = re.compile(r"^\[worker 0\] tfmulti: resuming from .*: global step (\d+)\b")
 _PUBLISHED = re.compile(r"^\[worker 0\] tfmulti: wrote metrics\.json")
 _FRESH = re.compile(r"^\[worker 0\] Epoch 1/")
+_FINISHED = re.compile(r"^\[worker 0\] tfmulti: this run has finished already")
 _ATTEMPT = re.compile(r"^tfmulti launch: (?:host \d+ of \d+ \([^)]*\): )?starting \d+ workers?")
 
 
@@ -104,7 +105,8 @@ class Resumes:
     """Where each attempt of a trial's run resumed, read from its output.
 
     Attributes:
-        steps: the step each attempt resumed from (0: a fresh start), for the
+        steps: the step each attempt resumed from (0: a fresh start; the run's
+            last step for an attempt that found the run finished), for the
             attempts that got as far as choosing one.
         problems: finished backups lost: an attempt that resumed from an older
             backup than the newest one reported complete before it, while the
@@ -150,6 +152,9 @@ def read_resumes(output: str, total_steps: int) -> Resumes:
         elif (match := _RESUMED.match(line)):
             chose = True
             chosen(int(match.group(1)), f"resumed from step {match.group(1)}")
+        elif _FINISHED.match(line) and not chose:  # a restart once the outputs were written
+            chose = True
+            chosen(total_steps, "found the run finished")
         elif _PUBLISHED.match(line):
             published = True
         elif _FRESH.match(line) and attempt and not chose:
