@@ -63,8 +63,9 @@ def _identity(config: TrainConfig) -> dict:
             if f.name not in _RESUMABLE_CHANGES}
 
 
-def _claim_model_dir(config: TrainConfig) -> None:
-    """Makes `model_dir` this run's, before anything else is written there.
+def _claim_model_dir(config: TrainConfig) -> bool:
+    """Makes `model_dir` this run's, before anything else is written there; returns
+    whether it already was (a resumed run's: its outputs so far stay).
 
     Raises:
         ValueError: it holds another run's outputs (or other files) and
@@ -86,10 +87,11 @@ def _claim_model_dir(config: TrainConfig) -> None:
                                        "configuration is unchanged)" if config.backup_dir
                                        else "") + ".")
         _remove(folder, staged)  # the same run, resumed: its outputs so far stay
-        return
+        return True
     if config.overwrite:
         _remove(folder, [*OUTPUTS, *staged])
     write_json_atomic(os.path.join(folder, _RUN_FILE), _identity(config), sort_keys=True)
+    return False
 
 
 def _remove(folder: str, names) -> None:
@@ -109,34 +111,33 @@ def _read_run_file(folder: str) -> dict | None:
         return None
 
 
-def _published_metrics(config: TrainConfig) -> dict | None:
-    """This run's metrics.json where `model_dir` holds its published outputs (the same
-    configuration's run file, model.keras and metrics.json), else None."""
-    if config.overwrite or _read_run_file(config.model_dir) != _identity(config):
-        return None
-    if not os.path.isfile(os.path.join(config.model_dir, "model.keras")):
+def _published_metrics(model_dir: str) -> dict | None:
+    """The metrics.json of a run whose outputs (model.keras and metrics.json) are
+    published in `model_dir`, else None."""
+    if not os.path.isfile(os.path.join(model_dir, "model.keras")):
         return None
     try:
-        with open(os.path.join(config.model_dir, "metrics.json")) as f:
+        with open(os.path.join(model_dir, "metrics.json")) as f:
             metrics = json.load(f)
     except (OSError, ValueError):
         return None
     return metrics if isinstance(metrics, dict) else None
 
 
-def _finished_run(config: TrainConfig, role, writes: bool) -> dict | None:
+def _finished_run(config: TrainConfig, role, resumed_dir: bool) -> dict | None:
     """The metrics of a resumable run (`backup_dir`) that has already published its
     outputs, else None: such a run is not trained again when it restarts (a launcher's
     restart after a kill at its exit, a requeued job, the same command run twice). Every
-    worker takes the chief's finding; the chief finishes removing the backup, which the
-    kill may have interrupted (unless `keep_backup`).
+    worker takes the chief's finding (`resumed_dir`: `_claim_model_dir` found model_dir
+    this run's); the chief finishes removing the backup, which the kill may have
+    interrupted (unless `keep_backup`).
 
     Raises:
         RuntimeError: the chief did not share its finding within `_FINISHED_WAIT_S`.
     """
     if not config.backup_dir:
         return None
-    found = _published_metrics(config) if writes else None
+    found = _published_metrics(config.model_dir) if resumed_dir else None
     metrics = json.loads(roles.all_gather_text("finished run", json.dumps(found), role,
                                                _FINISHED_WAIT_S)[0])
     if metrics is None:
@@ -144,7 +145,7 @@ def _finished_run(config: TrainConfig, role, writes: bool) -> dict | None:
     print(f"tfmulti: this run has finished already: its outputs are in {config.model_dir} "
           "(metrics.json, model.keras); nothing left to train (overwrite=True, --overwrite, "
           "trains it again)", flush=True)
-    if writes and not config.keep_backup:
+    if resumed_dir and not config.keep_backup:
         backup.delete(config.backup_dir)
     return metrics
 
@@ -214,9 +215,8 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     model = run.model
     chief = role.is_chief  # only the chief writes
     writes = bool(config.model_dir) and chief
-    if writes:
-        _claim_model_dir(config)
-    finished = _finished_run(config, role, writes)
+    resumed_dir = _claim_model_dir(config) if writes else False
+    finished = _finished_run(config, role, resumed_dir)
     if finished is not None:
         return finished
     # All checks passed: from here on we write.

@@ -269,6 +269,20 @@ def all_reduce_milliseconds(out_dir: str, *, across_hosts: bool, iterations: int
     return record["milliseconds_per_all_reduce"], record["bytes"]
 
 
+def _back_to_back(round_: int, on_one_host, across_hosts):
+    """(on_one_host(), across_hosts()), the two called one right after the other, in
+    alternating order from round to round, so that the machine's drift over a round
+    (minutes) weighs on both alike; across_hosts None (no simulated hosts): (on_one_host(),
+    None)."""
+    if across_hosts is None:
+        return on_one_host(), None
+    if round_ % 2:
+        across = across_hosts()
+        return on_one_host(), across
+    one = on_one_host()
+    return one, across_hosts()
+
+
 def _checked(per_worker_batch, num_examples, steps_per_execution, epochs) -> _Launches:
     launches = _Launches(
         per_worker_batch=_checks.positive_int("per_worker_batch", per_worker_batch),
@@ -346,28 +360,21 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
         for round_ in range(rounds):
             start = time.monotonic()
             a = _train_under_launcher(1, os.path.join(tmp, f"one-{round_}"), launches)
-            # The two 2-worker launches that `simulated_hosts_vs_single_host` compares run
-            # back to back, first one then the other in alternate rounds, so that the
-            # machine's drift over a round (minutes) weighs on both alike.
-            on_one_host = functools.partial(
-                _train_under_launcher, 2, os.path.join(tmp, f"two-{round_}"), launches)
-            across_hosts = functools.partial(
-                _train_on_simulated_hosts, os.path.join(tmp, f"hosts-{round_}"), launches)
-            if round_ % 2 and simulated_hosts:
-                d = across_hosts()
-                b = on_one_host()
-            else:
-                b = on_one_host()
-                d = across_hosts() if simulated_hosts else None
-            reduce_ms = {}
-            for where in (("one host", "hosts") if round_ % 2 == 0 else ("hosts", "one host")):
-                if where == "hosts" and not simulated_hosts:
-                    continue
-                milliseconds, reduced_bytes = all_reduce_milliseconds(
-                    os.path.join(tmp, f"all-reduce-{where.replace(' ', '-')}-{round_}"),
-                    across_hosts=where == "hosts")
-                (reduce_across if where == "hosts" else reduce_one).extend(milliseconds)
-                reduce_ms[where] = statistics.median(milliseconds)
+            b, d = _back_to_back(
+                round_,
+                functools.partial(_train_under_launcher, 2, os.path.join(tmp, f"two-{round_}"),
+                                  launches),
+                functools.partial(_train_on_simulated_hosts,
+                                  os.path.join(tmp, f"hosts-{round_}"), launches)
+                if simulated_hosts else None)
+            reduce_in = {where: functools.partial(
+                all_reduce_milliseconds, os.path.join(tmp, f"all-reduce-{where}-{round_}"),
+                across_hosts=where == "hosts") for where in ("one", "hosts")}
+            (milliseconds, reduced_bytes), across = _back_to_back(
+                round_, reduce_in["one"], reduce_in["hosts"] if simulated_hosts else None)
+            reduce_one += milliseconds
+            if across:
+                reduce_across += across[0]
             cores_rates = _train_independent_pair(os.path.join(tmp, f"pair-{round_}"),
                                                   launches)
             c = [sum(rates) for rates in zip(*cores_rates)]
@@ -394,9 +401,9 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
                   + (f"; 2 simulated hosts x 1 worker vs 1 "
                      f"{', '.join(f'{w / x:.2f}x' for x, w in zip(a, d))}"
                      if simulated_hosts else "")
-                  + f"; all-reduce {reduce_ms['one host']:.2f} ms on one host"
-                  + (f", {reduce_ms['hosts']:.2f} ms across simulated hosts"
-                     if simulated_hosts else "")
+                  + f"; all-reduce {statistics.median(milliseconds):.2f} ms on one host"
+                  + (f", {statistics.median(across[0]):.2f} ms across simulated hosts"
+                     if across else "")
                   + f" ({time.monotonic() - start:.0f} s)", flush=True)
     summary = _harness.summary
     step_ms = 2e3 * per_worker_batch / statistics.median(two)
