@@ -11,7 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
-from tfmulti import config_flags  # noqa: E402  (no TensorFlow)
+from tfmulti.config import flags as config_flags  # noqa: E402  (no TensorFlow)
 from tfmulti.cluster.exit_codes import USAGE  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
     python recipes/benchmark.py --suite=scaling --repeats=5 --output=runs/bench/scaling.json
 
-Suites (`tfmulti.bench`; each suite module's docstring explains its method):
+Suites (`benchmarks`; each suite module's docstring explains its method):
   scaling    2 pinned workers vs 1 (`tfmulti launch --pin_cpus`), on one host
              and on 2 simulated hosts, and MirroredStrategy over 1, 2 and 4
              virtual CPUs
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets the TF log level before TensorFlow loads)
 from absl import flags  # noqa: E402
 
-from tfmulti import bench  # noqa: E402  (no TensorFlow: the suites run it in workers)
+import benchmarks as bench  # noqa: E402  (no TensorFlow: the suites run it in workers)
 
 _SUITE = flags.DEFINE_enum("suite", "all", [*bench.SUITES, "all"], "Which benchmarks to run.")
 _OUTPUT = flags.DEFINE_string("output", "runs/benchmark.json", "Where to write the JSON.")

@@ -14,7 +14,7 @@ every restart resumed from the newest complete backup, and nothing outside
 the run's directories changed.
 Prints one line per trial and a table (kills by phase and signal, resumed
 exactly, lost); writes every trial's record to --output. The method:
-`tfmulti.bench.chaos`. Exits 1 when a kill was not resumed exactly.
+`benchmarks.chaos`. Exits 1 when a kill was not resumed exactly.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets the TF log level before TensorFlow loads)
 from absl import flags  # noqa: E402
 
-from tfmulti.bench import chaos  # noqa: E402  (no TensorFlow: the trials run it in workers)
+from benchmarks import chaos  # noqa: E402  (no TensorFlow: the trials run it in workers)
 
 _KILLS = flags.DEFINE_integer("kills", 30, "How many kills to count (trials whose kill never "
                               "fires are replaced).", lower_bound=1)

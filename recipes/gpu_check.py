@@ -5,7 +5,7 @@
 Runs `tfmulti env`, MirroredStrategy over every GPU with NCCL and with
 hierarchical copy, mixed precision float16 and bfloat16, XLA on one GPU, a
 2-stage pipeline over 2 logical GPUs carved from GPU 0, and the equivalence of
-mirrored and one-device training (`tfmulti.bench.gpu_check`); writes one JSON
+mirrored and one-device training (`benchmarks.gpu_check`); writes one JSON
 file and prints a table with examples/s and GPU utilization for each. Without
 an NVIDIA GPU it fails at once with one line (exit 1).
 """
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets the TF log level before TensorFlow loads)
 from absl import flags  # noqa: E402
 
-from tfmulti.bench import gpu_check  # noqa: E402  (no TensorFlow: the checks run it)
+from benchmarks import gpu_check  # noqa: E402  (no TensorFlow: the checks run it)
 
 _OUTPUT = flags.DEFINE_string("output", "runs/gpu_check.json", "Where to write the JSON.")
 _SECONDS = flags.DEFINE_float("seconds", 10.0, "About how long each throughput measurement "

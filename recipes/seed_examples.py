@@ -122,7 +122,8 @@ def model_parallel(train, batch: int) -> None:
 
 def main(argv):
     import tfmulti
-    from tfmulti import data, models
+    from tfmulti import data
+    from tfmulti.models import builders as models
 
     tfmulti.configure_virtual_devices(_NUM_VIRTUAL_DEVICES.value)
     batch = _GLOBAL_BATCH_SIZE.value

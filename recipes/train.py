@@ -32,7 +32,7 @@ rerunning the same command resumes at the next step (`tfmulti launch
         --backup_dir=/tmp/tfmulti_backup --backup_every_steps=100
 
 Writes <model_dir>/metrics.json, <model_dir>/model.keras and TensorBoard logs
-in <model_dir>/logs. Every flag is a field of `tfmulti.config.TrainConfig`
+in <model_dir>/logs. Every flag is a field of `tfmulti.config.train_config.TrainConfig`
 (`--helpfull` lists them). Bad flags print one line and exit with code 2, before
 TensorFlow starts, writing nothing.
 """
@@ -45,7 +45,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets the TF log level before TensorFlow loads)
 
-from tfmulti import config_flags  # noqa: E402  (no TensorFlow)
+from tfmulti.config import flags as config_flags  # noqa: E402  (no TensorFlow)
 
 config_flags.define_absl_flags()
 
@@ -53,7 +53,7 @@ config_flags.define_absl_flags()
 def main(argv):
     config = config_flags.config_from_absl()
     config.validate()  # before TensorFlow starts: a bad flag fails at once
-    from tfmulti.training import train
+    from tfmulti.training.train import train
 
     metrics = train(config)
     summary = ", ".join(

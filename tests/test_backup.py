@@ -1,4 +1,4 @@
-"""Fault tolerance: backup and restore (tfmulti.backup), preemption, restarts,
+"""Fault tolerance: backup and restore (tfmulti.training.backup), preemption, restarts,
 dead peers.
 
 The end-to-end tests train the same small deterministic run (synthetic data,
@@ -27,7 +27,7 @@ import pytest
 
 from tests._util import REPO, WORKERS, file_tree, launch_python, run_python
 from tests.workers import resumable, slurm_backup, user_model
-from tfmulti import backup
+from tfmulti.training import backup
 from tfmulti.cluster import exit_codes, tf_config
 
 WORKER = str(WORKERS / "resumable.py")
@@ -88,8 +88,8 @@ def uninterrupted(tmp_path_factory):
     """The reference: MirroredStrategy over 2 devices (equal to 2 workers x 1
     device within 1e-5, tests/test_strategy.py), never interrupted;
     trained in this process (2 of the 4 virtual CPUs)."""
-    from tfmulti.config import TrainConfig
-    from tfmulti.training import train
+    from tfmulti.config.train_config import TrainConfig
+    from tfmulti.training.train import train
 
     out = tmp_path_factory.mktemp("uninterrupted")
     keep = _Keep()
@@ -329,8 +329,8 @@ def test_resumes_in_process(tmp_path, strategy):
     weights as without the crash."""
     import keras
 
-    from tfmulti.config import TrainConfig
-    from tfmulti.training import train
+    from tfmulti.config.train_config import TrainConfig
+    from tfmulti.training.train import train
 
     class Crash(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -685,7 +685,7 @@ def test_the_lock_is_held_while_fit_runs_and_nests_in_the_callers(tmp_path):
 def test_a_killed_runs_lock_does_not_block_its_rerun(tmp_path):
     """A real holder process: its run is refused with its pid; once it is SIGKILLed,
     the kernel has released its lock and the rerun goes ahead."""
-    code = ("import sys, time; from tfmulti.backup import _files; "
+    code = ("import sys, time; from tfmulti.training.backup import _files; "
             "lock = _files.DirLock(sys.argv[1]); lock.acquire(); print('locked', flush=True); "
             "time.sleep(300)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
@@ -829,8 +829,8 @@ def test_an_interrupted_delete_leaves_the_newest_checkpoint_whole(tmp_path, monk
     end, not from an older checkpoint (found by recipes/chaos.py: the restarted
     run trained the last steps again). The interruption: the failpoint before
     the second checkpoint's removal, with the directory listing newest first."""
-    from tfmulti import _faults
-    from tfmulti.backup import _files
+    from tfmulti.utils import failpoints as _faults
+    from tfmulti.training.backup import _files
 
     class Killed(Exception):
         pass
@@ -920,7 +920,7 @@ class _FakeCoordination:
 
 
 def test_a_preemption_without_agreement_exits_76_saying_nothing_was_saved(monkeypatch, capsys):
-    from tfmulti.backup import _preemption
+    from tfmulti.training.backup import _preemption
     from tfmulti.cluster.plan import PREEMPTION_AGREEMENT_S
 
     fake = _FakeCoordination()
@@ -929,12 +929,12 @@ def test_a_preemption_without_agreement_exits_76_saying_nothing_was_saved(monkey
     watcher = _preemption._Preemption(task_index=0, num_workers=2, steps_per_execution=4,
                                       run=7)
     watcher.own_signal = True  # what the SIGTERM handler sets
-    fake.values["tfmulti/backup/7/ack/0"] = "12"  # worker 0's own watcher thread acks
+    fake.values["tfmulti/training/backup/7/ack/0"] = "12"  # worker 0's own watcher thread acks
     with pytest.raises(SystemExit) as raised:
         watcher.should_save(8)
     assert raised.value.code == exit_codes.PREEMPTED_UNSAVED == 76
     assert isinstance(raised.value, backup.PreemptedUnsaved)
-    assert fake.values["tfmulti/backup/7/preempt"] == "12"
+    assert fake.values["tfmulti/training/backup/7/preempt"] == "12"
     (_, first_wait), (_, second_wait) = fake.waits
     assert 0 < second_wait <= first_wait <= PREEMPTION_AGREEMENT_S * 1000
     assert first_wait > (PREEMPTION_AGREEMENT_S - 5) * 1000
@@ -1101,7 +1101,7 @@ def test_the_other_workers_take_the_chiefs_resume_point_or_its_error(tmp_path, m
     """Through the coordination service (faked): a worker resumes where the chief
     chose, after reading that checkpoint itself, or fails with the chief's error
     (a locked or mismatched backup) at once instead of waiting for the chief."""
-    from tfmulti.backup import _checkpoint
+    from tfmulti.training.backup import _checkpoint
 
     _saved_backups(tmp_path)  # at steps 8 and 12
     fake = _FakeCoordination()

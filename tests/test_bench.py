@@ -1,4 +1,4 @@
-"""The benchmark package (`tfmulti.bench`): its registry and harness, the core
+"""The benchmark package (`benchmarks`): its registry and harness, the core
 placement, the fixtures, and the workers at toy sizes. No benchmark figure is
 asserted (the figures go in BENCHMARKS.md, from `recipes/benchmark.py`)."""
 
@@ -17,10 +17,12 @@ import pytest
 import tensorflow as tf
 
 from tests._util import REPO, run_python
-from tfmulti import bench, data, models
-from tfmulti.bench import _harness, cpus, fixtures, own, scaling, worker
+from tfmulti import data
+import benchmarks as bench
+from tfmulti.models import builders as models
+from benchmarks import _harness, cpus, fixtures, own, scaling, worker
 from tfmulti.insight import timing
-from tfmulti.strategy import get_strategy
+from tfmulti.runtime.strategy import get_strategy
 
 BENCHMARK = str(REPO / "recipes" / "benchmark.py")
 two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
@@ -34,7 +36,7 @@ def test_suites_registry_lists_every_suite_module_in_order():
     assert list(bench.SUITES) == ["scaling", "pipeline", "baseline", "overhead", "streaming",
                                   "own", "tensor"]
     for name, module in bench.SUITES.items():
-        assert module.__name__ == f"tfmulti.bench.{name}"
+        assert module.__name__ == f"benchmarks.{name}"
         for attribute in ("run", "check", "summarize", "plot"):
             assert callable(getattr(module, attribute)), (name, attribute)
         assert all(hasattr(module, n) for n in module.__all__), name
@@ -74,7 +76,7 @@ def test_summary_and_fmt():
 
 def test_worker_command_runs_the_worker_module():
     command = _harness.worker_command("pipeline", repeats=2)
-    assert command[:4] == [sys.executable, "-m", "tfmulti.bench.worker", "pipeline"]
+    assert command[:4] == [sys.executable, "-m", "benchmarks.worker", "pipeline"]
     assert json.loads(command[4]) == {"repeats": 2}
 
 
@@ -385,7 +387,7 @@ def test_time_to_accuracy_counts_training_up_to_fits_own_validation():
 def test_importing_the_package_starts_no_tensorflow():
     # The benchmark's parent process and a worker before its set-up stay free of
     # TensorFlow: virtual devices and thread counts must come first.
-    result = run_python(["-c", "import sys, tfmulti.bench, tfmulti.bench.worker; "
+    result = run_python(["-c", "import sys, benchmarks, benchmarks.worker; "
                                "print(sorted(m for m in ('tensorflow', 'keras') "
                                "if m in sys.modules))"], timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -395,7 +397,7 @@ def test_importing_the_package_starts_no_tensorflow():
 @pytest.mark.slow
 def test_machine_worker_records_the_machine():
     # BENCHMARKS.md compares runs across machines: each run's JSON says which.
-    result = run_python(["-m", "tfmulti.bench.worker", "machine"], timeout=120)
+    result = run_python(["-m", "benchmarks.worker", "machine"], timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     machine = json.loads(result.stdout.strip().splitlines()[-1])
     assert machine["cpu_count"] == os.cpu_count()
@@ -504,8 +506,8 @@ def test_own_user_functions_build_the_builtin_network_on_the_same_data():
     function builds the built-in MLP's network (same layers, parameters and
     initial weights under the same seed) and the user's dataset function
     returns the built-in synthetic examples, as NumPy arrays."""
-    from tfmulti import runs
-    from tfmulti.config import TrainConfig
+    from tfmulti.training import run as runs
+    from tfmulti.config.train_config import TrainConfig
 
     x, y = own.user_data(num_examples=64)["train"]
     assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)

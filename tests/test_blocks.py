@@ -1,4 +1,4 @@
-"""Where a pipeline can cut a model (tfmulti.parallel.blocks): blocks at
+"""Where a pipeline can cut a model (tfmulti.parallel.chain): blocks at
 single-tensor cuts, side inputs and side computations, shared layers, the
 stage sub-models, and the models that cannot be cut."""
 
@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfmulti.parallel import blocks
+from tfmulti.parallel import chain as blocks
 
 
 def _side_input_model():

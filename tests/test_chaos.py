@@ -1,4 +1,4 @@
-"""The fault-injection campaign (tfmulti.bench.chaos and chaos_checks,
+"""The fault-injection campaign (benchmarks.chaos and chaos_checks,
 recipes/chaos.py): its checks catch what they must (in-process, no cluster),
 and a small campaign (one kill inside the preemption agreement) resumes
 exactly. The 30-kill campaign is not part of the tests; BENCHMARKS.md records
@@ -14,8 +14,8 @@ import signal
 import numpy as np
 import pytest
 
-from tfmulti import _faults
-from tfmulti.bench import chaos, chaos_checks
+from tfmulti.utils import failpoints as _faults
+from benchmarks import chaos, chaos_checks
 
 SETUP = chaos.Setup()
 WINDOWS = chaos.Windows(progress=(25.0, 2.0, 3.0, 0.5, 0.5), evaluate=6.0, write=0.5)

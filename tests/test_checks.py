@@ -1,4 +1,4 @@
-"""tfmulti._checks: the shared argument validators (pure Python)."""
+"""tfmulti.utils.checks: the shared argument validators (pure Python)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from tfmulti import _checks
+from tfmulti.utils import checks as _checks
 
 
 def _fails(message: str, check, *args, **kwargs) -> None:

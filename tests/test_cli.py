@@ -21,7 +21,7 @@ import pytest
 
 from tests._util import run_python
 from tfmulti import cli
-from tfmulti.config import TrainConfig
+from tfmulti.config.train_config import TrainConfig
 
 FLAG_NAMES = {f.name for f in dataclasses.fields(TrainConfig)}.union(
     *(cli._option_names(p) for p in cli._subcommands(cli.build_parser()).values()))
@@ -158,7 +158,7 @@ def test_estimate_memory_bad_input(args, message, capsys):
 
 
 def test_estimate_memory_checks_flags_before_loading_tensorflow(capsys, monkeypatch):
-    _block(monkeypatch, "tfmulti.insight.memory")
+    _block(monkeypatch, "tfmulti.memory.estimate")
     _one_error(["estimate-memory", "--distribution=bogus"], capsys,
                "tfmulti estimate-memory: error: ")
 
@@ -169,7 +169,8 @@ def test_estimate_memory_flags_are_the_config_fields(capsys):
     # ... which the pre-TensorFlow check shares, name for name.
     import inspect
 
-    from tfmulti.insight import estimate_args, memory
+    from tfmulti.memory import arguments as estimate_args
+    from tfmulti.memory import estimate as memory
 
     def defaults(fn):
         return {k: p.default for k, p in inspect.signature(fn).parameters.items()}

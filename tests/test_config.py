@@ -1,4 +1,4 @@
-"""tfmulti.config: TrainConfig.validate, the steps-per-execution policy, the
+"""tfmulti.config.train_config: TrainConfig.validate, the steps-per-execution policy, the
 model tasks and validate_for_diagnose (pure Python, no TensorFlow needed)."""
 
 from __future__ import annotations
@@ -10,10 +10,8 @@ import re
 import pytest
 
 from tests._util import run_python
-from tfmulti import config as config_lib
-from tfmulti.config import (AUTO_STEPS_PER_EXECUTION, MODEL_TASKS, TrainConfig, largest_divisor,
-                            parse_steps_per_execution, resolve_steps_per_execution,
-                            validate_for_diagnose)
+from tfmulti.config import train_config as config_lib
+from tfmulti.config.train_config import (AUTO_STEPS_PER_EXECUTION, MODEL_TASKS, TrainConfig, largest_divisor, parse_steps_per_execution, resolve_steps_per_execution, validate_for_diagnose)
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 CHOICE_FIELDS = [name for name, f in FIELDS.items() if "choices" in f.metadata]
@@ -347,7 +345,7 @@ def test_largest_divisor(n, limit, expected):
 
 
 def test_model_tasks_agree_with_the_builders():
-    from tfmulti import models
+    from tfmulti.models import builders as models
 
     assert set(MODEL_TASKS) == set(models.INPUT_SHAPES)
     assert set(MODEL_TASKS.values()) == set(config_lib.TASKS)
@@ -458,8 +456,8 @@ def test_validate_for_diagnose_validates_the_config_first():
 
 @pytest.mark.slow
 def test_importing_the_configuration_layer_loads_no_tensorflow():
-    code = ("import sys; import tfmulti.config, tfmulti.config_flags, tfmulti._checks, "
-            "tfmulti._tables; tfmulti.config.TrainConfig().validate(); "
+    code = ("import sys; import tfmulti.config.train_config, tfmulti.config.flags, tfmulti.utils.checks, "
+            "tfmulti.utils.tables; tfmulti.config.train_config.TrainConfig().validate(); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('tensorflow', 'keras', 'tensorflow_datasets')))")
     result = run_python(["-c", code], timeout=120)

@@ -1,8 +1,8 @@
-"""tfmulti.config_flags: absl and argparse flags generated from the TrainConfig
+"""tfmulti.config.flags: absl and argparse flags generated from the TrainConfig
 fields, the configs made from them, and errors restated in flag names.
 
 The acceptance test of "a new option is one field": a field added to a copy
-of tfmulti/config.py shows up, with its default and help, as a flag of
+of tfmulti/config/train_config.py shows up, with its default and help, as a flag of
 recipes/train.py and of `tfmulti diagnose` with no other edit.
 """
 
@@ -16,8 +16,8 @@ import pytest
 from absl import flags
 
 from tests._util import REPO, run_python
-from tfmulti import config_flags
-from tfmulti.config import TrainConfig, _field
+from tfmulti.config import flags as config_flags
+from tfmulti.config.train_config import TrainConfig, _field
 
 FIELD_NAMES = [f.name for f in dataclasses.fields(TrainConfig)]
 NEW_FIELD = 'frobnicate: int = _field(7, "Frobnicate this many times.")'

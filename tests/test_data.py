@@ -18,7 +18,7 @@ import tensorflow_datasets as tfds
 
 from tfmulti import data
 from tfmulti.data import catalog
-from tfmulti.strategy import get_strategy
+from tfmulti.runtime.strategy import get_strategy
 
 NUM_DEVICES = 4  # configured by conftest.py
 FAIL_FAST_S = 20  # an offline TFDS download attempt hangs for minutes

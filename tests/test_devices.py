@@ -1,4 +1,4 @@
-"""Tests for tfmulti.devices: virtual devices, name canonicalization, lookup.
+"""Tests for tfmulti.runtime.devices: virtual devices, name canonicalization, lookup.
 
 conftest.py has configured 4 logical CPU devices in this process; the test
 that needs a fresh TensorFlow runtime runs in a subprocess (marked slow).
@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tests._util import run_python
-from tfmulti import devices
+from tfmulti.runtime import devices
 
 NUM_DEVICES = 4  # configured by conftest.py
 FOUR_CPUS = [f"/device:CPU:{i}" for i in range(NUM_DEVICES)]
@@ -47,7 +47,7 @@ def test_fresh_process_splits_the_cpu_then_refuses_more_with_a_restart_hint():
         import tfmulti
         names = tfmulti.configure_virtual_devices(3)
         print("NAMES:", names)
-        print("LOGICAL:", len(tfmulti.devices.logical_devices("CPU")))
+        print("LOGICAL:", len(tfmulti.runtime.devices.logical_devices("CPU")))
         strategy = tfmulti.get_strategy("mirrored")
         print("REPLICAS:", strategy.num_replicas_in_sync)
         tf.constant(1.0)  # the runtime runs with 3 logical CPUs

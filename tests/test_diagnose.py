@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tests._util import run_python
-from tfmulti.config import TrainConfig, resolve_steps_per_execution
+from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution
 from tfmulti.insight import diagnose, timing
 
 SEED_000 = dict(distribution="mirrored", devices=("CPU:0", "CPU:1"), dataset="synthetic",

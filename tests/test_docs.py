@@ -208,7 +208,7 @@ def recipe_flag_values(name: str):
     """A fresh absl FlagValues with every flag `recipes/NAME.py` defines."""
     from absl import flags
 
-    from tfmulti import config_flags
+    from tfmulti.config import flags as config_flags
 
     fv = flags.FlagValues()
     if name == "train":
@@ -224,7 +224,7 @@ def check_recipe(name: str, args: list[str]) -> str:
     """Parses `recipes/NAME.py ARGS` with the recipe's flags; train.py's config is validated."""
     from absl import flags
 
-    from tfmulti import config_flags
+    from tfmulti.config import flags as config_flags
 
     args = [a for a in args if a not in FORWARDED]
     shown = f"recipes/{name}.py {' '.join(args)}"
@@ -247,8 +247,9 @@ def check_recipe(name: str, args: list[str]) -> str:
 def check_cli(args: list[str]) -> str:
     """Parses `tfmulti ARGS` with the CLI's parser; diagnose's config is
     validated and launch's worker command checked too."""
-    from tfmulti import cli, config_flags
-    from tfmulti.config import validate_for_diagnose
+    from tfmulti import cli
+    from tfmulti.config import flags as config_flags
+    from tfmulti.config.train_config import validate_for_diagnose
 
     shown = f"tfmulti {' '.join(args)}"
     if HELP_FLAGS & set(args[:args.index("--") if "--" in args else len(args)]):
@@ -459,7 +460,7 @@ def _class_members(cls) -> set:
     return names
 
 
-_QUALIFIED = {"TrainConfig": "tfmulti.config.TrainConfig",
+_QUALIFIED = {"TrainConfig": "tfmulti.config.train_config.TrainConfig",
               "PipelineModel": "tfmulti.parallel.pipeline.PipelineModel",
               "Advice": "tfmulti.insight.diagnose.Advice",
               "Diagnosis": "tfmulti.insight.diagnose.Diagnosis",

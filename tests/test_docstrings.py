@@ -24,7 +24,7 @@ def _examples(name: str) -> list[doctest.DocTest]:
 MODULES = sorted(m.name for m in pkgutil.walk_packages(tfmulti.__path__, "tfmulti."))
 WITH_EXAMPLES = [m for m in MODULES if _examples(m)]
 # Examples that train for seconds run in the slow tier.
-TRAINING_EXAMPLES = {"tfmulti.insight.diagnose", "tfmulti.training", "tfmulti.insight.timing"}
+TRAINING_EXAMPLES = {"tfmulti.insight.diagnose", "tfmulti.training.train", "tfmulti.insight.timing"}
 
 
 def test_most_modules_have_examples():

@@ -1,4 +1,4 @@
-"""SavedModel export (tfmulti.export, `tfmulti export`): a model trained under a
+"""SavedModel export (tfmulti.training.export, `tfmulti export`): a model trained under a
 strategy or as a pipeline serves on one device like the trained model.
 
 The multi-worker case is in tests/test_backup.py's faked-SLURM cluster test
@@ -13,7 +13,8 @@ import pytest
 
 from tests._util import file_tree
 from tests.workers import user_model
-from tfmulti import cli, export
+from tfmulti import cli
+from tfmulti.training import export
 
 X, Y = user_model.examples(40, seed=2)
 

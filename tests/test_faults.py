@@ -1,4 +1,4 @@
-"""Failpoints (tfmulti._faults): parsing TFMULTI_FAULTS, and which pass of which
+"""Failpoints (tfmulti.utils.failpoints): parsing TFMULTI_FAULTS, and which pass of which
 point on which worker signals the process. In-process, with SIGUSR1 and a
 handler standing in for SIGKILL/SIGTERM."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tfmulti import _faults
+from tfmulti.utils import failpoints as _faults
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_a_delayed_sigkill_lands_even_after_the_program_returned(tmp_path):
 
     marker = tmp_path / "m"
     result = run_python(
-        ["-c", "from tfmulti import _faults; _faults.point('train.write'); print('returned')"],
+        ["-c", "from tfmulti.utils import failpoints as _faults; _faults.point('train.write'); print('returned')"],
         timeout=60, env={_faults.ENV: f"point=train.write,delay=0.5,once={marker}",
                          "PYTHONPATH": str(REPO)})
     assert result.returncode == -signal.SIGKILL, result.stderr

@@ -1,6 +1,6 @@
-"""The memory model (tfmulti.footprint): the bytes a stack of layers needs on a
+"""The memory model (tfmulti.memory.footprint): the bytes a stack of layers needs on a
 device to train, its table, and the acceptance test of the one memory model:
-`estimate-memory` (`tfmulti.insight.memory.estimate_memory`) and a placed,
+`estimate-memory` (`tfmulti.memory.estimate.estimate_memory`) and a placed,
 trained `PipelineModel.memory_report` give the same bytes for the same
 pipeline. Expected values are worked out from the layer shapes."""
 
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import footprint, models
-from tfmulti.insight.memory import estimate_memory
+from tfmulti.memory import footprint
+from tfmulti.models import builders as models
+from tfmulti.memory.estimate import estimate_memory
 from tfmulti.parallel import PipelineModel
 
 F32 = 4

@@ -1,4 +1,4 @@
-"""Tests of tfmulti.bench.gpu_check (`make gpu-check`) on a machine without a GPU:
+"""Tests of benchmarks.gpu_check (`make gpu-check`) on a machine without a GPU:
 the one-line failure, and the runner's JSON and table with the GPU measurements
 replaced by recorded ones (the measurements themselves need a GPU)."""
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests._util import RECIPES, REPO
-from tfmulti.bench import gpu_check
+from benchmarks import gpu_check
 
 RECORDS = {
     "env": {"status": "ok", "tensorflow": "2.21.0", "gpus": [{"device": "GPU:0"}]},

@@ -1,4 +1,4 @@
-"""tfmulti.hooks: the user's `package.module:function`, found, checked, called."""
+"""tfmulti.config.user_functions: the user's `package.module:function`, found, checked, called."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tfmulti import hooks
+from tfmulti.config import user_functions as hooks
 
 
 @pytest.fixture

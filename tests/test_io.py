@@ -1,11 +1,11 @@
-"""tfmulti/_io.py: writes a crash cannot tear."""
+"""tfmulti/utils/atomic.py: writes a crash cannot tear."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from tfmulti._io import write_json_atomic
+from tfmulti.utils.atomic import write_json_atomic
 
 
 def test_write_json_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):

@@ -31,7 +31,7 @@ def test_the_layer_contracts_hold():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module,planted", [
-    ("tfmulti/config.py", "from tfmulti import models"),  # configuration -> core
+    ("tfmulti/config/train_config.py", "from tfmulti.models import builders as models"),  # configuration -> core
     ("tfmulti/data.py", "def _late():\n    from tfmulti.insight import timing"),  # lazy, upward
     ("tfmulti/cluster/plan.py", "import tensorflow"),  # TensorFlow in the launcher
 ])
@@ -93,8 +93,8 @@ def test_no_import_cycles():
 
 @pytest.mark.slow
 def test_tensorflow_stays_unloaded_for_configuration_and_launcher():
-    code = ("import sys; import tfmulti.config, tfmulti.config_flags, tfmulti.cluster, "
-            "tfmulti.cluster.supervisor, tfmulti.cli, tfmulti.bench, tfmulti.footprint, "
+    code = ("import sys; import tfmulti.config.train_config, tfmulti.config.flags, tfmulti.cluster, "
+            "tfmulti.cluster.supervisor, tfmulti.cli, benchmarks, tfmulti.memory.footprint, "
             "tfmulti.parallel.partition, tfmulti.parallel.schedule; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('tensorflow', 'keras', 'tf_keras')))")

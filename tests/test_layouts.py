@@ -46,7 +46,7 @@ def test_too_few_devices_names_the_layout_and_the_fix():
 def test_a_padding_mask_input_reaches_every_stage():
     import numpy as np
 
-    from tfmulti import transformer
+    from tfmulti.models import transformer
 
     plain = transformer.build_transformer(**SIZES, padding_mask=True, seed=0)
     model = build_parallel_transformer(num_stages=2, tensor_parallel=2, padding_mask=True,

@@ -1,4 +1,4 @@
-"""Tests of tfmulti.loops: the custom-loop step trains a user's model exactly
+"""Tests of tfmulti.training.loops: the custom-loop step trains a user's model exactly
 as `fit` does (one device, 4 replicas, 2 workers), with gradient accumulation
 equal to the big batch, and resumes mid-epoch from a backup to the weights of
 an uninterrupted run.
@@ -16,7 +16,8 @@ import pytest
 import tensorflow as tf
 
 from tests.workers import accumulate
-from tfmulti import backup, loops
+from tfmulti.training import backup
+from tfmulti.training import loops
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The per-device memory estimate (`tfmulti.insight.memory`, `tfmulti
+"""The per-device memory estimate (`tfmulti.memory.estimate`, `tfmulti
 estimate-memory`). Expected bytes are worked out here from the layer shapes.
 That a placed `PipelineModel` reports the same bytes is tests/test_footprint.py;
 the CLI's bad input is tests/test_cli.py (in-process)."""
@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from tfmulti import cli, models
-from tfmulti.insight import memory
+from tfmulti import cli
+from tfmulti.models import builders as models
+from tfmulti.memory import estimate as memory
 from tfmulti.parallel.partition import plan_partition
 
 F32 = 4
@@ -201,7 +202,7 @@ def _transformer(**kwargs) -> dict:
 
 
 def test_transformer_on_one_device_counts_every_weight_and_layer_output():
-    from tfmulti import transformer
+    from tfmulti.models import transformer
 
     (row,) = _transformer()["devices"]
     model = transformer.build_transformer(**TRANSFORMER)
@@ -293,7 +294,7 @@ def test_cli_takes_the_tensor_parallel_flags(capsys):
 
 
 def test_a_training_configuration_is_checked_against_its_budget():
-    from tfmulti.config import TrainConfig
+    from tfmulti.config.train_config import TrainConfig
 
     config = TrainConfig(distribution="hybrid", num_replicas=2, num_stages=2,
                          num_microbatches=2, global_batch_size=32, dropout=0.0)

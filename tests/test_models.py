@@ -10,7 +10,9 @@ import tensorflow as tf
 import keras
 
 import tfmulti
-from tfmulti import data, models, strategy as strategy_lib
+from tfmulti import data
+from tfmulti.models import builders as models
+from tfmulti.runtime import strategy as strategy_lib
 
 STEPS = 6
 GLOBAL_BATCH = 32

@@ -1,4 +1,4 @@
-"""Tests for tfmulti.optimizers: Keras' Adam with the fused kernel, same results.
+"""Tests for tfmulti.models.optimizers: Keras' Adam with the fused kernel, same results.
 
 Compared on linear problems: through a ReLU, a rounding-level difference can
 flip a unit that sits at 0 and the two trajectories part (as they do when
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import models
-from tfmulti import optimizers
-from tfmulti.strategy import get_strategy
+from tfmulti.models import builders as models
+from tfmulti.models import optimizers
+from tfmulti.runtime.strategy import get_strategy
 
 
 def numpy_adam(w, grads, lr, beta_1=0.9, beta_2=0.999, epsilon=1e-7):

@@ -278,5 +278,5 @@ def test_table_and_repr():
     assert lines[2].split()[:3] == ["1", "dense1..dense2", "2"]
     assert "401,920" in lines[1] and "1.5 MiB" in lines[1] and "75.0%" in lines[1]
     assert lines[-1] == "balance (max/mean stage cost, 1.00 is perfect): 1.50"
-    assert len({len(line) for line in lines[:-1]}) == 1  # aligned columns (tfmulti._tables)
+    assert len({len(line) for line in lines[:-1]}) == 1  # aligned columns (tfmulti.utils.tables)
     assert repr(plan) == "PartitionPlan(method='params', sizes=(1, 2), balance=1.50)"

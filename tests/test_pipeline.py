@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.footprint import format_footprint
+from tfmulti.memory.footprint import format_footprint
 from tfmulti.parallel import PipelineModel
 
 LR = 0.1

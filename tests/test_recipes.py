@@ -18,10 +18,10 @@ import pytest
 from absl import flags
 
 from tests._util import RECIPES, REPO, file_tree, run_python, run_recipe
-from tfmulti import config_flags
-from tfmulti.config import TrainConfig
+from tfmulti.config import flags as config_flags
+from tfmulti.config.train_config import TrainConfig
 from tfmulti.data import DataNotFoundError
-from tfmulti.training import train
+from tfmulti.training.train import train
 
 TINY = ["--dataset=synthetic", "--num_examples=512", "--epochs=2", "--global_batch_size=64"]
 

@@ -1,4 +1,4 @@
-"""tfmulti.runs.build_run: a TrainConfig's strategy, inputs and compiled model,
+"""tfmulti.training.run.build_run: a TrainConfig's strategy, inputs and compiled model,
 on the 4 virtual CPU devices of tests/conftest.py."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from tfmulti import data
-from tfmulti.config import TrainConfig
+from tfmulti.config.train_config import TrainConfig
 from tfmulti.parallel.pipeline import PipelineModel
-from tfmulti.runs import Run, build_run
+from tfmulti.training.run import Run, build_run
 
 NUM_DEVICES = 4  # configured by conftest.py
 SYNTHETIC = dict(dataset="synthetic", num_examples=1024, global_batch_size=64, seed=0)

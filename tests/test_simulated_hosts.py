@@ -1,6 +1,6 @@
 """`tfmulti launch --hosts` on simulated hosts: network namespaces made here, one
 per host with its own address (10.213.0.1, 10.213.0.2), joined by a bridge in
-a namespace of its own (tfmulti.cluster.simulated_hosts), one launcher in
+a namespace of its own (benchmarks.simulated_hosts), one launcher in
 each. Traffic stays inside those namespaces; they, their interfaces and every
 process in them are removed after each test, also after a failure.
 
@@ -10,7 +10,7 @@ process in them are removed after each test, also after a failure.
 - 2 hosts x 1 worker: worker 1, on host B, is SIGKILLed at step 10; with
   --max_restarts 1 on both, both hosts restart and resume from the backup
   that both see, and end with the weights of an uninterrupted MirroredStrategy
-  run over 2 devices (tests/workers/resumable.py, tfmulti.backup);
+  run over 2 devices (tests/workers/resumable.py, tfmulti.training.backup);
 - a host whose launcher is killed: the other's workers are stopped within
   seconds and its launcher exits non-zero;
 - a host list that differs on one host: both fail at start-up, exit 2, one
@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from tests._util import REPO, WORKERS
-from tfmulti.cluster import simulated_hosts
+from benchmarks import simulated_hosts
 
 pytestmark = pytest.mark.cluster
 
@@ -221,8 +221,8 @@ def test_a_worker_killed_on_host_b_restarts_both_hosts_from_the_shared_backup(
     import keras
 
     from tests.workers import resumable
-    from tfmulti.config import TrainConfig
-    from tfmulti.training import train
+    from tfmulti.config.train_config import TrainConfig
+    from tfmulti.training.train import train
 
     # One epoch of 16 steps, a backup every 4: worker 1 dies at step 10, both hosts
     # resume at step 8.
@@ -262,7 +262,7 @@ def test_the_all_reduce_across_two_hosts_sums_both_workers(tmp_path):
     ok, why = simulated_hosts.available()
     if not ok:
         pytest.skip(f"cannot make network namespaces here: {why}")
-    from tfmulti.bench import scaling
+    from benchmarks import scaling
 
     milliseconds, reduced = scaling.all_reduce_milliseconds(
         str(tmp_path / "reduce"), across_hosts=True, iterations=3, repeats=2)

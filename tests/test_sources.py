@@ -11,7 +11,7 @@ import tensorflow as tf
 from tests import own_model
 from tfmulti import data
 from tfmulti.data import sources, streaming
-from tfmulti.strategy import get_strategy
+from tfmulti.runtime.strategy import get_strategy
 
 
 def _ids(dist, steps: int, key="id") -> list[int]:

@@ -1,4 +1,4 @@
-"""Tests for tfmulti.strategy.get_strategy on the 4 virtual CPUs of conftest.py,
+"""Tests for tfmulti.runtime.strategy.get_strategy on the 4 virtual CPUs of conftest.py,
 and MultiWorkerMirroredStrategy: its options and cluster resolvers in-process,
 and 2 workers (`tfmulti launch`) matching MirroredStrategy on 2 devices."""
 
@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from tests._util import WORKERS, launch_python
-from tfmulti import strategy as strategy_lib
-from tfmulti.strategy import get_strategy
+from tfmulti.runtime import strategy as strategy_lib
+from tfmulti.runtime.strategy import get_strategy
 
 NUM_DEVICES = 4  # configured by conftest.py
 FOUR_CPUS = [f"/device:CPU:{i}" for i in range(NUM_DEVICES)]
@@ -142,7 +142,7 @@ def test_auto_joins_a_tf_config_cluster_only_under_the_launcher(monkeypatch):
     peers; the launcher's workers (TFMULTI_LAUNCHED=1) do join."""
     import json
 
-    from tfmulti import strategy as strategy_lib
+    from tfmulti.runtime import strategy as strategy_lib
 
     joined = []
     monkeypatch.setattr(strategy_lib, "_multi_worker", lambda *args: joined.append(args) or "mw")
@@ -161,7 +161,7 @@ def test_auto_joins_a_tf_config_cluster_only_under_the_launcher(monkeypatch):
 
 
 def test_cluster_resolver_auto_prefers_tf_config_then_slurm(monkeypatch):
-    from tfmulti import strategy as strategy_lib
+    from tfmulti.runtime import strategy as strategy_lib
 
     def picked():
         raise RuntimeError("picked SLURM")

@@ -1,10 +1,10 @@
-"""tfmulti._tables: the one text-table renderer and the byte formats."""
+"""tfmulti.utils.tables: the one text-table renderer and the byte formats."""
 
 from __future__ import annotations
 
 import pytest
 
-from tfmulti._tables import format_table, human_bytes, key_values, mib
+from tfmulti.utils.tables import format_table, human_bytes, key_values, mib
 
 
 def test_columns_right_aligned_two_spaces_apart():

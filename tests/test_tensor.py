@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti import optimizers
-from tfmulti.footprint import variables_bytes
+from tfmulti.models import optimizers
+from tfmulti.memory.footprint import variables_bytes
 from tfmulti.parallel import ColumnParallelDense, ParallelMultiHeadAttention, RowParallelDense
 from tfmulti.parallel.tensor import run_on_device
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from tfmulti import data, models
+from tfmulti import data
+from tfmulti.models import builders as models
 from tfmulti.insight import timing
 from tfmulti.insight.timing import StepTimes
-from tfmulti.strategy import get_strategy
+from tfmulti.runtime.strategy import get_strategy
 
 
 @pytest.mark.parametrize("times,bottleneck", [

@@ -1,4 +1,4 @@
-"""tfmulti.training.train, in-process on the 4 virtual CPUs of tests/conftest.py:
+"""tfmulti.training.train.train, in-process on the 4 virtual CPUs of tests/conftest.py:
 the metrics it returns and writes, what it writes to model_dir, and that a
 bad configuration writes nothing.
 
@@ -16,8 +16,8 @@ import keras
 import numpy as np
 import pytest
 
-from tfmulti.config import TrainConfig
-from tfmulti.training import train
+from tfmulti.config.train_config import TrainConfig
+from tfmulti.training.train import train
 
 SYNTHETIC = dict(dataset="synthetic", num_examples=512, global_batch_size=64, seed=0)
 

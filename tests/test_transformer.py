@@ -1,4 +1,4 @@
-"""The byte-level transformer (tfmulti.transformer) and its tensor-parallel
+"""The byte-level transformer (tfmulti.models.transformer) and its tensor-parallel
 form (tfmulti.parallel.tensor.split_transformer): shapes and sizes, causal
 and padding masks, sampling, and the split form equal to the plain one
 (forward, gradients, 3 Adam steps within 1e-5) with its weights, slots and
@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from tests._util import WORKERS, run_python
 from tests.workers import layouts
-from tfmulti import optimizers, transformer
+from tfmulti.models import optimizers
+from tfmulti.models import transformer
 from tfmulti.parallel.tensor import split_transformer, unsplit_transformer
 
 SIZES = dict(seq_len=8, d_model=16, num_heads=4, num_layers=2, mlp_ratio=2)

@@ -1,4 +1,4 @@
-"""Tests of tfmulti.workarounds: each upstream bug still happens without its
+"""Tests of tfmulti.runtime.keras_fixes: each upstream bug still happens without its
 workaround, and the fix works.
 
 When a test named `test_upstream_bug_*` starts failing after a TensorFlow or
@@ -49,7 +49,9 @@ _SINGLE_PROCESS = textwrap.dedent("""
     import tensorflow as tf
     from tensorflow.python.util import _pywrap_util_port
     import tfmulti
-    from tfmulti import data, models, workarounds
+    from tfmulti import data
+    from tfmulti.models import builders as models
+    from tfmulti.runtime import keras_fixes as workarounds
     tfmulti.configure_virtual_devices(4)
     import keras
 
@@ -228,7 +230,7 @@ def test_upstream_bug_slurm_resolver_needs_gpus(monkeypatch):
 
 
 def test_fix_slurm_resolver_on_cpu_nodes(monkeypatch):
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     _fake_slurm(monkeypatch)
     resolver = workarounds.slurm_cluster_resolver(port_base=7000)
@@ -298,7 +300,8 @@ def _fit_and_evaluate(steps_per_execution: int):
     import numpy as np
 
     import tfmulti
-    from tfmulti import data, models
+    from tfmulti import data
+    from tfmulti.models import builders as models
 
     strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
     model = models.build_model("mlp", strategy=strategy, dropout=0.0, seed=0)
@@ -391,7 +394,7 @@ def test_upstream_bug_keras_gradient_accumulation_with_replicas():
     import keras
     import numpy as np
 
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     strategy = workarounds.mirrored_strategy(["CPU:0", "CPU:1"])
     with strategy.scope():
@@ -457,7 +460,7 @@ def test_fix_accumulation_equals_keras_own_on_one_device(kind):
     import keras
     import numpy as np
 
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 5)).astype("float32"), rng.normal(size=(64, 2)).astype("float32")
@@ -495,7 +498,7 @@ def _tiny_model(optimizer="sgd", model_class=None, strategy=None):
 
 @pytest.mark.parametrize("steps", [0, -1, 1.5, True, "2", None])
 def test_accumulation_refuses_a_bad_count(steps):
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     with pytest.raises(ValueError, match=r"`accumulate_steps` must be an integer >= 1, got"):
         workarounds.accumulate_gradients(_tiny_model(), steps)
@@ -505,7 +508,7 @@ def test_accumulation_refuses_a_batch_it_cannot_split():
     import numpy as np
     import tensorflow as tf
 
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     model = workarounds.accumulate_gradients(_tiny_model(), 3)
     x, y = np.ones((16, 3), "float32"), np.ones((16, 2), "float32")
@@ -526,7 +529,7 @@ def test_accumulation_refuses_a_synchronized_update_in_the_forward_pass():
     import numpy as np
     import tensorflow as tf
 
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     class Counter(keras.layers.Layer):
         def build(self, input_shape):
@@ -552,7 +555,7 @@ def test_accumulation_refuses_a_synchronized_update_in_the_forward_pass():
 def test_accumulation_refuses_a_step_of_its_own():
     import keras
 
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     class OwnStep(keras.Model):
         def train_step(self, data):
@@ -569,7 +572,7 @@ def test_accumulation_of_a_pipeline_model():
     # class accumulates by itself (a method `accumulate_gradients(steps)`).
     import keras
 
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
     from tfmulti.parallel import PipelineModel
 
     model = PipelineModel([keras.layers.Dense(4), keras.layers.Dense(2)], input_shape=(3,),
@@ -595,7 +598,7 @@ def test_accumulation_refuses_keras_own_accumulation():
     import keras
     import numpy as np
 
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     def keras_accumulating():
         return keras.optimizers.SGD(gradient_accumulation_steps=2)
@@ -633,7 +636,7 @@ def test_fix_accumulation_under_multi_worker(tmp_path, big_batch):
 def test_recorded_keras_functions_are_the_installed_ones():
     # Fails after a Keras upgrade that changed a function a fix replaces or
     # copies: check the fix against the new code, then record the new digest.
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     assert workarounds._changed(workarounds.KERAS_ORIGINALS) == []
 
@@ -651,7 +654,7 @@ def test_guard_leaves_a_fix_off_where_keras_changed(apply, key, changed, monkeyp
     import importlib
     import warnings
 
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     def target(name):
         module, _, path = name.partition(":")
@@ -683,7 +686,7 @@ def test_guard_leaves_a_fix_off_where_keras_changed(apply, key, changed, monkeyp
 def test_guard_refuses_accumulation_where_keras_changed_its_step(monkeypatch):
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     def train_step(self, data):  # a Keras release changed the step fix 7 copies
         raise NotImplementedError

@@ -1,27 +1,28 @@
 """tfmulti: multi-device and multi-machine training for TensorFlow + Keras 3.
 
-The package in layers; each imports only from the layers below it (a test
-enforces this, see `setup.cfg`, `[importlinter]`):
-
-    application   cli, training, backup, export (SavedModel), bench (the benchmark suites)
-    tools         insight: timing, diagnose, environment, memory (estimate)
-    assembly      runs: a config's strategy, inputs and compiled model
-    model parallel  parallel: pipeline, partitioner, schedules
-    core          models, data, strategy, footprint (the memory model), loops
-                  (custom training loops), optimizers, workarounds (upstream
-                  bug fixes), devices, transformer (the byte-level language
-                  model)
-    cluster       cluster: TF_CONFIG, launcher, supervisor, notebook launcher
-                  (no TensorFlow)
-    configuration config, config_flags, _checks, _tables (no TensorFlow)
-
-The names most users need are re-exported here and load lazily, so `import
-tfmulti` (and the `tfmulti` command) stays fast until TensorFlow is needed:
+The public names are the ones below (`dir(tfmulti)`); they load lazily, so
+`import tfmulti` (and the `tfmulti` command) stays fast until TensorFlow is
+needed:
 
     import tfmulti
     tfmulti.configure_virtual_devices(4)
     strategy = tfmulti.get_strategy("mirrored")
     train = tfmulti.data.distribute(tfmulti.data.load("synthetic"), strategy, 256)
+
+The package's folders are its layers, top to bottom; each imports only from
+the layers below it (the import contract in `setup.cfg`, `[importlinter]`,
+is the one description; `tests/test_layers.py` holds the code to it):
+
+    cli        the `tfmulti` command
+    insight    diagnose, environment, timing
+    training   a run assembled from a TrainConfig, train, loops, backup, export
+    memory     the memory model and the estimate per device
+    parallel   pipeline, tensor parallelism, the chain of blocks, the partitioner
+    models | data   builders, the transformer, optimizers | datasets, streaming
+    runtime    devices, strategies, roles, the upstream Keras fixes
+    cluster    TF_CONFIG, the launcher and its supervisor (no TensorFlow)
+    config     TrainConfig, its flags, the user's functions (no TensorFlow)
+    utils      checks, tables, atomic files, failpoints (no TensorFlow)
 """
 
 from __future__ import annotations
@@ -29,57 +30,60 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
-# Public submodules, reachable as attributes (`tfmulti.data.load(...)`).
-_SUBMODULES = ("backup", "bench", "cluster", "config", "data", "devices", "export", "footprint",
-               "insight", "loops", "models", "optimizers", "parallel", "runs", "strategy",
-               "training", "transformer", "workarounds")
-# Public names re-exported here: name -> module.
+# Public names: name -> the module that defines it.
 _NAMES = {
-    "configure_virtual_devices": "tfmulti.devices",
-    "get_strategy": "tfmulti.strategy",
-    "TrainConfig": "tfmulti.config",
-    "train": "tfmulti.training",
-    "build_run": "tfmulti.runs",
-    "build_model": "tfmulti.models",
-    "compile_model": "tfmulti.models",
-    "distribute": "tfmulti.data",
-    "load": "tfmulti.data",
+    "TrainConfig": "tfmulti.config.train_config",
+    "train": "tfmulti.training.train",
+    "configure_virtual_devices": "tfmulti.runtime.devices",
+    "get_strategy": "tfmulti.runtime.strategy",
+    "apply_keras_fixes": "tfmulti.runtime.keras_fixes",
+    "build_model": "tfmulti.models.builders",
+    "compile_model": "tfmulti.models.builders",
     "PipelineModel": "tfmulti.parallel.pipeline",
+    "estimate_memory": "tfmulti.memory.estimate",
+    "diagnose": "tfmulti.insight.diagnose",
     "launch": "tfmulti.cluster.launcher",
     "notebook_launcher": "tfmulti.cluster.notebook_launcher",
-    "diagnose": "tfmulti.insight.diagnose",
-    "estimate_memory": "tfmulti.insight.memory",
 }
-__all__ = sorted([*_SUBMODULES, *_NAMES, "__version__"])
+# Public modules: name -> module (`tfmulti.data.load(...)`, `tfmulti.backup.fit(...)`).
+_MODULES = {
+    "data": "tfmulti.data",
+    "parallel": "tfmulti.parallel",
+    "backup": "tfmulti.training.backup",
+    "loops": "tfmulti.training.loops",
+}
+# The layers' packages: importable, not part of the public surface.
+_PACKAGES = ("cli", "cluster", "config", "insight", "memory", "models", "runtime", "training",
+             "utils")
+__all__ = sorted([*_NAMES, *_MODULES])
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time they load on first use
-    from tfmulti import (backup, bench, cluster, config, data, devices, export, footprint,
-                         insight, loops, models, optimizers, parallel, runs, strategy, training,
-                         transformer,
-                         workarounds)
+    from tfmulti import data, parallel
     from tfmulti.cluster.launcher import launch
     from tfmulti.cluster.notebook_launcher import notebook_launcher
-    from tfmulti.config import TrainConfig
-    from tfmulti.data import distribute, load
-    from tfmulti.devices import configure_virtual_devices
+    from tfmulti.config.train_config import TrainConfig
     from tfmulti.insight.diagnose import diagnose
-    from tfmulti.insight.memory import estimate_memory
-    from tfmulti.models import build_model, compile_model
+    from tfmulti.memory.estimate import estimate_memory
+    from tfmulti.models.builders import build_model, compile_model
     from tfmulti.parallel.pipeline import PipelineModel
-    from tfmulti.runs import build_run
-    from tfmulti.strategy import get_strategy
-    from tfmulti.training import train
+    from tfmulti.runtime.devices import configure_virtual_devices
+    from tfmulti.runtime.keras_fixes import apply_keras_fixes
+    from tfmulti.runtime.strategy import get_strategy
+    from tfmulti.training import backup, loops
+    from tfmulti.training.train import train
 
 
 def __getattr__(name: str):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"tfmulti.{name}")
     if name in _NAMES:
         return getattr(importlib.import_module(_NAMES[name]), name)
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
+    if name in _PACKAGES:
+        return importlib.import_module(f"tfmulti.{name}")
     raise AttributeError(f"module 'tfmulti' has no attribute {name!r}")
 
 
 def __dir__():
-    return __all__
+    return [*__all__, "__version__"]

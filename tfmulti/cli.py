@@ -18,7 +18,7 @@
     tfmulti export --model_dir DIR --output DIR [--overwrite] [--model MODULE[:FUNCTION]]
 
 The training options of `diagnose` and `estimate-memory` are generated from
-`tfmulti.config.TrainConfig` (`tfmulti.config_flags`). Bad input prints one
+`tfmulti.config.train_config.TrainConfig` (`tfmulti.config.flags`). Bad input prints one
 line, `tfmulti COMMAND: error: ...`, and exits 2; flags are checked before
 TensorFlow starts.
 """
@@ -30,9 +30,9 @@ import json
 import os
 import sys
 
-from tfmulti import config_flags
-from tfmulti.config import validate_for_diagnose
-from tfmulti.insight.estimate_args import check_estimate_arguments
+from tfmulti.config import flags as config_flags
+from tfmulti.config.train_config import validate_for_diagnose
+from tfmulti.memory.arguments import check_estimate_arguments
 from tfmulti.cluster import exit_codes
 
 __all__ = ["build_parser", "main"]
@@ -54,7 +54,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
-    from tfmulti import devices
+    from tfmulti.runtime import devices
     from tfmulti.insight import environment
 
     if args.num_virtual_devices:
@@ -88,7 +88,7 @@ def _cmd_estimate_memory(args: argparse.Namespace) -> int:
     if given.get("remat") is False:
         given.pop("remat")  # --remat=false: the default, applies to any distribution
     check_estimate_arguments(num_devices=args.num_devices, **given)  # before TensorFlow
-    from tfmulti.insight import memory
+    from tfmulti.memory import estimate as memory
 
     estimate = memory.estimate_memory(num_devices=args.num_devices, **given)
     print(json.dumps(estimate, indent=2) if args.json
@@ -218,7 +218,7 @@ def _add_diagnose_parser(sub) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from tfmulti import export
+    from tfmulti.training import export
 
     path = export.from_model_dir(args.model_dir, args.output, overwrite=args.overwrite,
                                  model_module=args.model)

@@ -1,6 +1,6 @@
 """A user's model trained with gradient accumulation through `fit`
-(`tfmulti.workarounds.accumulate_gradients`) and through the custom loop
-(`tfmulti.loops`), and the big-batch reference both must equal.
+(`tfmulti.runtime.keras_fixes.accumulate_gradients`) and through the custom loop
+(`tfmulti.training.loops`), and the big-batch reference both must equal.
 
     tfmulti launch --num_workers 2 -- python accumulate.py OUT_DIR MODE [MODE ...]
         # MultiWorkerMirroredStrategy, 2 x 1; MODE "fit" or "loop": the chief
@@ -79,7 +79,7 @@ def fit(strategy, accumulate_steps: int | None, steps_per_execution: int = 1,
         optimizer=None) -> dict:
     """`fit` at GLOBAL_BATCH, with `accumulate_steps` micro-batches per update
     (None: plain Keras)."""
-    from tfmulti import workarounds
+    from tfmulti.runtime import keras_fixes as workarounds
 
     with strategy.scope():
         model = build()
@@ -94,7 +94,7 @@ def fit(strategy, accumulate_steps: int | None, steps_per_execution: int = 1,
 def loop(strategy, accumulate_steps: int, steps_per_execution: int = 1, *, steps: int = STEPS,
          backup_for=None, optimizer=None) -> dict:
     """The custom loop up to `steps`, with a backup from `backup_for(model, optimizer)`."""
-    from tfmulti import loops
+    from tfmulti.training import loops
 
     with strategy.scope():
         model = build()

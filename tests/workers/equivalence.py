@@ -23,7 +23,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 import tfmulti  # noqa: E402
-from tfmulti import data, models  # noqa: E402
+from tfmulti import data
+from tfmulti.models import builders as models  # noqa: E402
 from tfmulti.cluster import tf_config  # noqa: E402
 
 STEPS, GLOBAL_BATCH, NUM_EXAMPLES = 5, 32, 160

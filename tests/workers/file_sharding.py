@@ -25,7 +25,8 @@ import tensorflow as tf  # noqa: E402
 
 import tfmulti  # noqa: E402
 from tests import own_model  # noqa: E402
-from tfmulti import data, models  # noqa: E402
+from tfmulti import data
+from tfmulti.models import builders as models  # noqa: E402
 
 GLOBAL_BATCH, EPOCHS, SEED = 32, 4, 5
 
@@ -33,7 +34,7 @@ GLOBAL_BATCH, EPOCHS, SEED = 32, 4, 5
 def main(pattern: str, out_dir: str) -> None:
     strategy = tfmulti.get_strategy("multi_worker" if os.environ.get("TF_CONFIG")
                                     else "one_device")
-    role = tfmulti.strategy.cluster_role(strategy)
+    role = tfmulti.runtime.strategy.cluster_role(strategy)
     opened = os.path.join(out_dir, f"opened-{role.worker_index}.txt")
 
     def log_name(name):

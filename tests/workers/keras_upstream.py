@@ -24,7 +24,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfmulti import workarounds  # noqa: E402
+from tfmulti.runtime import keras_fixes as workarounds  # noqa: E402
 
 MODES = ("none", "build", "all")
 

@@ -39,7 +39,7 @@ def _unsplit_weights(model):
 
 def _pair(R, S, T):
     """(the R x S x T model, the layer objects it trains, the plain model)."""
-    from tfmulti import transformer
+    from tfmulti.models import transformer
     from tfmulti.parallel import PipelineModel
     from tfmulti.parallel.tensor import split_transformer
 
@@ -81,8 +81,8 @@ def compare(R: int, S: int, T: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from tfmulti import footprint
-    from tfmulti.insight import memory
+    from tfmulti.memory import footprint
+    from tfmulti.memory import estimate as memory
 
     out = {}
     model, source, plain = _pair(R, S, T)

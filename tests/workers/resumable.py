@@ -4,7 +4,7 @@
                         [--config JSON]
 
 Trains `FIELDS` (synthetic data, SGD, no dropout, 3 epochs x 16 steps, a
-backup every 4 steps) with `tfmulti.training.train(backup_dir=OUT_DIR/backup)`;
+backup every 4 steps) with `tfmulti.training.train.train(backup_dir=OUT_DIR/backup)`;
 --config overrides TrainConfig fields. The chief saves the final weights and
 step count to OUT_DIR/final.npz and the metrics to OUT_DIR/metrics.json.
 
@@ -40,8 +40,8 @@ def main():
     import numpy as np
 
     from tfmulti.cluster import tf_config
-    from tfmulti.config import TrainConfig
-    from tfmulti.training import train
+    from tfmulti.config.train_config import TrainConfig
+    from tfmulti.training.train import train
 
     environ = tf_config.from_environ()
     index = int(environ["task"]["index"]) if environ else 0

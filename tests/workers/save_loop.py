@@ -24,7 +24,7 @@ def model():
 
 
 def main(backup_dir):
-    from tfmulti import backup
+    from tfmulti.training import backup
 
     m = model()
     saver = backup.Backup(backup_dir, m, keep=2, chief=True, task_index=0)

@@ -1,4 +1,4 @@
-"""A 2-task SLURM job step, faked on one host: `tfmulti.backup.fit` on a
+"""A 2-task SLURM job step, faked on one host: `tfmulti.training.backup.fit` on a
 cluster whose roles come from SLURM's variables alone (no TF_CONFIG).
 
     tfmulti launch --num_workers 2 -- python slurm_backup.py OUT_DIR
@@ -15,7 +15,7 @@ It trains `build_model()` (tests/workers/user_model.py: dict inputs, a
 residual, a loss of its own) on `dataset_from` with a backup in
 OUT_DIR/backup, prints its cluster role, and at the end: the chief writes
 OUT_DIR/final-<task>.npz (weights, step count, its predictions on `probe()`);
-every task calls `tfmulti.export.saved_model(model, OUT_DIR/serving)` (the
+every task calls `tfmulti.training.export.saved_model(model, OUT_DIR/serving)` (the
 chief writes it). Each --kill makes task TASK send itself SIGNAL at global
 step STEP, once (tests/workers/killer.py).
 """
@@ -64,7 +64,7 @@ def dataset_from(strategy):
 
 
 def fit(model, strategy, backup_dir: str, callbacks=()):
-    from tfmulti import backup
+    from tfmulti.training import backup
 
     return backup.fit(model, dataset_from(strategy), epochs=EPOCHS,
                       steps_per_epoch=STEPS_PER_EPOCH, backup_dir=backup_dir,
@@ -91,10 +91,10 @@ def main():
     import numpy as np
 
     import tfmulti
-    from tfmulti import export
+    from tfmulti.training import export
 
     strategy = tfmulti.get_strategy("multi_worker", cluster_resolver="slurm")
-    role = tfmulti.strategy.cluster_role(strategy)
+    role = tfmulti.runtime.strategy.cluster_role(strategy)
     print(f"slurm_backup: task {task}: chief={role.is_chief} rank={role.worker_index} "
           f"of {role.num_workers}", flush=True)
 

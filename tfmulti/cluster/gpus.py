@@ -23,7 +23,7 @@ import shutil
 import subprocess
 from typing import Mapping, Sequence
 
-from tfmulti import _checks
+from tfmulti.utils import checks as _checks
 
 __all__ = ["gpu_slices", "host_gpus", "parse_nvidia_smi_list", "visible_gpus"]
 

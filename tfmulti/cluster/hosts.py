@@ -28,7 +28,7 @@ import json
 import re
 from typing import Mapping, Sequence
 
-from tfmulti import _checks
+from tfmulti.utils import checks as _checks
 
 __all__ = ["DEFAULT_PORT", "SLURM", "check_rank", "cluster_addresses", "expand_nodelist",
            "offset", "parse_hosts", "slurm_hosts", "view_digest", "worker_ports"]

@@ -14,7 +14,7 @@ import dataclasses
 import json
 from typing import Iterable, Mapping, Sequence
 
-from tfmulti import _checks
+from tfmulti.utils import checks as _checks
 from tfmulti.cluster import gpus as gpus_lib
 from tfmulti.cluster import hosts as hosts_lib
 from tfmulti.cluster import tf_config as tf_config_lib
@@ -27,7 +27,7 @@ __all__ = ["DEFAULT_GRACE_PERIOD", "DEFAULT_STARTUP_TIMEOUT", "ISOLATION_MODES",
 DEFAULT_STARTUP_TIMEOUT = 60.0
 PREEMPTION_AGREEMENT_S = 20.0
 """How long a worker that got SIGTERM waits for every peer to acknowledge the step at
-which all of them save (`tfmulti.backup`); peers answer from a watcher thread at once
+which all of them save (`tfmulti.training.backup`); peers answer from a watcher thread at once
 unless they are gone."""
 DEFAULT_GRACE_PERIOD = 60.0
 """Seconds between SIGTERM and SIGKILL when the launcher stops workers: room for the

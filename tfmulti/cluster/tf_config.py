@@ -22,7 +22,7 @@ import json
 import os
 from typing import Mapping, Sequence
 
-from tfmulti._checks import is_int
+from tfmulti.utils.checks import is_int
 
 __all__ = ["LAUNCHED_ENV", "build_tf_config", "from_environ", "is_chief", "num_tasks",
            "parse_tf_config", "peers", "task_address", "validate_tf_config"]

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from tfmulti import _checks
+from tfmulti.utils import checks as _checks
 
 __all__ = ["DataNotFoundError", "check_prepared_files", "dataset_info", "default_data_dir", "find_fashion_mnist_idx",
            "load", "prepare_fashion_mnist", "read_idx", "synthetic", "synthetic_regression"]

@@ -55,8 +55,9 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from tfmulti import _checks, roles
-from tfmulti.config import SHARDINGS
+from tfmulti.utils import checks as _checks
+from tfmulti.runtime import roles
+from tfmulti.config.train_config import SHARDINGS
 from tfmulti.data.sources import FileSource, as_dataset
 
 __all__ = ["CACHE_LIMIT_BYTES", "DistributedInput", "SHARDINGS", "distribute",
@@ -371,7 +372,7 @@ def distribute(
             step cost about the same, a deeper buffer (8-32) absorbs either
             side's stalls (the streaming benchmark uses 32).
         skip_steps: training only: start after this many global batches of the
-            repeated stream (a resumed run; see `tfmulti.backup`). The order is
+            repeated stream (a resumed run; see `tfmulti.training.backup`). The order is
             the one an uninterrupted run sees when `seed` is set.
         batch_map_fn: optional function applied to each per-replica batch
             after the cache (in parallel, AUTOTUNE), so it runs again every

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmulti import _checks
+from tfmulti.utils import checks as _checks
 from tfmulti.data.catalog import LOADERS, _preparation_lock, check_prepared_files, default_data_dir
 
 __all__ = ["DEFAULT_SEQUENCE_LENGTH", "NAME", "SEQUENCE_LENGTHS", "byte_counts", "byte_windows",

@@ -6,7 +6,7 @@ the bottleneck (input, compute or per-step overhead), estimates device
 utilization, and ranks the changes that help by their measured gain.
 
 Example (2 replicas of 16 examples, one step per call):
-    >>> from tfmulti.config import TrainConfig
+    >>> from tfmulti.config.train_config import TrainConfig
     >>> from tfmulti.insight.diagnose import diagnose
     >>> d = diagnose(TrainConfig(
     ...     distribution="mirrored", devices=("CPU:0", "CPU:1"), dataset="synthetic",
@@ -24,9 +24,10 @@ import platform
 import statistics
 import time
 
-from tfmulti import _checks, runs
-from tfmulti import strategy as strategy_lib
-from tfmulti.config import TrainConfig, resolve_steps_per_execution, validate_for_diagnose
+from tfmulti.utils import checks as _checks
+from tfmulti.training import run as runs
+from tfmulti.runtime import strategy as strategy_lib
+from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution, validate_for_diagnose
 from tfmulti.insight import environment, timing
 
 __all__ = ["Advice", "Diagnosis", "MIN_GAIN", "diagnose",
@@ -231,7 +232,7 @@ def diagnose(config: TrainConfig, *, prefetch: bool = True, cache: bool | None =
     """Times a training configuration's input, compute and both together, and advises.
 
     Builds the configuration's strategy, input pipeline and model as
-    `tfmulti.training.train` does (`tfmulti.runs.build_run`), then measures,
+    `tfmulti.training.train.train` does (`tfmulti.training.run.build_run`), then measures,
     in seconds per step (see `tfmulti.insight.timing`): the input pipeline
     alone; the train step alone on a batch already on the devices, at the
     configured batch and at 4 times it (what does not grow with the batch is

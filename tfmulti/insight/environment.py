@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from importlib import metadata
 
-from tfmulti._tables import key_values
+from tfmulti.utils.tables import key_values
 from tfmulti.cluster import gpus as gpus_lib
 
 __all__ = ["cpu_model", "env_report", "format_env_report", "onednn_enabled", "worker_gpus"]

@@ -13,14 +13,15 @@ Three timings of the same training step, each in seconds per step:
 With prefetch-to-device streaming, `time_fit` approaches
 max(`time_input`, `time_compute`) instead of their sum; what is left beyond
 that is per-step overhead. `StepTimes` splits a step accordingly and names its
-bottleneck. `tfmulti diagnose`, the benchmark suites (`tfmulti.bench`) and
+bottleneck. `tfmulti diagnose`, the benchmark suites (`benchmarks`) and
 notebook 04 use these functions.
 
 Timings are wall-clock: on a shared machine, run them when it is otherwise idle.
 
 Example:
     >>> import tfmulti
-    >>> from tfmulti import data, models
+    >>> from tfmulti import data
+from tfmulti.models import builders as models
     >>> from tfmulti.insight import timing
     >>> strategy = tfmulti.get_strategy("one_device")
     >>> train = data.distribute(data.load("synthetic", num_examples=2048), strategy, 64)

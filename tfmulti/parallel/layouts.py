@@ -24,8 +24,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tfmulti import _checks, transformer
-from tfmulti.config import check_transformer_sizes
+from tfmulti.utils import checks as _checks
+from tfmulti.models import transformer
+from tfmulti.config.train_config import check_transformer_sizes
 from tfmulti.parallel.pipeline import PipelineModel
 from tfmulti.parallel.tensor import split_transformer
 
@@ -37,7 +38,7 @@ def build_parallel_transformer(*, num_replicas: int = 1, num_stages: int = 1,
                                devices=None, partition="params", remat: bool = False,
                                accumulate_steps: int = 1, seed: int | None = None,
                                **sizes) -> keras.Model:
-    """A `tfmulti.transformer` language model over R x S x T devices.
+    """A `tfmulti.models.transformer` language model over R x S x T devices.
 
     Args:
         num_replicas: R data-parallel replicas.

@@ -3,7 +3,7 @@ chain of blocks.
 
 Splits a stack of layers (a `keras.Sequential` or a list of layers) or a
 functional model's chain of blocks (runs of layers between points crossed by
-a single tensor, `tfmulti.parallel.blocks`) into `num_stages` contiguous,
+a single tensor, `tfmulti.parallel.chain`) into `num_stages` contiguous,
 non-empty stages so that the most expensive stage is as cheap as possible,
 the way GPipe/torchgpipe's `balance_by_time`/`balance_by_size` and
 DeepSpeed's `PipelineModule(partition_method=...)` do. The cost of a layer
@@ -43,9 +43,9 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from tfmulti import _checks
-from tfmulti._tables import format_table, human_bytes
-from tfmulti.footprint import variables_bytes
+from tfmulti.utils import checks as _checks
+from tfmulti.utils.tables import format_table, human_bytes
+from tfmulti.memory.footprint import variables_bytes
 
 __all__ = ["COST_METHODS", "PartitionPlan", "StagePlan", "balance_ratio", "layer_costs",
            "partition_costs", "plan_partition", "validate_sizes"]
@@ -282,9 +282,9 @@ def _per_example_shape(input_shape) -> tuple:
 
 
 def _chain(layers, input_shape):
-    """The model's chain of blocks (`tfmulti.parallel.blocks`): a stack's
+    """The model's chain of blocks (`tfmulti.parallel.chain`): a stack's
     layers, a functional model's blocks; a chain passes through."""
-    from tfmulti.parallel import blocks
+    from tfmulti.parallel import chain as blocks
 
     if isinstance(layers, blocks.Chain):
         return layers
@@ -329,7 +329,7 @@ def _argument(node, index: int, name: str):
 def _attention_flops(layer, node) -> float:
     """MultiHeadAttention: the query, key, value and output projections and
     the two attention products (scores, weighted values)."""
-    from tfmulti.parallel.blocks import per_example_elements
+    from tfmulti.parallel.chain import per_example_elements
 
     query, value = _argument(node, 0, "query"), _argument(node, 1, "value")
     key = _argument(node, 2, "key")
@@ -352,7 +352,7 @@ def _node_flops(node) -> float:
     """Forward FLOPs per example of one call of a layer (see `layer_costs`)."""
     import keras
 
-    from tfmulti.parallel.blocks import per_example_elements
+    from tfmulti.parallel.chain import per_example_elements
 
     layer = node.operation
     for tensor in node.outputs:
@@ -431,7 +431,7 @@ def _layer_params(layers) -> int:
 
 def layer_costs(layers, method: str, input_shape=None, batch_size: int = 32) -> list[float]:
     """One cost per layer of a stack, or per block of a functional model
-    (`tfmulti.parallel.blocks`: the runs of layers between single-tensor cuts).
+    (`tfmulti.parallel.chain`: the runs of layers between single-tensor cuts).
 
     Methods:
         "params": the parameter count of the layer (`layer.count_params()`),
@@ -468,7 +468,7 @@ def layer_costs(layers, method: str, input_shape=None, batch_size: int = 32) -> 
 
     Raises:
         ValueError: For an unknown method, a model that cannot be cut (see
-            `tfmulti.parallel.blocks.chain_of`), unbuilt layers without
+            `tfmulti.parallel.chain.chain_of`), unbuilt layers without
             `input_shape`, or shapes that are not fully known for
             "flops"/"time".
     """
@@ -586,7 +586,7 @@ def plan_partition(layers, num_stages: int, method="params", input_shape=None,
     Args:
         layers: A keras.Sequential (its `model.layers`), a list of layers,
             or a functional model (cut into blocks where a single tensor
-            crosses; see `tfmulti.parallel.blocks`).
+            crosses; see `tfmulti.parallel.chain`).
         num_stages: The number of stages, 1 <= num_stages <= number of layers
             (blocks).
         method: "params" (the default), "flops" or "time" (see `layer_costs`),

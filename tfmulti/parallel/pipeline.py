@@ -2,7 +2,7 @@
 on TensorFlow, by manual device placement.
 
 A stack of layers, or a functional model's chain of blocks (cut where a
-single tensor crosses, residuals inside blocks; `tfmulti.parallel.blocks`),
+single tensor crosses, residuals inside blocks; `tfmulti.parallel.chain`),
 is cut into S contiguous stages, one per device; model inputs that later
 blocks use (an attention mask, positions) reach every stage that uses them.
 Every stage's variables, optimizer slots, forward ops and backward ops live
@@ -66,9 +66,12 @@ import keras
 import tensorflow as tf
 from keras.src.trainers import data_adapters
 
-from tfmulti import _checks, footprint, optimizers
-from tfmulti import devices as devices_lib
-from tfmulti.parallel import blocks, placement
+from tfmulti.utils import checks as _checks
+from tfmulti.memory import footprint
+from tfmulti.models import optimizers
+from tfmulti.runtime import devices as devices_lib
+from tfmulti.parallel import placement
+from tfmulti.parallel import chain as blocks
 from tfmulti.parallel import partition as partition_lib
 from tfmulti.parallel import tensor as tensor_lib
 
@@ -171,7 +174,7 @@ class PipelineModel(keras.Model):
             feeds the next) or a functional model that is a chain of blocks:
             cut where a single tensor crosses, residuals inside blocks, any
             number of inputs (a dict or list: token ids, an attention mask,
-            positions), one output (see `tfmulti.parallel.blocks`). Model
+            positions), one output (see `tfmulti.parallel.chain`). Model
             inputs used by later blocks (side inputs) reach every stage that
             uses them.
         input_shape: a stack's per-example input shape; optional: without
@@ -561,7 +564,7 @@ class PipelineModel(keras.Model):
         return self._compile_loss(y, y_pred, None)
 
     def accumulate_gradients(self, steps: int) -> "PipelineModel":
-        """Sets `accumulate_steps` (`tfmulti.workarounds.accumulate_gradients`
+        """Sets `accumulate_steps` (`tfmulti.runtime.keras_fixes.accumulate_gradients`
         and `compile_model(accumulate_steps=...)` call this): one update per
         batch of `steps` x B rows, `steps` GPipe rounds in turn."""
         _checks.positive_int("accumulate_steps", steps)
@@ -626,7 +629,7 @@ class PipelineModel(keras.Model):
     def checkpoint_layers(self) -> list[list[keras.layers.Layer]]:
         """The unpartitioned model's layers that the stages hold, in its own
         order (`to_model().layers`), once per replica (replica 0, the layer
-        objects given, first). `tfmulti.backup` keys a pipeline's variables
+        objects given, first). `tfmulti.training.backup` keys a pipeline's variables
         by them, so that its backup restores into the unpartitioned model,
         and back."""
         self._built_chain("checkpoint_layers()")
@@ -640,7 +643,7 @@ class PipelineModel(keras.Model):
 
     def memory_report(self, batch_size: int, optimizer: str | None = None) -> list[dict]:
         """Bytes per device, by the memory model `tfmulti estimate-memory` uses
-        (`tfmulti.footprint`): parameters, gradients, optimizer slots, and
+        (`tfmulti.memory.footprint`): parameters, gradients, optimizer slots, and
         the activations kept for the backward pass (the outputs of every
         layer call of the stage), per micro-batch and at the step's peak
         (GPipe keeps all M micro-batches' until the backward pass starts;
@@ -657,12 +660,12 @@ class PipelineModel(keras.Model):
 
         Raises:
             RuntimeError: tensor-parallel stages, whose T devices each hold a
-                share (`tfmulti.insight.memory.estimate_memory` reports them).
+                share (`tfmulti.memory.estimate.estimate_memory` reports them).
         """
         if self.tensor_parallel > 1:
             raise RuntimeError(
                 f"memory_report() counts one device per stage; these stages are split over "
-                f"{self.tensor_parallel} devices each: use tfmulti.insight.memory."
+                f"{self.tensor_parallel} devices each: use tfmulti.memory.estimate."
                 f"estimate_memory('transformer', tensor_parallel={self.tensor_parallel}, ...), "
                 f"which reports every device.")
         chain = self._built_chain("memory_report()")

@@ -38,7 +38,7 @@ import keras
 import tensorflow as tf
 from keras.src.backend.common import global_state
 
-from tfmulti import devices as devices_lib
+from tfmulti.runtime import devices as devices_lib
 
 __all__ = ["Deferred", "deferred_variables", "outside_symbolic_pass", "place", "self_placed"]
 

@@ -39,7 +39,7 @@ Example:
 from __future__ import annotations
 
 
-from tfmulti import _checks
+from tfmulti.utils import checks as _checks
 
 __all__ = ["bubble_fraction", "format_table", "gpipe", "max_in_flight", "measured_bubble",
            "one_f_one_b", "plot"]

@@ -3,7 +3,7 @@ Megatron-LM (Shoeybi et al. 2019), as Keras layers.
 
 One layer's weights are split over T devices; each device holds 1/T of the
 split weights (and, once the optimizer is built with
-`tfmulti.optimizers.build_on_variable_devices`, 1/T of their optimizer
+`tfmulti.models.optimizers.build_on_variable_devices`, 1/T of their optimizer
 slots) and runs its share of the forward and of the backward pass:
 
 * `ColumnParallelDense`: the kernel split by output columns. Every device
@@ -29,7 +29,7 @@ the device active when `gradient()` is called. XLA stays off for these layers
 (`supports_jit = False`): it would compile the placed graph as one cluster.
 
 Keras creates optimizer slots inside the traced training step, on the default
-device; call `tfmulti.optimizers.build_on_variable_devices(model.optimizer,
+device; call `tfmulti.models.optimizers.build_on_variable_devices(model.optimizer,
 model.trainable_variables)` after `compile` to keep each shard's slots with
 it (`PipelineModel` does so itself).
 
@@ -57,9 +57,9 @@ import tensorflow as tf
 from keras.src import backend as keras_backend
 from keras.src.initializers.random_initializers import compute_fans
 
-from tfmulti import _checks
-from tfmulti import devices as devices_lib
-from tfmulti import transformer
+from tfmulti.utils import checks as _checks
+from tfmulti.runtime import devices as devices_lib
+from tfmulti.models import transformer
 
 __all__ = ["ColumnParallelDense", "ParallelMultiHeadAttention", "RowParallelDense",
            "DeviceShare", "WeightShare", "device_shares", "run_on_device", "split_transformer",
@@ -755,18 +755,18 @@ _SPLITS = {
 
 
 def split_transformer(model: keras.Model, devices, *, name: str | None = None) -> keras.Model:
-    """The tensor-parallel form of a `tfmulti.transformer` language model,
+    """The tensor-parallel form of a `tfmulti.models.transformer` language model,
     with its weights.
 
-    The same graph (`tfmulti.transformer.assemble`) with every block's
+    The same graph (`tfmulti.models.transformer.assemble`) with every block's
     attention split by heads and its MLP by columns then rows, and the
-    output head by vocabulary columns (`tfmulti.transformer.TENSOR_PARALLEL`):
+    output head by vocabulary columns (`tfmulti.models.transformer.TENSOR_PARALLEL`):
     device i of T holds 1/T of those weights. The embeddings and LayerNorms
     are copied whole onto devices[0], which also runs the residual stream.
     The given model is left as it is.
 
     Args:
-        model: a model built by `tfmulti.transformer.build_transformer`.
+        model: a model built by `tfmulti.models.transformer.build_transformer`.
         devices: T device names; T must divide the heads, the MLP width and
             the vocabulary.
         name: the new model's name; default: the model's, + "_tp<T>".
@@ -781,7 +781,7 @@ def split_transformer(model: keras.Model, devices, *, name: str | None = None) -
     Example:
         >>> import numpy as np, tfmulti
         >>> from tfmulti.parallel.tensor import split_transformer
-        >>> plain = tfmulti.transformer.build_transformer(seq_len=8, d_model=16, num_heads=2,
+        >>> plain = tfmulti.models.transformer.build_transformer(seq_len=8, d_model=16, num_heads=2,
         ...                                               num_layers=1, seed=0)
         >>> split = split_transformer(plain, ["CPU:0", "CPU:1"])
         >>> tokens = np.arange(16, dtype="int32").reshape(2, 8)
@@ -791,7 +791,7 @@ def split_transformer(model: keras.Model, devices, *, name: str | None = None) -
     layers = transformer.layers_by_name(model)
     if "block0_attention" not in layers or "lm_head" not in layers:
         raise ValueError(f"model {model.name!r} is not a transformer from "
-                         "tfmulti.transformer.build_transformer; split its layers with "
+                         "tfmulti.models.transformer.build_transformer; split its layers with "
                          "ColumnParallelDense/RowParallelDense/ParallelMultiHeadAttention."
                          "from_layer instead.")
     devices = _resolve(devices)
@@ -825,7 +825,7 @@ def unsplit_transformer(model: keras.Model, *, name: str | None = None) -> keras
     Example:
         >>> import numpy as np, tfmulti
         >>> from tfmulti.parallel.tensor import split_transformer, unsplit_transformer
-        >>> plain = tfmulti.transformer.build_transformer(seq_len=8, d_model=16, num_heads=2,
+        >>> plain = tfmulti.models.transformer.build_transformer(seq_len=8, d_model=16, num_heads=2,
         ...                                               num_layers=1, seed=0)
         >>> again = unsplit_transformer(split_transformer(plain, ["CPU:0", "CPU:1"]))
         >>> all(np.array_equal(a, b) for a, b in zip(again.get_weights(), plain.get_weights()))
@@ -899,7 +899,7 @@ def stage_placement(layers, group) -> list[tuple[str, list]]:
 
 @dataclasses.dataclass(frozen=True)
 class WeightShare:
-    """A device's part of one unsplit variable: what `tfmulti.footprint`
+    """A device's part of one unsplit variable: what `tfmulti.memory.footprint`
     counts (a shape and a dtype), and whether it trains."""
 
     shape: tuple
@@ -947,7 +947,7 @@ def _weight_share(v, size=None) -> WeightShare:
 
 def device_shares(layer, kind: str | None, T: int) -> list[DeviceShare]:
     """What each of T devices holds of an unsplit, built layer once it is
-    split as `kind` (see `tfmulti.transformer.TENSOR_PARALLEL`), for a
+    split as `kind` (see `tfmulti.models.transformer.TENSOR_PARALLEL`), for a
     memory estimate made before anything is split or placed.
 
     Args:

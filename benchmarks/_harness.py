@@ -1,0 +1,140 @@
+"""What the suites share: worker processes, summaries, the machine record,
+atomic JSON, the figure. Standard library only at import (no TensorFlow).
+
+Every measurement runs in a fresh process (`run_worker`), because virtual
+devices and thread counts must be set before TensorFlow starts; a worker
+(`python -m benchmarks.worker KIND CONFIG_JSON`) prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+__all__ = ["fmt", "launch_pinned", "machine_worker", "plot_results", "plot_step_seconds", "report",
+           "run_worker", "summary", "worker_env"]
+
+WORKER_MODULE = "benchmarks.worker"
+# The directory holding the `tfmulti` package this process runs, so that a
+# worker imports the same one wherever the benchmark was started from.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def summary(values: list[float]) -> dict:
+    """The median, min, max and count of one figure's repeats."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def fmt(s: dict, unit: str = "x", digits: int = 2) -> str:
+    """A `summary` as text: '1.93x (min 1.90x, max 1.97x, 5 repeats)'."""
+    return (f"{s['median']:.{digits}f}{unit} (min {s['min']:.{digits}f}, max "
+            f"{s['max']:.{digits}f}, {s['n']} repeats)")
+
+
+def report(suite: str, start: float, lines: list[str]) -> None:
+    """Prints one line per repeat, then the suite's wall time since `start`."""
+    for i, line in enumerate(lines):
+        print(f"{suite} repeat {i + 1}/{len(lines)}: {line}", flush=True)
+    print(f"{suite}: {time.monotonic() - start:.0f} s", flush=True)
+
+
+def worker_command(kind: str, **config) -> list[str]:
+    """The command line of one worker process."""
+    return [sys.executable, "-m", WORKER_MODULE, kind, json.dumps(config)]
+
+
+def worker_env() -> dict:
+    """This environment, with this checkout's package first on PYTHONPATH."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ,
+            "PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + path if path else "")}
+
+
+def run_worker(kind: str, timeout: float = 900, **config) -> dict:
+    """Runs worker `kind` with `config` (its keyword arguments) in a fresh
+    process; returns the JSON object it printed last.
+
+    Raises:
+        RuntimeError: the worker failed or printed no result (its stderr's
+            tail in the message).
+        subprocess.TimeoutExpired: it ran longer than `timeout` seconds.
+    """
+    result = subprocess.run(worker_command(kind, **config), capture_output=True, text=True,
+                            timeout=timeout, env=worker_env())
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(f"benchmark worker {kind} {config} failed ({result.returncode}):\n"
+                           f"{result.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def launch_pinned(command: list[str], num_workers: int, timeout: float = 900) -> str:
+    """Runs `command` as `num_workers` workers under `tfmulti launch --pin_cpus`,
+    the launch confined to the first `num_workers` cores of this process, so
+    that each worker gets exactly one; returns what the launch printed.
+
+    Args:
+        command: each worker's command line (e.g. `worker_command(...)`).
+        num_workers: workers, and cores, of the launch.
+        timeout: seconds the whole launch may take.
+
+    Raises:
+        RuntimeError: the launch failed (its output's tail in the message).
+        subprocess.TimeoutExpired: it ran longer than `timeout` seconds.
+    """
+    launch = [sys.executable, "-m", "tfmulti.cli", "launch", f"--num_workers={num_workers}",
+              "--pin_cpus", "--", *command]
+    cores = sorted(os.sched_getaffinity(0))[:num_workers]
+    result = subprocess.run(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=timeout, env=worker_env(),
+                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    if result.returncode != 0:
+        raise RuntimeError(f"benchmark launch failed ({result.returncode}): "
+                           f"{' '.join(launch)}\n{result.stdout[-6000:]}")
+    return result.stdout
+
+
+def machine_worker() -> dict:
+    """What the figures depend on beyond the core count: the CPU, whether
+    TensorFlow runs its oneDNN kernels (several times faster convolutions;
+    on by default only on CPUs with AVX-512 neural-network features), the
+    versions."""
+    from tfmulti.insight import environment
+
+    env = environment.env_report()
+    return {key: env[key] for key in ("cpu_model", "onednn", "cpu_count", "tensorflow",
+                                      "keras", "platform")}
+
+
+def plot_step_seconds(step_seconds: dict, ax, title: str) -> None:
+    """A suite's panel: the median step time of each configuration (name ->
+    `summary` of seconds per step), min-max as error bars."""
+    names = list(step_seconds)
+    medians = [step_seconds[n]["median"] * 1000 for n in names]
+    ax.bar(names, medians,
+           yerr=[[m - step_seconds[n]["min"] * 1000 for n, m in zip(names, medians)],
+                 [step_seconds[n]["max"] * 1000 - m for n, m in zip(names, medians)]])
+    ax.set_ylabel("training step (ms)")
+    ax.set_title(title)
+
+
+def plot_results(results: dict, path: str, draw: dict) -> None:
+    """One panel per suite of `results["suites"]`, side by side, saved to
+    `path`; `draw` maps a suite name to its `plot(result, ax)`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    suites = list(results["suites"])
+    fig, axes = plt.subplots(1, len(suites), figsize=(5 * len(suites), 4), squeeze=False)
+    for ax, name in zip(axes[0], suites):
+        draw[name](results["suites"][name], ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

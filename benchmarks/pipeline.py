@@ -1,0 +1,189 @@
+"""pipeline: the training step of a 2-stage pipeline on 2 virtual CPU devices.
+
+The model is 8 `Dense(1024, relu)` layers split 4 + 4 over 2 virtual CPUs
+(`PipelineModel`), intra-op threads 1, batch 2048, SGD on MSE. Four
+configurations of the same step:
+
+* naive: M=1, the whole batch through stage 1 then stage 2 (one stage works
+  at a time);
+* GPipe with M = 2 and 4 micro-batches (of 1024 and 512 rows);
+* serial: M=1 with inter-op threads 1, nothing overlapped at all.
+
+The serial step needs inter-op threads 1, so it runs in a process of its own,
+all its repeats first; the others share a second process and interleave
+within each repeat. Every configuration is built and warmed up (one epoch)
+first; a repeat's figure is the median of 3 epochs of 3 steps, in seconds per
+step.
+
+Also the single-thread matmul rate by row count (`matmul_gflops_by_rows`):
+TensorFlow's CPU matmul runs at about half its rate below ~384 rows, which is
+why the micro-batches stay at 512 rows or more (smaller ones would measure
+that cliff, not the schedule).
+
+Figures:
+
+* pipeline_speedup = naive / best pipelined step time (goal >= 1.3x). The
+  best M is chosen once, by median step time (the best M of each repeat would
+  pick each repeat's luckiest draw). The ceiling on CPUs is about 1.5x, since
+  TensorFlow already overlaps a stage's weight and input gradients in the
+  naive split.
+* pipeline_efficiency = (serial / 2) / pipelined (goal >= 0.85), with the
+  measured bubble (1 - efficiency) next to GPipe's (S-1)/(M+S-1).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from tfmulti.utils import checks as _checks
+from benchmarks import _harness
+
+__all__ = ["MATMUL_ROWS", "MICROBATCHES", "SHAPE", "check", "matmul_gflops_by_rows", "plot",
+           "run", "summarize", "worker"]
+
+MICROBATCHES = (2, 4)
+"""The pipelined configurations' micro-batch counts (GPipe, 2 stages)."""
+# 2048 rows split into micro-batches of 1024 and 512: TensorFlow's CPU matmul
+# drops to about half its FLOP rate below ~384 rows (matmul_gflops_by_rows).
+SHAPE = {"width": 1024, "batch": 2048, "steps": 3}
+"""Layer width, global batch and steps per timed epoch."""
+MATMUL_ROWS = (64, 128, 256, 384, 512, 1024)
+_STAGES = 2
+_LAYERS = 8
+_EPOCHS = 3
+
+
+def matmul_gflops_by_rows(width: int, rows=MATMUL_ROWS) -> dict:
+    """Single-thread rate (GFLOP/s) of `Dense(width, relu)` forward on
+    rows x width inputs, as the pipeline's stages run it: shows where
+    splitting a batch into micro-batches costs FLOP rate on this CPU.
+
+    Returns:
+        str(rows) -> GFLOP/s.
+    """
+    import keras
+    import tensorflow as tf
+
+    from tfmulti.insight import timing
+
+    layer = keras.layers.Dense(width, activation="relu")
+    layer.build((None, width))
+    rates = {}
+    for n in rows:
+        x = tf.random.normal((n, width))
+        # Eager calls on the CPU return once computed; the first one traces.
+        seconds = timing.seconds_per_call(tf.function(lambda x=x: layer(x)), 0.25)
+        rates[str(n)] = 2 * n * width * width / seconds / 1e9
+    return rates
+
+
+def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: int,
+           steps: int, matmul_rows: bool = False) -> dict:
+    """Step times of pipeline configurations sharing an inter-op setting, in
+    this process: each built and warmed up once, then `repeats` rounds in
+    which every configuration trains 3 epochs in turn (interleaved); a
+    repeat's figure is the median epoch's seconds per step.
+
+    Args:
+        microbatches: configuration name -> micro-batches (1: the naive split).
+        inter_op: TensorFlow's inter-op threads (0: its default).
+
+    Returns:
+        {"step_seconds": name -> seconds per step, one per repeat}, and
+        "matmul_gflops_by_rows" when `matmul_rows`.
+    """
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    import keras
+    import numpy as np
+
+    import tfmulti
+    from benchmarks.fixtures import interleaved_step_seconds
+    from tfmulti.parallel import PipelineModel
+
+    tfmulti.configure_virtual_devices(_STAGES)
+    devices = [f"CPU:{i}" for i in range(_STAGES)]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, width), dtype=np.float32)
+    ds = tf.data.Dataset.from_tensors((x, x)).repeat()
+    models = {}
+    for name, m in microbatches.items():
+        layers = [keras.layers.Dense(width, activation="relu") for _ in range(_LAYERS)]
+        model = PipelineModel(layers, input_shape=(width,), devices=devices,
+                              num_microbatches=m, partition=[_LAYERS // 2, _LAYERS // 2])
+        model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
+        models[name] = model
+    out = {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, _EPOCHS)}
+    if matmul_rows:
+        out["matmul_gflops_by_rows"] = matmul_gflops_by_rows(width)
+    return out
+
+
+def _run_configs(microbatches: dict, inter_op: int, repeats: int, **extra) -> dict:
+    return _harness.run_worker("pipeline", timeout=600, microbatches=microbatches,
+                               inter_op=inter_op, repeats=repeats, **SHAPE, **extra)
+
+
+def check() -> None:
+    """The suite has no options: nothing to check."""
+
+
+def run(repeats: int) -> dict:
+    """Runs the suite; returns its JSON record."""
+    _checks.positive_int("repeats", repeats)
+    # The serial step needs inter-op threads 1, so a process of its own; the
+    # others share one, interleaved within each repeat.
+    start = time.monotonic()
+    overlapped = {"naive": 1, **{f"M={m}": m for m in MICROBATCHES}}
+    serial = _run_configs({"serial": 1}, inter_op=1, repeats=repeats, matmul_rows=True)
+    times = {**serial["step_seconds"],
+             **_run_configs(overlapped, inter_op=0, repeats=repeats)["step_seconds"]}
+    rates = serial["matmul_gflops_by_rows"]
+    best_m = min(MICROBATCHES, key=lambda m: statistics.median(times[f"M={m}"]))
+    best = times[f"M={best_m}"]
+    speedups = [times["naive"][i] / best[i] for i in range(repeats)]
+    efficiencies = [times["serial"][i] / _STAGES / best[i] for i in range(repeats)]
+    bubbles = {m: [1 - s / _STAGES / t for s, t in zip(times["serial"], times[f"M={m}"])]
+               for m in MICROBATCHES}
+    _harness.report("pipeline", start, [
+        ", ".join(f"{n} {t[i] * 1000:.0f} ms" for n, t in times.items())
+        + f"; speedup {speedups[i]:.2f}x, efficiency {efficiencies[i]:.2f}"
+        for i in range(repeats)])
+    print(f"pipeline: single-thread Dense({SHAPE['width']}) forward by rows: "
+          + ", ".join(f"{n} rows {r:.0f}" for n, r in rates.items()) + " GFLOP/s", flush=True)
+    summary = _harness.summary
+    return {
+        "description": f"2-stage pipeline, 2 virtual CPUs, intra-op threads 1, "
+                       f"8 x Dense({SHAPE['width']}), batch {SHAPE['batch']}, SGD training "
+                       f"step; per repeat the median of 3 epochs of {SHAPE['steps']} steps",
+        "matmul_gflops_by_rows": rates,
+        "step_seconds_per_repeat": times,
+        "step_seconds": {n: summary(t) for n, t in times.items()},
+        "pipeline_microbatches": best_m,
+        "pipeline_speedup": summary(speedups),
+        "pipeline_efficiency": summary(efficiencies),
+        "bubble": {f"M={m}": {"measured": summary(bubbles[m]),
+                              "gpipe_theory": (_STAGES - 1) / (m + _STAGES - 1)}
+                   for m in MICROBATCHES},
+        "goals": {"pipeline_speedup": 1.3, "pipeline_efficiency": 0.85},
+        "ceiling": "2 logical CPUs share 2 cores: a 2-stage pipeline can at most halve the "
+                   "serial step (efficiency 1.0); the naive split already overlaps some "
+                   "work, so the speedup over it is bounded near 1.5x",
+    }
+
+
+def summarize(r: dict) -> list[str]:
+    """The suite's headline lines."""
+    return [f"pipeline: M={r['pipeline_microbatches']}: speedup over naive "
+            f"{_harness.fmt(r['pipeline_speedup'])}; efficiency "
+            f"{_harness.fmt(r['pipeline_efficiency'], '')}; {r['ceiling']}"]
+
+
+def plot(r: dict, ax) -> None:
+    """Median step time of each configuration, min-max as error bars."""
+    _harness.plot_step_seconds(r["step_seconds"], ax,
+                               f"Pipeline: {r['pipeline_speedup']['median']:.2f}x over naive, "
+                               f"efficiency {r['pipeline_efficiency']['median']:.2f}")

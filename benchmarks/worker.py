@@ -1,0 +1,74 @@
+"""One benchmark measurement in a fresh process; prints its result as one JSON line.
+
+    python -m benchmarks.worker KIND [CONFIG_JSON]
+
+KIND names a worker function (`WORKERS`), CONFIG_JSON its keyword arguments
+as a JSON object (default `{}`). Each worker sets up TensorFlow itself
+(virtual devices, thread counts) before the runtime starts, which is why it
+needs a process of its own; `benchmarks._harness.run_worker` starts one
+and reads the last line of its output. Bad arguments exit with code 2.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports TensorFlow
+
+import importlib  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+
+from tfmulti.utils import checks as _checks  # noqa: E402
+
+__all__ = ["WORKERS", "main", "run"]
+
+WORKERS = {
+    "machine": "benchmarks._harness:machine_worker",
+    "pipeline": "benchmarks.pipeline:worker",
+    "seed": "benchmarks.baseline:seed_worker",
+    "tfmulti": "benchmarks.baseline:tfmulti_worker",
+    "overhead": "benchmarks.overhead:worker",
+    "streaming": "benchmarks.streaming:worker",
+    "devices": "benchmarks.devices:worker",
+    "tensor": "benchmarks.tensor:tensor_worker",
+    "tensor_pipeline": "benchmarks.tensor:pipeline_worker",
+    "gpu_check": "benchmarks.gpu_check:worker",
+    "own_model": "benchmarks.own:model_worker",
+    "own_write": "benchmarks.own:write_worker",
+    "own_train": "benchmarks.own:train_worker",
+    "all_reduce": "benchmarks.scaling:all_reduce_worker",
+}
+"""Worker kind -> "module:function"."""
+
+
+def run(kind: str, config: dict) -> dict:
+    """Calls worker `kind` with `config` as keyword arguments, in this process."""
+    _checks.one_of("kind", kind, WORKERS)
+    if not isinstance(config, dict):
+        raise ValueError(f"the config of worker {kind!r} must be a JSON object, got "
+                         f"{config!r}.")
+    module, function = WORKERS[kind].split(":")
+    return getattr(importlib.import_module(module), function)(**config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (1, 2):
+        print(f"usage: python -m benchmarks.worker KIND [CONFIG_JSON]; KIND is one of "
+              f"{list(WORKERS)}", file=sys.stderr)
+        return 2
+    try:
+        config = json.loads(args[1]) if len(args) == 2 else {}
+        _checks.one_of("kind", args[0], WORKERS)
+        if not isinstance(config, dict):
+            raise ValueError(f"CONFIG_JSON must be a JSON object, got {args[1]!r}.")
+    except ValueError as e:  # json.JSONDecodeError is one
+        print(f"benchmarks.worker: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(run(args[0], config)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

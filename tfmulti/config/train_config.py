@@ -1,0 +1,461 @@
+"""The training configuration: one definition, checked without TensorFlow.
+
+`TrainConfig` is the single source of a training run's options. Each field
+carries its help text (`metadata["help"]`) and, where the values are a fixed
+set, its choices (`metadata["choices"]`); the flags of `recipes/train.py` and
+of `tfmulti diagnose` / `tfmulti estimate-memory` are generated from the
+fields (`tfmulti.config.flags`), so a new option is one field here.
+
+This module imports neither TensorFlow nor Keras: a recipe or the CLI checks
+its flags here and fails at once, before TensorFlow starts.
+
+Also here: the names of the built-in models and their tasks, and the
+steps-per-execution policy (`resolve_steps_per_execution`).
+
+Example:
+    >>> from tfmulti.config.train_config import TrainConfig
+    >>> config = TrainConfig(distribution="mirrored", global_batch_size=512)
+    >>> config.validate()
+    >>> TrainConfig(learning_rate=float("nan")).validate()
+    Traceback (most recent call last):
+        ...
+    ValueError: `learning_rate` must be a finite number > 0, got nan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from tfmulti.utils import checks as _checks
+
+__all__ = ["AUTO_STEPS_PER_EXECUTION", "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "HOOK_PATTERN",
+           "BUILTIN_MODELS", "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS", "TRANSFORMER",
+           "TrainConfig", "check_transformer_sizes", "is_hook", "largest_divisor",
+           "parse_steps_per_execution", "resolve_steps_per_execution", "validate_for_diagnose"]
+
+DISTRIBUTIONS = ("auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid")
+"""How a run spreads over devices: tf.distribute strategies, or placed pipeline stages."""
+MODEL_PARALLEL = ("pipeline", "hybrid")
+"""The distributions that place layer stages on devices (`tfmulti.parallel`)."""
+DIAGNOSE_DISTRIBUTIONS = ("auto", "one_device", "mirrored")
+"""The distributions `tfmulti diagnose` measures (one process)."""
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
+MODEL_TASKS = {"mlp": "classification", "regression": "regression", "cnn": "classification"}
+"""The built-in model builders (`tfmulti.models.builders.build_model`) and what each one does."""
+TRANSFORMER = "transformer"
+"""The model name of `tfmulti.models.transformer`'s language model, the one model
+`tensor_parallel` splits."""
+BUILTIN_MODELS = {**MODEL_TASKS, TRANSFORMER: "classification"}
+"""Every built-in model name and its task (the transformer predicts the next byte)."""
+TASKS = ("classification", "regression")
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "adafactor",
+              "nadam", "ftrl", "lion", "muon", "schedulefreeadamw")
+"""The optimizer names Keras builds (`keras.optimizers.get`; a test keeps the two in step)."""
+HOOK_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+"""`package.module:function`: a user's model or dataset function."""
+LR_SCALINGS = ("none", "linear", "sqrt")
+SHARDINGS = ("auto", "examples", "files")
+"""How several workers split the input (`tfmulti.data.distribute`)."""
+CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
+PARTITIONS = ("params", "flops", "time")
+MIXED_PRECISION = ("none", "bfloat16", "float16")
+VERBOSITY = ("auto", 0, 1, 2)
+
+AUTO_STEPS_PER_EXECUTION = 32
+"""The most training steps `steps_per_execution="auto"` puts in one `tf.function`
+call: enough to amortize the per-call cost, few enough that progress output,
+batch-level callbacks and a preemption (answered at the end of a call) stay
+prompt."""
+
+
+def _field(default: Any, help: str, **metadata) -> Any:  # noqa: A002  (the flag's help)
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of `n` that is at most `limit` (n, limit >= 1)."""
+    return max(d for d in range(1, min(limit, n) + 1) if n % d == 0)
+
+
+def check_transformer_sizes(*, seq_len: int, d_model: int, num_heads: int, num_layers: int,
+                            mlp_ratio: int = 4, vocab_size: int = 256,
+                            tensor_parallel: int = 1) -> None:
+    """Checks a transformer's sizes, and that `tensor_parallel` devices split
+    its heads, MLP width and vocabulary evenly (`tfmulti.models.transformer`).
+
+    Raises:
+        ValueError: naming the size, the value and a value that works.
+    """
+    for name, value in (("seq_len", seq_len), ("d_model", d_model), ("num_heads", num_heads),
+                        ("num_layers", num_layers), ("mlp_ratio", mlp_ratio),
+                        ("vocab_size", vocab_size), ("tensor_parallel", tensor_parallel)):
+        _checks.positive_int(name, value)
+    if d_model % num_heads:
+        raise ValueError(f"`num_heads` ({num_heads}) must divide `d_model` ({d_model}); use "
+                         f"e.g. num_heads={largest_divisor(d_model, num_heads)}.")
+    sizes = {"num_heads": num_heads, "the MLP width mlp_ratio x d_model": mlp_ratio * d_model,
+             "vocab_size": vocab_size}
+    for name, size in sizes.items():
+        if size % tensor_parallel:
+            works = largest_divisor(math.gcd(*sizes.values()), tensor_parallel)
+            raise ValueError(
+                f"`tensor_parallel` ({tensor_parallel}) must divide {name} ({size}) to split it "
+                f"evenly; use tensor_parallel={works} or change {name.split()[-1]}.")
+
+
+def parse_steps_per_execution(value) -> int | str:
+    """"auto" or a positive integer (also given as text, e.g. from a flag)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        number = int(value) if isinstance(value, str) else value
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ValueError(f"`steps_per_execution` must be 'auto' or a positive integer, got "
+                         f"{value!r}.")
+    return number
+
+
+def resolve_steps_per_execution(value, steps_per_epoch: int | None,
+                                backup_every_steps: int | None = None) -> int:
+    """The training steps per `tf.function` call for `value`.
+
+    An integer must divide `steps_per_epoch` (Keras runs whole calls, so an
+    epoch would otherwise train more steps). "auto" is the largest divisor of
+    `steps_per_epoch` up to `AUTO_STEPS_PER_EXECUTION` that also divides
+    `backup_every_steps` (backups come at the end of a call); 1 when the
+    epoch length is unknown.
+
+    Raises:
+        ValueError: `value` is neither "auto" nor a positive integer, or does
+            not divide `steps_per_epoch`.
+    """
+    value = parse_steps_per_execution(value)
+    if value != "auto":
+        if steps_per_epoch and steps_per_epoch % value:
+            raise ValueError(
+                f"`steps_per_execution` ({value}) must divide the steps per epoch "
+                f"({steps_per_epoch}): Keras runs whole calls of steps, so an epoch would "
+                f"train {-(-steps_per_epoch // value) * value} steps; use a divisor of "
+                f"{steps_per_epoch}, 'auto', or another number of steps per epoch.")
+        return value
+    if not steps_per_epoch:
+        return 1
+    return largest_divisor(math.gcd(steps_per_epoch, backup_every_steps or 0),
+                           AUTO_STEPS_PER_EXECUTION)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """A training run. Batch sizes are global (all replicas together).
+
+    Every field is also a flag of `recipes/train.py` (`--name=value`), with
+    the help text below each field's default in the source.
+    """
+
+    distribution: str = _field(
+        "auto", "How to spread the run over devices: auto, one_device, mirrored "
+        "(MirroredStrategy), multi_worker (MultiWorkerMirroredStrategy, under `tfmulti launch` "
+        "or with TF_CONFIG), pipeline or hybrid (layer stages placed on devices).",
+        choices=DISTRIBUTIONS)
+    num_virtual_devices: int = _field(
+        0, "Split the host CPU into this many logical devices first (0: leave devices as "
+        "they are).")
+    devices: tuple[str, ...] | None = _field(
+        None, "Devices to use, e.g. CPU:0,CPU:1 (default: all GPUs, else all logical CPUs).")
+    cross_device_ops: str = _field(
+        "auto", "Gradient all-reduce of the mirrored distribution: auto, nccl, "
+        "hierarchical_copy or reduce_to_one.", choices=CROSS_DEVICE_OPS)
+    dataset: str | Callable = _field(
+        "fashion_mnist", "The data: a TFDS dataset name, synthetic / synthetic_regression, "
+        "or your own as package.module:function, a function returning the train and test "
+        "data (unbatched tf.data datasets, (features, labels) arrays, or a dict with "
+        "'train', 'test' and optionally 'num_classes'; it may take seed and data_dir). From "
+        "Python, also the function itself.")
+    data_dir: str | None = _field(
+        None, "TFDS data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets).")
+    download: bool = _field(
+        False, "Allow a TFDS download when the data is not prepared (needs internet).")
+    num_examples: int | None = _field(
+        None, "Synthetic data: training examples (a quarter as many test examples).")
+    model: str | Callable = _field(
+        "mlp", "The model: a built-in builder (mlp, cnn, regression; transformer, a byte-level "
+        "language model for dataset tfmulti_text, sized by seq_len, d_model, num_heads and "
+        "num_layers, split by tensor_parallel), or your own as "
+        "package.module:function, a function returning a Keras model, which tfmulti calls "
+        "under the strategy's scope (found on sys.path, the current directory first; it may "
+        "take input_shape, num_classes, dropout and seed). From Python, also the function "
+        "itself.")
+    dropout: float = _field(0.2, "Dropout rate, in [0, 1).")
+    epochs: int = _field(5, "Training epochs.")
+    steps_per_epoch: int | None = _field(
+        None, "Steps per epoch (default: one pass over the data; for data of unknown size, "
+        "such as files, counted once by reading it, or this many steps per pass).")
+    global_batch_size: int = _field(256, "Examples per step over all replicas.")
+    learning_rate: float = _field(1e-3, "Learning rate, tuned for base_batch_size.")
+    lr_scaling: str = _field(
+        "none", "Scale the learning rate with global / base batch size: none, linear or sqrt.",
+        choices=LR_SCALINGS)
+    base_batch_size: int = _field(256, "The batch size learning_rate was tuned for.")
+    warmup_epochs: float = _field(
+        0.0, "Epochs of linear learning-rate warmup up to the (scaled) rate: from "
+        "learning_rate when lr_scaling raises it, else from near 0.")
+    optimizer: str | object = _field(
+        "adam", "Optimizer: any Keras optimizer name (adam runs a fused update; sgd, rmsprop, "
+        "adamw, ...), built with learning_rate. From Python, also a Keras optimizer object "
+        "(its own learning rate; lr_scaling and warmup still apply).")
+    loss: str | Callable | None = _field(
+        None, "Loss: any Keras loss name (e.g. sparse_categorical_crossentropy, mse, huber) "
+        "or your own as package.module:function, loss(y_true, y_pred); "
+        "default by task (classification: sparse categorical cross-entropy, from logits "
+        "unless the model ends in softmax; regression: mean squared error). From Python, "
+        "also a Keras loss object or a function loss(y_true, y_pred).")
+    metrics: tuple[str, ...] | None = _field(
+        None, "Metrics: Keras metric names, e.g. accuracy,auc (default by task: accuracy, or "
+        "mae for regression). From Python, also metric objects.")
+    task: str = _field(
+        "auto", "What the model does, for the default loss and metrics: auto (the built-in "
+        "model's task; for your own model, classification when the labels are integers, "
+        "else regression), classification or regression.", choices=("auto", *TASKS))
+    accumulate_steps: int = _field(
+        1, "Gradient accumulation: each update sums the gradients of this many micro-steps "
+        "of global_batch_size examples, run one after the other (the memory of one), equal "
+        "to one step on a batch this many times larger; steps per epoch and lr_scaling "
+        "count those updates.")
+    seed: int | None = _field(0, "Seed for the weights and the data order.")
+    steps_per_execution: int | str = _field(
+        "auto", "Training steps per tf.function call (less per-step overhead): a divisor of "
+        f"the steps per epoch, or auto (the largest one up to {AUTO_STEPS_PER_EXECUTION}, "
+        "and a divisor of backup_every_steps).")
+    input_sharding: str = _field(
+        "auto", "How several workers split the training input: examples (every worker reads "
+        "everything and keeps its share of each global batch: exact), files (each worker reads "
+        "only its own files: 1/N of the bytes), or auto (files for a dataset function that "
+        "returns tfmulti.data.from_files with at least one file per worker).",
+        choices=SHARDINGS)
+    cluster_resolver: str = _field(
+        "auto", "Where multi_worker finds its cluster: auto (TF_CONFIG when set, else SLURM "
+        "under srun with 2 or more tasks), tf_config or slurm.", choices=CLUSTER_RESOLVERS)
+    num_stages: int = _field(2, "Pipeline stages per replica (pipeline, hybrid).")
+    num_microbatches: int = _field(4, "Micro-batches per replica batch (pipeline, hybrid).")
+    num_replicas: int = _field(2, "Data-parallel pipelines (hybrid).")
+    partition: str = _field(
+        "params", "How to balance pipeline stages: params, flops or time.", choices=PARTITIONS)
+    remat: bool = _field(
+        False, "Recompute stage activations in the backward pass (pipeline, hybrid; no "
+        "dropout or batch normalization).")
+    tensor_parallel: int = _field(
+        1, "Tensor parallelism T: each pipeline stage's attention heads, MLP and output head "
+        "split over T devices (model transformer; pipeline, hybrid): replicas x stages x T "
+        "devices in all.")
+    seq_len: int = _field(128, "Transformer: bytes per training sequence.")
+    d_model: int = _field(128, "Transformer: the width of the residual stream.")
+    num_heads: int = _field(4, "Transformer: attention heads (dividing d_model).")
+    num_layers: int = _field(2, "Transformer: blocks.")
+    device_memory_mb: float | None = _field(
+        None, "Refuse a layout whose estimated training memory (tfmulti estimate-memory) "
+        "exceeds this many MiB on some device (default: no check).")
+    mixed_precision: str = _field(
+        "none", "Compute in 16 bits, keep variables and logits float32: none, bfloat16 "
+        "(CPUs and recent GPUs) or float16 (GPUs only; loss scaling is automatic).",
+        choices=MIXED_PRECISION)
+    jit_compile: bool = _field(
+        False, "Compile the train step with XLA (one device; not with pipeline or hybrid).")
+    backup_dir: str | None = _field(
+        None, "Make the run resumable: checkpoints here at every epoch end and every "
+        "backup_every_steps; rerun the same command after a crash or preemption to resume "
+        "at the next step. Deleted when the run ends normally (unless keep_backup). Must be "
+        "readable by every worker.")
+    backup_every_steps: int | None = _field(
+        None, "Also back up every this many global steps (needs backup_dir).")
+    keep_backup: bool = _field(False, "Keep backup_dir after the run ends normally.")
+    model_dir: str | None = _field(
+        None, "Where to write metrics.json, model.keras and TensorBoard logs; a folder that "
+        "holds another run's outputs is refused unless overwrite.")
+    overwrite: bool = _field(
+        False, "Replace the outputs of an earlier run in model_dir (they are removed when "
+        "training starts).")
+    verbose: int | str = _field(
+        "auto", "Progress output: auto (a progress bar on a terminal, a line per epoch "
+        "otherwise; nothing on workers other than the chief), 0, 1 or 2.", choices=VERBOSITY)
+
+    @property
+    def model_parallel(self) -> bool:
+        """Whether layer stages are placed on devices (pipeline, hybrid)."""
+        return self.distribution in MODEL_PARALLEL
+
+    @property
+    def builtin_model(self) -> bool:
+        """Whether `model` names one of tfmulti's builders."""
+        return isinstance(self.model, str) and self.model in BUILTIN_MODELS
+
+    @property
+    def builtin_task(self) -> str | None:
+        """The task when it is known without the data: `task`, else the built-in
+        model's; None for "auto" with the user's own model (the labels decide)."""
+        if self.task != "auto":
+            return self.task
+        return BUILTIN_MODELS[self.model] if self.builtin_model else None
+
+    @property
+    def model_name(self) -> str:
+        """The model as text (a built-in name, `module:function`, or the function's name)."""
+        return _hook_name(self.model)
+
+    @property
+    def dataset_name(self) -> str:
+        """The data as text (a dataset name, `module:function`, or the function's name)."""
+        return _hook_name(self.dataset)
+
+    def replace(self, **changes) -> "TrainConfig":
+        """A copy with `changes` applied (not validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        """Checks every field that needs no TensorFlow.
+
+        Raises:
+            ValueError: naming the field, the value and what is accepted.
+        """
+        c = _checks
+        for f in dataclasses.fields(self):
+            if "choices" in f.metadata:
+                c.one_of(f.name, getattr(self, f.name), f.metadata["choices"])
+        for name in ("epochs", "global_batch_size", "base_batch_size"):
+            c.positive_int(name, getattr(self, name))
+        for name in ("num_examples", "steps_per_epoch", "backup_every_steps"):
+            c.positive_int(name, getattr(self, name), none_ok=True)
+        c.non_negative_int("num_virtual_devices", self.num_virtual_devices,
+                           hint="0 leaves the devices as they are")
+        c.integer("seed", self.seed, none_ok=True)
+        c.positive_int("accumulate_steps", self.accumulate_steps,
+                       hint="1 updates at every step")
+        _check_hook("model", self.model, tuple(BUILTIN_MODELS))
+        _check_hook("dataset", self.dataset, None)
+        if self.loss is not None:
+            _check_hook("loss", self.loss, None)
+        if isinstance(self.optimizer, str):
+            c.one_of("optimizer", self.optimizer.lower(), OPTIMIZERS)
+        if self.builtin_model and self.task not in ("auto", BUILTIN_MODELS[self.model]):
+            raise ValueError(f"`task` {self.task!r} does not fit `model` {self.model!r}, which "
+                             f"does {BUILTIN_MODELS[self.model]}; leave task='auto'.")
+        if isinstance(self.metrics, str):
+            raise ValueError(f"`metrics` must be a list of metric names, got the string "
+                             f"{self.metrics!r}; e.g. ({self.metrics!r},).")
+        parse_steps_per_execution(self.steps_per_execution)
+        c.positive_number("learning_rate", self.learning_rate)
+        c.finite_number("warmup_epochs", self.warmup_epochs, minimum=0)
+        c.finite_number("dropout", self.dropout, minimum=0)
+        if not self.dropout < 1:
+            raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout!r}.")
+        if self.devices is not None and (isinstance(self.devices, str) or not self.devices):
+            raise ValueError(f"`devices` must be a non-empty tuple of device names (or None), "
+                             f"got {self.devices!r}; e.g. ('CPU:0', 'CPU:1').")
+        if self.model_parallel:
+            for name in ("num_stages", "num_microbatches", "num_replicas"):
+                c.positive_int(name, getattr(self, name))
+            replicas = self.num_replicas if self.distribution == "hybrid" else 1
+            if self.global_batch_size % (replicas * self.num_microbatches):
+                raise ValueError(
+                    f"`global_batch_size` ({self.global_batch_size}) must split into "
+                    f"{replicas} replica(s) x {self.num_microbatches} micro-batches; use a "
+                    f"multiple of {replicas * self.num_microbatches}.")
+            if self.jit_compile:
+                raise ValueError(
+                    f"`jit_compile` cannot be used with distribution {self.distribution!r}: "
+                    f"XLA would compile the step as one cluster and collapse the per-stage "
+                    f"device placement; set jit_compile=False or use one_device/mirrored.")
+        c.positive_number("device_memory_mb", self.device_memory_mb, none_ok=True)
+        c.positive_int("tensor_parallel", self.tensor_parallel)
+        if self.tensor_parallel > 1 and not self.model_parallel:
+            raise ValueError(
+                f"`tensor_parallel` ({self.tensor_parallel}) needs distribution 'pipeline' or "
+                f"'hybrid' (stages of {self.tensor_parallel} devices; num_stages=1 for tensor "
+                f"parallelism alone), got {self.distribution!r}.")
+        if self.tensor_parallel > 1 and self.model != TRANSFORMER:
+            raise ValueError(f"`tensor_parallel` ({self.tensor_parallel}) splits model "
+                             f"{TRANSFORMER!r}, got model {self.model!r}; set "
+                             f"model={TRANSFORMER!r} or tensor_parallel=1.")
+        if self.model == TRANSFORMER:
+            check_transformer_sizes(seq_len=self.seq_len, d_model=self.d_model,
+                                    num_heads=self.num_heads, num_layers=self.num_layers,
+                                    tensor_parallel=self.tensor_parallel)
+        if self.backup_every_steps and not self.backup_dir:
+            raise ValueError("`backup_every_steps` needs `backup_dir`; set `backup_dir` too.")
+        if self.backup_dir is not None:
+            if not self.backup_dir:
+                raise ValueError("`backup_dir` is empty; pass a directory path.")
+            _check_directory("backup_dir", self.backup_dir)
+            if self.seed is None:
+                raise ValueError("`backup_dir` needs a fixed `seed`: a resumed run skips the "
+                                 "batches already trained, which must come in the same "
+                                 "order; set `seed`.")
+        if self.model_dir:
+            _check_directory("model_dir", self.model_dir)
+
+
+def validate_for_diagnose(config: TrainConfig) -> None:
+    """`config.validate()`, and a distribution `tfmulti diagnose` measures.
+
+    Raises:
+        ValueError: a bad configuration, or a distribution of several processes
+            or placed stages.
+    """
+    config.validate()
+    _checks.one_of("distribution", config.distribution, DIAGNOSE_DISTRIBUTIONS,
+                   hint="diagnose measures one process (for multi_worker, diagnose one worker "
+                        "with distribution='mirrored' on its devices)")
+
+
+def _hook_name(value) -> str:
+    if isinstance(value, str):
+        return value
+    module = getattr(value, "__module__", None)
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    return f"{module}:{name}" if module and name else repr(value)
+
+
+def is_hook(value) -> bool:
+    """Whether `value` names a user's function (`package.module:function`)."""
+    return isinstance(value, str) and HOOK_PATTERN.fullmatch(value) is not None
+
+
+def _check_hook(name: str, value, builtins: tuple | None) -> None:
+    """A built-in name (any name where `builtins` is None), `module:function`, or a callable."""
+    if callable(value) and not isinstance(value, str):
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"`{name}` must be a name or package.module:function, got {value!r}.")
+    if ":" in value:
+        if not is_hook(value):
+            raise ValueError(f"`{name}` {value!r} is not package.module:function; write e.g. "
+                             f"my_{name}s:build (the function `build` in my_{name}s.py).")
+        return
+    if builtins is not None and value not in builtins:
+        raise ValueError(f"`{name}` must be one of {list(builtins)} or your own "
+                         f"package.module:function, got {value!r}.")
+
+
+def _check_directory(name: str, path: str) -> None:
+    """`path` is a directory this process can write, or can be created: checked
+    before anything starts, so a bad path fails at once, not at the first save."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"`{name}` {path!r} exists and is not a directory; pass a directory "
+                         "path.")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"`{name}` {path!r} cannot be created: {existing!r} is a file, not a "
+                         "directory; pass another path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == os.path.abspath(path) else \
+            f"cannot be created: {existing!r} is not writable"
+        raise ValueError(f"`{name}` {path!r} {what} by this user; pass a directory you can "
+                         "write.")

@@ -1,0 +1,139 @@
+"""The arguments of a memory estimate, checked without TensorFlow.
+
+`tfmulti estimate-memory` checks its flags here before TensorFlow starts;
+`tfmulti.memory.estimate.estimate_memory` checks the same arguments here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tfmulti.utils import checks as _checks
+from tfmulti.config.train_config import (MIXED_PRECISION, MODEL_PARALLEL, MODEL_TASKS, OPTIMIZERS, TRANSFORMER, TrainConfig, check_transformer_sizes, is_hook)
+
+__all__ = ["DISTRIBUTIONS", "MODELS", "Layout", "check_estimate_arguments"]
+
+DISTRIBUTIONS = ("one_device", "mirrored", "pipeline", "hybrid")
+MODELS = tuple(dict.fromkeys((*MODEL_TASKS, TRANSFORMER)))
+"""The models an estimate counts: the built-in ones (`tfmulti.models.builders`) and
+the language model of `tfmulti.models.transformer`."""
+_COMPUTE_DTYPES = {"none": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+_CPU_POLICY = {"float16": "bfloat16"}  # same widths; float16 layers need a GPU to be built
+# The pipeline settings each distribution uses, and their defaults.
+_PIPELINE_SETTINGS = {"pipeline": ("num_stages", "num_microbatches", "remat", "tensor_parallel"),
+                      "hybrid": ("num_stages", "num_microbatches", "num_replicas", "remat",
+                                 "tensor_parallel")}
+_PIPELINE_DEFAULTS = {"num_stages": 2, "num_microbatches": 4, "num_replicas": 2, "remat": False,
+                      "tensor_parallel": 1}
+# The transformer's sizes (model "transformer" only), defaulting to TrainConfig's.
+_SIZES = ("seq_len", "d_model", "num_heads", "num_layers")
+
+
+def _layout(distribution, num_devices, num_stages, num_microbatches, num_replicas,
+            global_batch_size, tensor_parallel=1) -> tuple[int, int, int]:
+    """(replicas, stages, examples per micro-batch) of a valid layout."""
+    _checks.positive_int("num_devices", num_devices, none_ok=True)
+    if distribution not in MODEL_PARALLEL:
+        devices = num_devices or 1
+        if distribution == "one_device" and devices != 1:
+            raise ValueError(f"distribution 'one_device' uses 1 device, got `num_devices` "
+                             f"({devices}); use distribution='mirrored' for {devices} devices.")
+        if global_batch_size % devices:
+            raise ValueError(
+                f"`global_batch_size` ({global_batch_size}) must be divisible by the number "
+                f"of replicas ({devices}); use a multiple of {devices}.")
+        return devices, 1, global_batch_size // devices
+    replicas = num_replicas if distribution == "hybrid" else 1
+    used = replicas * num_stages * tensor_parallel
+    if num_devices is not None and num_devices != used:
+        shards = f" x {tensor_parallel} tensor-parallel" if tensor_parallel > 1 else ""
+        raise ValueError(
+            f"distribution {distribution!r} uses {replicas} replica(s) x {num_stages} "
+            f"stages{shards} = {used} devices, got `num_devices` ({num_devices}); leave it "
+            f"unset or set num_devices={used}.")
+    split = replicas * num_microbatches
+    if global_batch_size % split:
+        raise ValueError(
+            f"`global_batch_size` ({global_batch_size}) must split into {replicas} "
+            f"replica(s) x {num_microbatches} micro-batches; use a multiple of {split}.")
+    return replicas, num_stages, global_batch_size // split
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A checked estimate's devices: the pipeline settings that apply (with
+    their defaults), replicas, stages per replica, examples per micro-batch,
+    the devices per stage (tensor parallelism) and the transformer's sizes
+    (empty for other models)."""
+
+    settings: dict
+    replicas: int
+    stages: int
+    micro_batch: int
+    tensor_parallel: int = 1
+    sizes: dict = dataclasses.field(default_factory=dict)
+
+
+def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "one_device",
+                             num_devices: int | None = None, num_stages: int | None = None,
+                             num_microbatches: int | None = None,
+                             num_replicas: int | None = None, remat: bool | None = None,
+                             global_batch_size: int = 256, optimizer: str = "adam",
+                             mixed_precision: str = "none", partition: str = "params",
+                             dropout: float = 0.2, tensor_parallel: int | None = None,
+                             seq_len: int | None = None, d_model: int | None = None,
+                             num_heads: int | None = None,
+                             num_layers: int | None = None) -> Layout:
+    """Checks `estimate_memory`'s arguments (same names and defaults; see
+    there) and returns the layout.
+
+    Raises:
+        ValueError: naming the argument, the value and what is accepted.
+    """
+    own_model = callable(model) or is_hook(model)
+    if not own_model:
+        _checks.one_of("model", model, MODELS,
+                       hint="or your own model as package.module:function")
+    _checks.one_of("distribution", distribution, DISTRIBUTIONS)
+    if own_model and distribution in MODEL_PARALLEL:
+        raise ValueError(f"estimating distribution {distribution!r} splits a built-in model "
+                         "into stages; for your own model, build it as a PipelineModel and "
+                         "read model.memory_report(batch_size), or estimate 'one_device' / "
+                         "'mirrored'.")
+    _checks.one_of("optimizer", optimizer, OPTIMIZERS)
+    _checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
+    _checks.positive_int("global_batch_size", global_batch_size)
+    _checks.finite_number("dropout", dropout, minimum=0)
+    given = {"num_stages": num_stages, "num_microbatches": num_microbatches,
+             "num_replicas": num_replicas, "remat": remat, "tensor_parallel": tensor_parallel}
+    for name, value in given.items():
+        if value is not None and name not in _PIPELINE_SETTINGS.get(distribution, ()):
+            fix = ("distribution='hybrid'" if name == "num_replicas"
+                   else "distribution='pipeline' or 'hybrid'")
+            raise ValueError(f"`{name}` ({value}) does not apply to distribution "
+                             f"{distribution!r}; leave it unset or use {fix}.")
+    settings = {name: _PIPELINE_DEFAULTS[name] if value is None else value
+                for name, value in given.items()}
+    for name in ("num_stages", "num_microbatches", "num_replicas", "tensor_parallel"):
+        _checks.positive_int(name, settings[name])
+    T = settings["tensor_parallel"]
+    if T > 1 and model != TRANSFORMER:
+        raise ValueError(f"`tensor_parallel` ({T}) splits model {TRANSFORMER!r}, got model "
+                         f"{model!r}; set model={TRANSFORMER!r} or tensor_parallel=1.")
+    sizes = dict(zip(_SIZES, (seq_len, d_model, num_heads, num_layers)))
+    if model == TRANSFORMER:
+        defaults = TrainConfig()
+        sizes = {k: getattr(defaults, k) if v is None else v for k, v in sizes.items()}
+        check_transformer_sizes(**sizes, tensor_parallel=T)
+    else:
+        for name, value in sizes.items():
+            if value is not None:
+                raise ValueError(f"`{name}` ({value}) sizes model {TRANSFORMER!r}, got model "
+                                 f"{model!r}; leave it unset or set model={TRANSFORMER!r}.")
+        sizes = {}
+    replicas, stages, micro = _layout(distribution, num_devices, settings["num_stages"],
+                                      settings["num_microbatches"], settings["num_replicas"],
+                                      global_batch_size, T)
+    if distribution in MODEL_PARALLEL:
+        _checks.one_of("partition", partition, ("params", "flops"))
+    return Layout(settings, replicas, stages, micro, T, sizes)

@@ -1,0 +1,378 @@
+"""Training-memory estimate per device, before anything is placed.
+
+Like Accelerate's `estimate-memory`, but it knows where things live: data
+parallelism copies the whole model to every device and splits the batch; a
+pipeline cuts the layers into stages (with `plan_partition`) and splits each
+replica's batch into micro-batches. The model is built on the host without a
+strategy and counted from its shapes by the memory model that
+`PipelineModel.memory_report` uses too (`tfmulti.memory.footprint`), so no virtual
+devices are needed.
+
+Example:
+    >>> from tfmulti.memory import estimate as memory
+    >>> estimate = memory.estimate_memory("mlp", distribution="mirrored", num_devices=4,
+    ...                                   global_batch_size=256)
+    >>> len(estimate["devices"]), estimate["devices"][0]["activation_batch"]
+    (4, 64)
+"""
+
+from __future__ import annotations
+
+import keras
+
+from tfmulti.utils import checks as _checks
+from tfmulti.utils import tables as _tables
+from tfmulti.memory import footprint
+from tfmulti.config import user_functions as hooks
+from tfmulti.models import builders as models
+from tfmulti.training import run as runs
+from tfmulti.models import transformer
+from tfmulti.config.train_config import MODEL_PARALLEL, TRANSFORMER, TrainConfig, is_hook
+from tfmulti.memory.arguments import DISTRIBUTIONS, check_estimate_arguments
+from tfmulti.parallel import placement
+from tfmulti.parallel import chain as blocks
+from tfmulti.parallel.partition import plan_partition
+from tfmulti.parallel.pipeline import check_remat
+from tfmulti.parallel.tensor import device_shares
+
+__all__ = ["DISTRIBUTIONS", "check_config", "check_fits", "estimate_for_config", "estimate_memory",
+           "format_memory_estimate"]
+
+_COMPUTE_DTYPES = {"none": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+_CPU_POLICY = {"float16": "bfloat16"}  # same widths; float16 layers need a GPU to be built
+
+
+def estimate_memory(
+    model="mlp",
+    *,
+    dataset=None,
+    distribution: str = "one_device",
+    num_devices: int | None = None,
+    num_stages: int | None = None,
+    num_microbatches: int | None = None,
+    num_replicas: int | None = None,
+    remat: bool | None = None,
+    global_batch_size: int = 256,
+    optimizer: str = "adam",
+    mixed_precision: str = "none",
+    partition: str = "params",
+    dropout: float = 0.2,
+    tensor_parallel: int | None = None,
+    seq_len: int | None = None,
+    d_model: int | None = None,
+    num_heads: int | None = None,
+    num_layers: int | None = None,
+) -> dict:
+    """Estimates the training memory of each device.
+
+    Args:
+        model: a built-in model name ("mlp", "cnn", "regression"), with its
+            default input shape (or `dataset`'s), "transformer"
+            (`tfmulti.models.transformer`, of the sizes below), or your own model
+            function (a callable or "package.module:function", as for
+            training).
+        dataset: the data whose shapes the model takes (a dataset name or
+            your dataset function, as for training); needed for your own
+            model unless its function takes no `input_shape`.
+        distribution: "one_device" (the default), "mirrored", "pipeline" or "hybrid".
+        num_devices: data-parallel devices (default 1); for pipeline/hybrid it
+            defaults to, and must equal, replicas x stages.
+        num_stages: pipeline stages (pipeline and hybrid only; default 2).
+        num_microbatches: micro-batches per replica batch (pipeline and hybrid
+            only; default 4).
+        num_replicas: data-parallel pipelines (hybrid only; default 2).
+        remat: recompute stage activations in the backward pass (pipeline and
+            hybrid only; default False).
+        global_batch_size: examples per step over all replicas; default 256.
+        optimizer: "adam" (2 slots per weight, the default) or "sgd" (none).
+        mixed_precision: "none" (float32 activations, the default),
+            "bfloat16" or "float16"; variables stay float32, the logits float32.
+        partition: how pipeline stages are balanced, as in `plan_partition`
+            ("params", the default, or "flops").
+        dropout: the model's dropout rate (remat needs 0).
+        tensor_parallel: T devices per stage (pipeline and hybrid, model
+            "transformer" only; default 1): attention, MLP and output head
+            split over them (`tfmulti.parallel.tensor.split_transformer`),
+            R x S x T devices in all.
+        seq_len, d_model, num_heads, num_layers: the transformer's sizes
+            (model "transformer" only; default `TrainConfig`'s).
+
+    Returns:
+        A dict with the arguments and "devices": one row per device with
+        "device", "replica", "stage", "shard" (its place among a stage's T
+        devices) and the bytes of `tfmulti.memory.footprint.stack_footprint`. A
+        tensor-parallel device holds its share of the split weights (and of
+        their gradients and slots), its share of the split layers' outputs
+        (a slice, or a whole partial sum) and a copy of the input of each
+        layer whose shards all take it; the stage's first device also holds
+        the whole layers and the sums.
+
+    Raises:
+        ValueError: an unknown model, distribution, optimizer, precision or
+            partition method, a batch that does not split over replicas (and
+            micro-batches), a device count that does not fit the distribution,
+            a pipeline setting for a distribution that does not use it, or
+            remat with layers it cannot recompute (dropout above 0), or
+            transformer sizes that T does not split evenly.
+    """
+    layout = check_estimate_arguments(
+        model, dataset=dataset, distribution=distribution, num_devices=num_devices,
+        num_stages=num_stages,
+        num_microbatches=num_microbatches, num_replicas=num_replicas, remat=remat,
+        global_batch_size=global_batch_size, optimizer=optimizer,
+        mixed_precision=mixed_precision, partition=partition, dropout=dropout,
+        tensor_parallel=tensor_parallel, seq_len=seq_len, d_model=d_model,
+        num_heads=num_heads, num_layers=num_layers)
+    settings, replicas, stages, micro = (layout.settings, layout.replicas, layout.stages,
+                                         layout.micro_batch)
+    pipelined = distribution in MODEL_PARALLEL
+    slots = footprint.OPTIMIZER_SLOTS.get(optimizer)
+    if slots is None:
+        raise ValueError(f"estimate-memory counts the slots of {sorted(footprint.OPTIMIZER_SLOTS)}"
+                         f", not {optimizer!r}; estimate with the closest one.")
+    if callable(model) or is_hook(model) or dataset is not None:
+        return _estimate_any_model(
+            model, dataset, distribution=distribution, replicas=layout.replicas,
+            micro=layout.micro_batch, slots=slots, global_batch_size=global_batch_size,
+            optimizer=optimizer, mixed_precision=mixed_precision, dropout=dropout)
+    summary = {
+        "model": model, "distribution": distribution, "num_replicas": replicas,
+        "num_stages": stages, "tensor_parallel": layout.tensor_parallel,
+        "num_microbatches": settings["num_microbatches"] if pipelined else 1,
+        "remat": settings["remat"] if pipelined else False,
+        "global_batch_size": global_batch_size, "optimizer": optimizer,
+        "mixed_precision": mixed_precision, **layout.sizes,
+    }
+    if model == TRANSFORMER:
+        rows = _transformer_rows(layout, summary, slots, partition, dropout)
+        return {**summary, "num_devices": len(rows), "devices": rows}
+    input_shape = models.INPUT_SHAPES[model]
+    # Built under the run's policy, so each layer computes (and is counted) in
+    # its own dtype: the logits stay float32 under mixed precision.
+    with models.mixed_precision_policy(_CPU_POLICY.get(mixed_precision, mixed_precision)):
+        layers = list(models.build_model(model, input_shape=input_shape,
+                                         dropout=dropout).layers)
+    if pipelined and settings["remat"]:
+        check_remat(layers)
+    rows = []
+    if not pipelined:
+        for r in range(replicas):
+            rows.append({"device": r, "replica": r, "stage": 0, "shard": 0,
+                         **footprint.stack_footprint(layers, input_shape, micro_batch=micro,
+                                                     optimizer_slots=slots)})
+    else:
+        plan = plan_partition(layers, stages, method=partition, input_shape=input_shape)
+        for r in range(replicas):
+            shape, received = input_shape, None
+            for s, cut in enumerate(plan.slices):
+                rows.append({"device": r * stages + s, "replica": r, "stage": s, "shard": 0,
+                             **footprint.stack_footprint(
+                                 layers[cut], shape, micro_batch=micro,
+                                 num_microbatches=settings["num_microbatches"],
+                                 optimizer_slots=slots, receives_input=s > 0,
+                                 input_dtype=received,
+                                 remat=settings["remat"] and s < stages - 1)})
+                for layer in layers[cut]:
+                    shape = tuple(layer.compute_output_shape((None, *shape))[1:])
+                received = layers[cut][-1].compute_dtype
+    return {**summary, "num_devices": len(rows), "devices": rows}
+
+
+class _DeviceWeights:
+    """A device's `WeightShare`s, counted by `footprint.stage_footprint` as
+    a layer's weights are."""
+
+    def __init__(self, shares):
+        self.weights = list(shares)
+        self.trainable_weights = [w for w in shares if w.trainable]
+
+
+def _transformer_rows(layout, summary: dict, slots: int, partition: str,
+                      dropout: float) -> list[dict]:
+    """The rows of a transformer over R x S x T devices: the model built
+    without values (its shapes only), cut into stages as `PipelineModel`
+    cuts it, each stage's layers shared out over its T devices as
+    `tensor.split_transformer` splits them."""
+    R, S, T = layout.replicas, layout.stages, layout.tensor_parallel
+    policy = _CPU_POLICY.get(summary["mixed_precision"], summary["mixed_precision"])
+    with models.mixed_precision_policy(policy), placement.deferred_variables():
+        model = transformer.build_transformer(**layout.sizes, dropout=dropout)
+    if summary["remat"]:
+        check_remat(model.layers)
+    chain = blocks.chain_of(model)
+    stage_rows = []
+    for s, cut in enumerate(plan_partition(model, S, method=partition).slices):
+        weights = [[] for _ in range(T)]
+        kept = [0.0] * T  # bytes per example each device keeps for the backward pass
+        seen = set()
+        for node in chain.stage_nodes(cut.start, cut.stop):
+            op = node.operation
+            kind = transformer.TENSOR_PARALLEL.get(transformer.role_of(op.name)) if T > 1 else None
+            inputs = {id(t): blocks.tensor_bytes(t) for t in node.input_tensors}
+            outputs = blocks.output_bytes(node)
+            for t, share in enumerate(device_shares(op, kind, T)):
+                if id(op) not in seen and isinstance(op, keras.layers.Layer):
+                    weights[t].extend(share.weights)
+                kept[t] += share.output * outputs + share.input * sum(inputs.values())
+            seen.add(id(op))
+        entry = chain.blocks[cut.start].entry
+        stage_rows.append([footprint.stage_footprint(
+            [_DeviceWeights(weights[t])], output_bytes=round(kept[t]),
+            received_bytes=blocks.tensor_bytes(entry) if entry is not None and t == 0 else 0,
+            micro_batch=layout.micro_batch, num_microbatches=summary["num_microbatches"],
+            optimizer_slots=slots, remat=summary["remat"] and s < S - 1) for t in range(T)])
+    return [{"device": (r * S + s) * T + t, "replica": r, "stage": s, "shard": t,
+             **stage_rows[s][t]} for r in range(R) for s in range(S) for t in range(T)]
+
+
+def check_fits(estimate: dict, device_memory_mb: float) -> None:
+    """Refuses a layout that some device cannot hold.
+
+    Args:
+        estimate: an `estimate_memory` result.
+        device_memory_mb: what one device can give to training, in MiB (a
+            GPU's memory, less the framework's workspace; on CPUs a stated
+            budget).
+
+    Raises:
+        ValueError: naming the fullest device, its bytes, the budget and
+            what would lower it.
+
+    Example:
+        >>> from tfmulti.memory import estimate as memory
+        >>> estimate = memory.estimate_memory("mlp", global_batch_size=256)
+        >>> memory.check_fits(estimate, device_memory_mb=64)
+        >>> memory.check_fits(estimate, device_memory_mb=4)
+        Traceback (most recent call last):
+            ...
+        ValueError: device 0 (replica 0, stage 0, shard 0) needs 7.99 MiB to train mlp ...
+    """
+    budget = _checks.positive_number("device_memory_mb", device_memory_mb)
+    row = max(estimate["devices"], key=lambda r: r["total"])
+    if row["total"] <= budget * 2**20:
+        return
+    parts = ", ".join(f"{k.replace('_', ' ')} {_tables.mib(row[k])}"
+                      for k in footprint.COLUMNS[:-1])
+    raise ValueError(
+        f"device {row['device']} (replica {row['replica']}, stage {row['stage']}, shard "
+        f"{row['shard']}) needs {_tables.mib(row['total'])} to train {estimate['model']} under "
+        f"{estimate['distribution']} ({parts}), over the budget of {budget:g} MiB per device; "
+        f"split the model over more devices (num_stages, tensor_parallel), hold fewer "
+        f"examples at once (a smaller global_batch_size, more num_microbatches, remat) or use "
+        f"sgd (no optimizer slots).")
+
+
+def estimate_for_config(config: TrainConfig) -> dict:
+    """`estimate_memory` for a training configuration's model and layout.
+
+    Raises:
+        ValueError: a distribution whose devices the configuration does not
+            name (auto, multi_worker, mirrored without `devices` or
+            `num_virtual_devices`), or partition "time" (measured when the
+            run starts).
+    """
+    distribution, layout = config.distribution, {}
+    if distribution == "mirrored":
+        count = len(config.devices) if config.devices else config.num_virtual_devices
+        if not count:
+            raise ValueError("a memory estimate of distribution 'mirrored' needs its devices: "
+                             "set `devices` or `num_virtual_devices`.")
+        layout["num_devices"] = count
+    elif distribution in MODEL_PARALLEL:
+        if config.partition == "time":
+            raise ValueError("a memory estimate cannot cut stages by measured time "
+                             "(partition 'time'); use partition 'params' or 'flops'.")
+        layout.update(num_stages=config.num_stages, num_microbatches=config.num_microbatches,
+                      remat=config.remat, tensor_parallel=config.tensor_parallel,
+                      partition=config.partition,
+                      **({"num_replicas": config.num_replicas} if distribution == "hybrid"
+                         else {}))
+    elif distribution != "one_device":
+        raise ValueError(f"a memory estimate needs the layout's devices; distribution "
+                         f"{distribution!r} decides them when it runs: use one_device, "
+                         f"mirrored, pipeline or hybrid.")
+    sizes = ({k: getattr(config, k) for k in ("seq_len", "d_model", "num_heads", "num_layers")}
+             if config.model == TRANSFORMER else {})
+    return estimate_memory(config.model, distribution=distribution,
+                           global_batch_size=config.global_batch_size,
+                           optimizer=config.optimizer, mixed_precision=config.mixed_precision,
+                           dropout=config.dropout, **layout, **sizes)
+
+
+def check_config(config: TrainConfig) -> None:
+    """Refuses a training configuration some device of its layout cannot
+    hold, by `config.device_memory_mb` (nothing to check without it); for a
+    recipe, before anything is built.
+
+    Raises:
+        ValueError: the layout does not fit (see `check_fits`), or its
+            devices are not known before the run (see `estimate_for_config`).
+
+    Example:
+        >>> from tfmulti.config.train_config import TrainConfig
+        >>> from tfmulti.memory import estimate as memory
+        >>> memory.check_config(TrainConfig(distribution="pipeline", device_memory_mb=2.5))
+        Traceback (most recent call last):
+            ...
+        ValueError: device 0 (replica 0, stage 0, shard 0) needs 7.40 MiB to train mlp ...
+    """
+    if config.device_memory_mb is not None:
+        check_fits(estimate_for_config(config), config.device_memory_mb)
+
+
+def _user_model(model, dataset, dropout):
+    """(the built model, its input shape, its input dtype) for any model and data."""
+    config = TrainConfig(model=model, dataset=dataset or "synthetic", dropout=dropout)
+    if dataset is None and not config.builtin_model:
+        fn = hooks.resolve(model, "model")
+        wanted = hooks.parameters(fn)
+        if wanted is None or "input_shape" in wanted:
+            raise ValueError(f"your model function {config.model_name} takes `input_shape`; "
+                             "pass `dataset` (its data) so that estimate-memory knows the "
+                             "shapes.")
+        built = hooks.call(fn, {"dropout": dropout}, "model")
+        if not getattr(built, "inputs", None):
+            raise ValueError(f"the model function {config.model_name} returned a model without "
+                             "inputs (not built); pass `dataset` so that it can be built.")
+        shapes = [tuple(t.shape[1:]) for t in built.inputs]
+        return built, shapes[0] if len(shapes) == 1 else shapes, None
+    run_data = runs.load_data(config)
+    spec = runs.features_spec(run_data.train)
+    dtype = ({k: v.dtype for k, v in spec.items()} if isinstance(spec, dict)
+             else spec.dtype)
+    return runs.build_model_for(config, run_data), run_data.input_shape, dtype
+
+
+def _estimate_any_model(model, dataset, *, distribution, replicas, micro, slots,
+                        global_batch_size, optimizer, mixed_precision, dropout) -> dict:
+    with models.mixed_precision_policy(_CPU_POLICY.get(mixed_precision, mixed_precision)):
+        built, input_shape, input_dtype = _user_model(model, dataset, dropout)
+        row = footprint.model_footprint(built, input_shape, micro_batch=micro,
+                                        optimizer_slots=slots, input_dtype=input_dtype)
+    name = model if isinstance(model, str) else TrainConfig(model=model).model_name
+    return {
+        "model": name, "distribution": distribution, "num_devices": replicas,
+        "num_replicas": replicas, "num_stages": 1, "tensor_parallel": 1, "num_microbatches": 1,
+        "remat": False, "global_batch_size": global_batch_size, "optimizer": optimizer,
+        "mixed_precision": mixed_precision,
+        "devices": [{"device": r, "replica": r, "stage": 0, "shard": 0, **row}
+                    for r in range(replicas)],
+    }
+
+
+def format_memory_estimate(estimate: dict) -> str:
+    """An `estimate_memory` result as an aligned table in MiB, one row per device."""
+    pipelined = estimate["distribution"] in MODEL_PARALLEL
+    what = (f"micro-batch of {estimate['devices'][0]['activation_batch']} examples x "
+            f"{estimate['num_microbatches']} (GPipe holds them all until the backward pass"
+            + ("; remat keeps stage inputs only" if estimate["remat"] else "") + ")"
+            if pipelined else
+            f"per-replica batch of {estimate['devices'][0]['activation_batch']} examples")
+    shards = (f" x {estimate['tensor_parallel']} tensor-parallel"
+              if estimate["tensor_parallel"] > 1 else "")
+    title = (f"{estimate['model']} under {estimate['distribution']}{shards}: "
+             f"{estimate['num_devices']} device(s), global batch "
+             f"{estimate['global_batch_size']}, {estimate['optimizer']}, activations in "
+             f"{_COMPUTE_DTYPES[estimate['mixed_precision']]} (variables float32)")
+    return (footprint.format_footprint(estimate["devices"], title=title)
+            + f"\nactivations: a {what} per device.")

@@ -1,0 +1,259 @@
+"""The memory model: the bytes a stack of layers needs on a device to train.
+
+One model serves `tfmulti estimate-memory` (before anything is placed) and
+`PipelineModel.memory_report` (a placed pipeline), so the two always agree.
+Counted for one device that holds a contiguous run of layers (all of a
+model under data parallelism, one stage of a pipeline):
+
+* parameters: every variable of the layers, at its dtype's size (Keras 3
+  keeps variables float32 under mixed precision: no separate master copy);
+* gradients: one tensor per trainable variable, at the variable's size;
+* optimizer_slots: the optimizer's per-weight state (Adam: 2 tensors per
+  trainable variable, SGD: none, SGD with momentum: 1);
+* activations: what the device keeps for the backward pass, in the compute
+  dtype: the outputs of its layers for every example it holds at once, plus
+  the stage's input where that came from another device (a pipeline stage
+  after the first). Under GPipe a stage keeps all M micro-batches until the
+  backward pass starts; with rematerialization it keeps only its input and
+  recomputes one micro-batch's outputs at a time (the last stage never
+  recomputes). The model's own input batch and framework workspace are not
+  counted.
+
+Example:
+    >>> import keras
+    >>> from tfmulti.memory import footprint
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    >>> row = footprint.stack_footprint(model.layers, (8,), micro_batch=16, optimizer_slots=2)
+    >>> row["parameters"], row["optimizer_slots"], row["activations"]
+    (184, 368, 384)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = ["COLUMNS", "OPTIMIZER_SLOTS", "dtype_bytes", "format_footprint", "layer_outputs",
+           "model_footprint", "output_elements", "slot_bytes_by_device", "stack_footprint",
+           "stage_footprint", "variables_bytes"]
+
+OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "lion": 1, "rmsprop": 1,
+                   "adagrad": 1, "adadelta": 2, "ftrl": 2, "sgd": 0}
+"""Per-weight state tensors of the Keras optimizers by name, at their defaults
+(`momentum`/`centered` add one; adafactor factors its state, muon and
+schedulefreeadamw are not listed: measure those)."""
+COLUMNS = ("parameters", "gradients", "optimizer_slots", "activations", "total")
+"""The byte counts of a row; `activations` is the peak, `total` their sum."""
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes per element of a dtype (a name, a NumPy, TensorFlow or Keras dtype)."""
+    import numpy as np
+
+    name = getattr(dtype, "name", None) or str(dtype)
+    try:
+        return np.dtype(name).itemsize
+    except TypeError:
+        if name == "bool":
+            return 1
+        match = re.search(r"(\d+)", name)  # bfloat16, float8_e4m3fn, ...
+        if not match:
+            raise ValueError(f"cannot tell the size of dtype {name!r}.") from None
+        return max(1, int(match.group(1)) // 8)
+
+
+def variables_bytes(variables) -> int:
+    """Bytes of `variables`, each counted once (shared weights appear once)."""
+    seen, total = set(), 0
+    for variable in variables:
+        if id(variable) in seen:
+            continue
+        seen.add(id(variable))
+        total += math.prod(variable.shape) * dtype_bytes(variable.dtype)
+    return total
+
+
+def output_elements(layers, input_shape: tuple) -> list[int]:
+    """Per-example element count of each layer's output, in stack order."""
+    shape, counts = (None, *input_shape), []
+    for layer in layers:
+        shape = layer.compute_output_shape(shape)
+        counts.append(math.prod(int(d) for d in shape[1:]))
+    return counts
+
+
+def _output_bytes(layers, input_shape: tuple, override: str | None) -> list[int]:
+    """Per-example bytes of each layer's output, in the layer's compute dtype
+    (its mixed-precision policy) or in `override`."""
+    return [n * dtype_bytes(override or getattr(layer, "compute_dtype", None) or "float32")
+            for n, layer in zip(output_elements(layers, input_shape), layers)]
+
+
+def stack_footprint(layers, input_shape: tuple, *, micro_batch: int, num_microbatches: int = 1,
+                    optimizer_slots: int | None = None, slot_bytes: int | None = None,
+                    compute_dtype: str | None = None, receives_input: bool = False,
+                    input_dtype: str | None = None, remat: bool = False) -> dict:
+    """The training memory of one device holding the built `layers`.
+
+    Args:
+        layers: a contiguous run of built Keras layers (one feeds the next).
+        input_shape: the per-example shape of their input.
+        micro_batch: examples per forward pass (the per-replica batch, or a
+            pipeline's micro-batch).
+        num_microbatches: micro-batches whose activations are held at once
+            (GPipe: all M of a step).
+        optimizer_slots: per-weight optimizer tensors (see `OPTIMIZER_SLOTS`);
+            or give `slot_bytes`, the measured bytes of the slots.
+        compute_dtype: the activations' dtype; default: each layer's compute
+            dtype (its mixed-precision policy).
+        receives_input: the input came from another device (a pipeline stage
+            after the first) and is kept here for the backward pass.
+        input_dtype: that input's dtype (the previous stage's last compute
+            dtype); default: `compute_dtype`, else the first layer's.
+        remat: activations are recomputed in the backward pass (only the input
+            and one micro-batch's recomputed outputs are held).
+
+    Returns:
+        A dict of bytes: `COLUMNS`, plus "activations_per_microbatch" and
+        "activation_batch" (examples per micro-batch).
+    """
+    outputs = sum(_output_bytes(layers, tuple(input_shape), compute_dtype))
+    input_dtype = (input_dtype or compute_dtype
+                   or getattr(layers[0], "compute_dtype", None) or "float32")
+    received = (math.prod(int(d) for d in input_shape) * dtype_bytes(input_dtype)
+                if receives_input else 0)
+    return stage_footprint(layers, output_bytes=outputs, received_bytes=received,
+                           micro_batch=micro_batch, num_microbatches=num_microbatches,
+                           optimizer_slots=optimizer_slots, slot_bytes=slot_bytes, remat=remat)
+
+
+def stage_footprint(layers, *, output_bytes: int, micro_batch: int, received_bytes: int = 0,
+                    num_microbatches: int = 1, optimizer_slots: int | None = None,
+                    slot_bytes: int | None = None, remat: bool = False) -> dict:
+    """The training memory of one device holding `layers`, from the bytes
+    per example of what it keeps for the backward pass (for any graph of
+    layers; `stack_footprint` works them out for a stack).
+
+    Args:
+        layers: the device's built Keras layers (their variables are counted
+            once each).
+        output_bytes: bytes per example of the outputs of the layer calls
+            the device runs.
+        micro_batch: examples per forward pass.
+        received_bytes: bytes per example of the input received from another
+            device and kept for the backward pass (0: none).
+        num_microbatches: micro-batches whose activations are held at once.
+        optimizer_slots: per-weight optimizer tensors; or give `slot_bytes`.
+        slot_bytes: the measured bytes of the optimizer slots.
+        remat: only the received input is kept per micro-batch, plus one
+            micro-batch's recomputed outputs.
+
+    Returns:
+        The dict `stack_footprint` returns.
+    """
+    trainable = [v for layer in layers for v in layer.trainable_weights]
+    outputs = output_bytes * micro_batch
+    kept_input = received_bytes * micro_batch
+    per_micro = kept_input if remat else kept_input + outputs
+    if slot_bytes is None:
+        slot_bytes = (optimizer_slots or 0) * variables_bytes(trainable)
+    row = {
+        "parameters": variables_bytes(v for layer in layers for v in layer.weights),
+        "gradients": variables_bytes(trainable),
+        "optimizer_slots": int(slot_bytes),
+        "activations": num_microbatches * per_micro + (outputs if remat else 0),
+        "activations_per_microbatch": per_micro,
+        "activation_batch": micro_batch,
+    }
+    row["total"] = sum(row[k] for k in COLUMNS[:-1])
+    return row
+
+
+def slot_bytes_by_device(optimizer, canonical) -> dict[str, int]:
+    """Measured bytes of a built optimizer's per-weight slots on each device
+    (`canonical` normalizes a device name); scalar state (the iteration count,
+    the learning rate) is not per-weight and not counted."""
+    out: dict[str, int] = {}
+    for v in optimizer.variables:
+        if len(v.shape) == 0:
+            continue
+        device = canonical(v.value.device)
+        out[device] = out.get(device, 0) + variables_bytes([v])
+    return out
+
+
+def format_footprint(rows: list[dict], *, title: str | None = None) -> str:
+    """Rows of `stack_footprint` (with "device", "replica", "stage", and
+    "shard" for tensor-parallel stages) as a table in MiB."""
+    from tfmulti.utils.tables import format_table, mib
+
+    places = ("device", "replica", "stage") + (
+        ("shard",) if any(row.get("shard") for row in rows) else ())
+    header = (*places, *COLUMNS)
+    body = [(*(row[p] for p in places), *(mib(row[k]) for k in COLUMNS)) for row in rows]
+    table = format_table(header, body, left=(0,))
+    return f"{title}\n{table}" if title else table
+
+
+def layer_outputs(model, input_shape, input_dtype=None) -> list[tuple[object, int]]:
+    """Every leaf layer call of one forward pass of `model` (any Keras model:
+    functional, Sequential or subclassed, nested or not) on one example of
+    zeros, as (layer, per-example output bytes).
+
+    Only layers without sublayers are recorded, so a block's output is not
+    counted twice; values a layer computes without a sublayer (attention
+    scores inside `MultiHeadAttention`) are not counted.
+
+    Args:
+        model: a Keras model.
+        input_shape: the per-example input shape (a dict of shapes for dict inputs).
+        input_dtype: the inputs' dtype (a dict for dict inputs); default float32.
+    """
+    import keras
+    import numpy as np
+
+    def zeros(shape, dtype):
+        return np.zeros((1, *shape), dtype=getattr(dtype, "name", dtype) or "float32")
+
+    if isinstance(input_shape, dict):
+        dtypes = input_dtype if isinstance(input_dtype, dict) else {}
+        inputs = {k: zeros(shape, dtypes.get(k)) for k, shape in input_shape.items()}
+    else:
+        inputs = zeros(tuple(input_shape), input_dtype)
+    calls: list[tuple[object, int]] = []
+    original = keras.layers.Layer.__call__
+
+    def recording(layer, *args, **kwargs):
+        outputs = original(layer, *args, **kwargs)
+        if not getattr(layer, "_layers", None) and not isinstance(layer, keras.layers.InputLayer):
+            size = sum(math.prod(int(d) for d in t.shape[1:]) * dtype_bytes(t.dtype)
+                       for t in _flatten(outputs) if hasattr(t, "shape"))
+            calls.append((layer, size))
+        return outputs
+
+    keras.layers.Layer.__call__ = recording
+    try:
+        model(inputs, training=False)
+    finally:
+        keras.layers.Layer.__call__ = original
+    return calls
+
+
+def _flatten(value):
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _flatten(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _flatten(v)]
+    return [value]
+
+
+def model_footprint(model, input_shape, *, micro_batch: int,
+                    optimizer_slots: int | None = None, input_dtype=None) -> dict:
+    """The training memory of one device holding all of `model` (a data
+    parallel replica): parameters, gradients and optimizer slots from its
+    variables, activations from the outputs of every layer call of one
+    forward pass (`layer_outputs`) for `micro_batch` examples. The same
+    columns as `stack_footprint`; for a stack of layers the two agree."""
+    outputs = sum(size for _, size in layer_outputs(model, input_shape, input_dtype))
+    return stage_footprint([model], output_bytes=outputs, micro_batch=micro_batch,
+                           optimizer_slots=optimizer_slots)

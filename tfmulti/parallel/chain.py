@@ -1,0 +1,444 @@
+"""A model as a chain of blocks: where a pipeline can cut it.
+
+A `keras.Sequential` or a list of layers is a chain of one-layer blocks. A
+functional model is cut where exactly one tensor crosses: its layers, in the
+order Keras runs them (a depth-first walk from the output, arguments in
+order), are split at every point where a single tensor made before the point
+is used after it. Residual connections inside a transformer block keep the
+block whole; the residual stream between blocks is where it is cut.
+
+Side inputs are not counted as crossing: the model's inputs (an attention
+mask, positions) and what is computed from them alone by layers without
+state (a cast, a reshape of the mask) reach every block that uses them; a
+stage receives the model inputs its blocks need and recomputes those
+stateless side computations itself. A layer with weights used at two places
+(a shared layer, tied embeddings) keeps everything between its uses in one
+block, since its weights live on one stage.
+
+A stage is a run of whole blocks, built as a functional sub-model of the
+given layer objects (`Chain.stage_model`), whose inputs are the tensor that
+enters its first block (none for the first stage) and its side inputs.
+
+Example:
+    >>> import keras
+    >>> from tfmulti.parallel import chain as blocks
+    >>> x = keras.Input((8,), name="x")
+    >>> h = keras.layers.Dense(8, name="first")(x)
+    >>> r = keras.layers.Add(name="residual")([h, keras.layers.Dense(8, name="inner")(h)])
+    >>> chain = blocks.chain_of(keras.Model(x, keras.layers.Dense(2, name="head")(r)))
+    >>> [block.name for block in chain.blocks]
+    ['first', 'inner..residual', 'head']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import keras
+
+__all__ = ["Block", "Chain", "chain_of", "output_bytes", "per_example_elements", "stack_graph",
+           "tensor_bytes"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Block:
+    """A run of layers that one tensor enters and one tensor leaves.
+
+    Attributes:
+        nodes: the calls (Keras graph nodes) of its layers with state, or
+            that depend on the block's entry, in the order Keras runs them;
+            empty for a stack whose shapes are not known yet.
+        layers: the distinct layers (and operations) of those calls.
+        free_nodes: stateless calls on side inputs alone that `nodes` use
+            (recomputed by every stage that needs them).
+        entry: the tensor entering the block (None for the first block).
+        exit: the tensor leaving it (the model's output for the last).
+        side_keys: indices into the model's flat inputs that the block uses
+            besides `entry`.
+    """
+
+    nodes: tuple
+    layers: tuple
+    free_nodes: tuple = ()
+    entry: object = None
+    exit: object = None
+    side_keys: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        names = [op.name for op in self.layers]
+        return names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Chain:
+    """A model cut into blocks (see the module docstring).
+
+    Attributes:
+        name: the model's name.
+        blocks: the blocks, input to output.
+        inputs: the model's flat symbolic inputs (None for a stack whose
+            input shape is not known yet).
+        input_struct: the structure of the model's inputs (a tensor, list or
+            dict of them), as Keras flattens it into `inputs`.
+        stack: the layers, when the chain was given as a stack of layers.
+        why_not: for each place between consecutive layers that is not a
+            cut, the reason, for error messages.
+    """
+
+    name: str
+    blocks: tuple[Block, ...]
+    inputs: tuple | None = None
+    input_struct: object = None
+    stack: tuple | None = None
+    why_not: str | None = None
+
+    @property
+    def layers(self) -> list:
+        """Every layer (not the operations such as `keras.ops.cast`), once,
+        in the order Keras runs them (a stack: its layers)."""
+        if self.stack is not None:
+            return list(self.stack)
+        seen, out = set(), []
+        for block in self.blocks:
+            for node in (*block.free_nodes, *block.nodes):
+                op = node.operation
+                if isinstance(op, keras.layers.Layer) and id(op) not in seen:
+                    seen.add(id(op))
+                    out.append(op)
+        return out
+
+    def stage_nodes(self, start: int, stop: int) -> list:
+        """The graph nodes a stage of blocks[start:stop] runs, each once."""
+        seen, out = set(), []
+        for block in self.blocks[start:stop]:
+            for node in (*block.free_nodes, *block.nodes):
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    out.append(node)
+        return out
+
+    def stage_side_keys(self, start: int, stop: int) -> tuple[int, ...]:
+        return tuple(sorted({k for b in self.blocks[start:stop] for k in b.side_keys}))
+
+    def stage_model(self, start: int, stop: int, name: str) -> keras.Model:
+        """A functional sub-model running blocks[start:stop] with the given
+        layer objects. Its inputs, a list: the tensor entering
+        blocks[start] (none when start is 0), then the model inputs at
+        `stage_side_keys(start, stop)`; its output: the last block's exit."""
+        if self.inputs is None:
+            raise RuntimeError("the chain's input shape is not known yet; build it first.")
+        first = self.blocks[start]
+        inputs = ([first.entry] if first.entry is not None else []) + [
+            self.inputs[k] for k in self.stage_side_keys(start, stop)]
+        return keras.Model(inputs, self.blocks[stop - 1].exit, name=name)
+
+    def check_num_stages(self, num_stages: int, devices=None) -> None:
+        """Raises a ValueError naming what prevents `num_stages` stages
+        (`devices`: the devices the count came from, named in the message)."""
+        if num_stages <= len(self.blocks):
+            return
+        unit = "layers" if self.stack is not None else "blocks"
+        reason = f" {self.why_not}" if self.why_not else ""
+        fix = (f"pass at most {len(self.blocks)} devices per replica" if devices is not None
+               else f"use at most {len(self.blocks)} stages")
+        asked = (f"{num_stages} stages (`devices` lists {len(devices)})" if devices is not None
+                 else f"{num_stages} stages")
+        raise ValueError(
+            f"model {self.name!r} cannot be cut into {asked}: it has {len(self.blocks)} "
+            f"{unit} (a cut needs a point crossed by a single tensor).{reason} {fix}.")
+
+
+# ---------------------------------------------------------------------------
+# Building chains.
+# ---------------------------------------------------------------------------
+
+
+def _single_output(layer, out):
+    if isinstance(out, dict) or (isinstance(out, (list, tuple))):
+        raise ValueError(
+            f"layer {layer.name!r} has several outputs; a pipeline stack needs one tensor "
+            "between consecutive layers (a functional model can route them inside a block).")
+    return out
+
+
+def stack_graph(layers, input_shape: tuple, dtype="float32", name: str = "stack"):
+    """A functional model over the given layer objects (each feeds the
+    next), from a per-example input shape; builds unbuilt layers."""
+    inputs = keras.Input(tuple(input_shape), dtype=dtype)
+    x = inputs
+    for layer in layers:
+        x = _single_output(layer, layer(x))
+    return keras.Model(inputs, x, name=name)
+
+
+def chain_of(model, input_shape=None) -> Chain:
+    """The chain of blocks of a model.
+
+    Args:
+        model: a functional `keras.Model`, a `keras.Sequential` or a list of
+            layers (a stack: each layer is a block).
+        input_shape: a stack's per-example input shape, when its layers do
+            not tell (unbuilt, or built without `keras.Input`); with it, the
+            stack becomes a functional graph over the same layer objects
+            (unbuilt ones get built). Ignored for functional models.
+
+    Returns:
+        A `Chain`.
+
+    Raises:
+        ValueError: not a model or list of layers, a subclassed model, a
+            layer used twice in a stack, several model outputs, or a model
+            whose output does not depend on its inputs.
+    """
+    if isinstance(model, keras.Model) and not isinstance(model, keras.Sequential):
+        if not hasattr(model, "_inputs_struct") or not getattr(model, "outputs", None):
+            raise ValueError(
+                f"model {model.name!r} ({type(model).__name__}) is a subclassed model, whose "
+                "graph Keras does not record; pass a functional model, a keras.Sequential or "
+                "a list of layers.")
+        return _graph_chain(model)
+    layers, name, shape, dtype = _stack(model)
+    if input_shape is not None:
+        shape = tuple(input_shape)
+    if shape is None:
+        return Chain(name=name, stack=tuple(layers),
+                     blocks=tuple(Block(nodes=(), layers=(layer,)) for layer in layers))
+    # Every layer of a stack is a block of its own (also a stateless first
+    # layer, which a functional model would recompute as a side computation).
+    chain = _graph_chain(stack_graph(layers, shape, dtype, name=name), side_computations=False)
+    return dataclasses.replace(chain, stack=tuple(layers))
+
+
+def _stack(model):
+    """(layers, name, per-example input shape or None, input dtype)."""
+    if isinstance(model, keras.Sequential):
+        layers, name = list(model.layers), model.name
+        try:
+            shape, dtype = tuple(model.inputs[0].shape[1:]), model.inputs[0].dtype
+        except (AttributeError, ValueError, TypeError, IndexError):
+            shape, dtype = None, "float32"
+    elif isinstance(model, keras.layers.Layer):
+        raise ValueError(
+            f"got a single layer {model.name!r}; pass a keras.Sequential, a functional "
+            "model or a list of layers.")
+    elif isinstance(model, (list, tuple)):
+        layers, name, shape, dtype = list(model), "stack", None, "float32"
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, keras.layers.Layer):
+                raise ValueError(
+                    f"layers[{i}] is a {type(layer).__name__}, not a keras layer; "
+                    "pass a keras.Sequential, a functional model or a list of keras layers.")
+        if layers and layers[0].built:  # called before, e.g. inside a model
+            try:
+                shape, dtype = tuple(layers[0].input.shape[1:]), layers[0].input.dtype
+            except (AttributeError, ValueError, TypeError):
+                pass
+    else:
+        raise ValueError(
+            "expected a keras.Sequential, a functional model or a list of layers; "
+            f"received {type(model).__name__}.")
+    if not layers:
+        raise ValueError("the layer stack is empty; pass at least one layer.")
+    seen = set()
+    for layer in layers:
+        if id(layer) in seen:
+            raise ValueError(
+                f"layer {layer.name!r} appears more than once in the stack; a layer's weights "
+                "live on one stage, so a shared layer cannot be pipelined: use separate layers.")
+        seen.add(id(layer))
+    return layers, name, shape, dtype
+
+
+def _node_of(tensor):
+    history = getattr(tensor, "_keras_history", None)
+    if history is None or history.operation is None:
+        return None
+    return history.operation._inbound_nodes[history.node_index]
+
+
+def _nodes_in_order(input_ids: set, output) -> list:
+    """The graph's nodes from the inputs to `output` in the order Keras runs
+    them: a depth-first walk from the output, arguments in order."""
+    order, state = [], {}
+    start = _node_of(output)
+    stack = [(start, iter(start.input_tensors))]
+    state[id(start)] = 1
+    while stack:
+        node, pending = stack[-1]
+        for tensor in pending:
+            if id(tensor) in input_ids:
+                continue
+            parent = _node_of(tensor)
+            if parent is None or parent.is_input:
+                raise ValueError(
+                    f"tensor {tensor.name!r} used by {node.operation.name!r} is not computed "
+                    "from the model's inputs.")
+            if state.get(id(parent)) is None:
+                state[id(parent)] = 1
+                stack.append((parent, iter(parent.input_tensors)))
+                break
+        else:
+            stack.pop()
+            state[id(node)] = 2
+            order.append(node)
+    return order
+
+
+def _has_state(op) -> bool:
+    return bool(getattr(op, "variables", None))
+
+
+def _graph_chain(model, side_computations: bool = True) -> Chain:
+    inputs = tuple(model.inputs)
+    outputs = list(model.outputs)
+    if len(outputs) != 1:
+        raise ValueError(
+            f"model {model.name!r} has {len(outputs)} outputs; a pipeline needs a model with "
+            "one output tensor (return the others' loss from inside the model).")
+    output = outputs[0]
+    input_index = {id(t): i for i, t in enumerate(inputs)}
+    if id(output) in input_index or _node_of(output) is None:
+        raise ValueError(f"model {model.name!r} has no layers between its inputs and output.")
+    order = _nodes_in_order(set(input_index), output)
+
+    # Free nodes: stateless computations on side inputs alone.
+    free_tensors: set = set()
+    free, placed = [], []
+    for node in order:
+        if side_computations and not _has_state(node.operation) and all(
+                id(t) in input_index or id(t) in free_tensors for t in node.input_tensors):
+            free.append(node)
+            free_tensors.update(id(t) for t in node.outputs)
+        else:
+            placed.append(node)
+    if not placed or placed[-1] is not _node_of(output):
+        raise ValueError(
+            f"model {model.name!r}: its output is computed from its inputs by stateless "
+            "operations only; there is nothing to pipeline.")
+
+    # Live ranges of the tensors placed nodes make: index made -> last use.
+    made = {}
+    for i, node in enumerate(placed):
+        for t in node.outputs:
+            made[id(t)] = (i, t, node)
+    last_use: dict = {}
+    for j, node in enumerate(placed):
+        for t in node.input_tensors:
+            if id(t) in made:
+                last_use[id(t)] = max(last_use.get(id(t), -1), j)
+    n = len(placed)
+    crossing = [0] * (n + 1)  # crossing[k]: tensors made before placed[k], used at or after
+    longest = None
+    for key, j in last_use.items():
+        i, tensor, node = made[key]
+        if j > i:
+            crossing[i + 1] += 1
+            crossing[j + 1] -= 1
+            if longest is None or j - i > longest[0]:
+                longest = (j - i, node.operation.name, placed[j].operation.name)
+    for k in range(1, n + 1):
+        crossing[k] += crossing[k - 1]
+    valid = [crossing[k] == 1 for k in range(n + 1)]
+    # A layer with state used by several nodes: no cut between its uses.
+    uses: dict = {}
+    shared = None
+    for i, node in enumerate(placed):
+        op = node.operation
+        if _has_state(op):
+            if id(op) in uses and uses[id(op)][0] < i:
+                first = uses[id(op)][0]
+                for k in range(first + 1, i + 1):
+                    valid[k] = False
+                if shared is None or i - first > shared[0]:
+                    shared = (i - first, op.name)
+                uses[id(op)] = (first, op)
+            else:
+                uses[id(op)] = (i, op)
+
+    cuts = [k for k in range(1, n) if valid[k]]
+    bounds = [0, *cuts, n]
+    free_of = {id(t): node for node in free for t in node.outputs}
+    blocks = []
+    for a, b in zip(bounds, bounds[1:]):
+        nodes = placed[a:b]
+        entry = None if a == 0 else _used_output(placed[a - 1], last_use)
+        exit_ = output if b == n else _used_output(placed[b - 1], last_use)
+        needed, sides = _side_parts(nodes, input_index, free_of, free)
+        layers, seen = [], set()
+        for node in nodes:
+            if id(node.operation) not in seen:
+                seen.add(id(node.operation))
+                layers.append(node.operation)
+        blocks.append(Block(nodes=tuple(nodes), layers=tuple(layers), free_nodes=needed,
+                            entry=entry, exit=exit_, side_keys=sides))
+    why_not = None
+    if shared is not None:
+        why_not = (f"Layer {shared[1]!r} is used at two places (shared or tied weights), "
+                   "which stay in one block; untie them or use separate layers.")
+    elif longest is not None and n > 1 and len(blocks) < n:
+        why_not = (f"The output of layer {longest[1]!r} is used by layer {longest[2]!r}, "
+                   "crossing every point between them; move that branch inside one layer "
+                   "(a custom layer or a nested model).")
+    return Chain(name=model.name, blocks=tuple(blocks), inputs=inputs,
+                 input_struct=model._inputs_struct, why_not=why_not)
+
+
+def _used_output(node, last_use):
+    """The output of `node` used later (a cut's single crossing tensor)."""
+    for t in node.outputs:
+        if id(t) in last_use:
+            return t
+    raise AssertionError("a cut's crossing tensor is missing")  # a valid cut has one
+
+
+def _side_parts(nodes, input_index, free_of, free):
+    """(free nodes the block's nodes need, in order; model input indices used)."""
+    needed, seen, sides = [], set(), set()
+    pending = [t for node in nodes for t in node.input_tensors]
+    while pending:
+        t = pending.pop()
+        if id(t) in input_index:
+            sides.add(input_index[id(t)])
+        elif id(t) in free_of:
+            node = free_of[id(t)]
+            if id(node) not in seen:
+                seen.add(id(node))
+                needed.append(node)
+                pending.extend(node.input_tensors)
+    order = {id(node): i for i, node in enumerate(free)}
+    needed.sort(key=lambda node: order[id(node)])
+    return tuple(needed), tuple(sorted(sides))
+
+
+def tensor_bytes(tensor) -> int:
+    """Bytes of one example of a symbolic tensor: floating outputs of a
+    layer in its compute dtype (its mixed-precision policy), others in
+    their own dtype."""
+    from tfmulti.memory.footprint import dtype_bytes
+
+    dtype = str(tensor.dtype)
+    node = _node_of(tensor)
+    if node is not None and "float" in dtype:
+        dtype = getattr(node.operation, "compute_dtype", None) or dtype
+    return per_example_elements(tensor) * dtype_bytes(dtype)
+
+
+def output_bytes(node) -> int:
+    """Bytes per example of a graph node's outputs (see `tensor_bytes`)."""
+    return sum(tensor_bytes(t) for t in node.outputs)
+
+
+def per_example_elements(tensor) -> int:
+    """Elements of one example of a symbolic tensor (its shape without the batch axis).
+
+    Raises:
+        ValueError: a dimension other than the batch is unknown.
+    """
+    shape = tuple(tensor.shape[1:])
+    if any(d is None for d in shape):
+        raise ValueError(
+            f"tensor {tensor.name!r} has shape {tuple(tensor.shape)}; this needs fully known "
+            "shapes: give the model's inputs concrete sizes (e.g. a sequence length).")
+    return math.prod(int(d) for d in shape)

@@ -1,0 +1,339 @@
+"""One training run from a config: the engine behind `recipes/train.py`.
+
+Everything that can be checked is checked before anything is written, so a bad
+configuration leaves `model_dir` untouched. `model_dir` belongs to one run: a
+folder holding another run's outputs is refused unless `overwrite` (which
+removes them first), and the outputs are written into a private staging
+folder, synced, and renamed into place with `metrics.json` last, so a crash
+never pairs new metrics with an old model (the staging folder of a killed
+attempt is removed when the run resumes).
+
+Example:
+    >>> from tfmulti.config.train_config import TrainConfig
+    >>> from tfmulti.training.train import train
+    >>> metrics = train(TrainConfig(dataset="synthetic", num_examples=2048, epochs=1,
+    ...                             global_batch_size=64, verbose=0))  # doctest: +ELLIPSIS
+    tfmulti: ...
+    >>> metrics["epochs_completed"], "test_accuracy" in metrics
+    (1, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import sys
+
+import keras
+
+from tfmulti import data
+from tfmulti.utils import failpoints as _faults
+from tfmulti.training import backup
+from tfmulti.memory import footprint
+from tfmulti.models import builders as models
+from tfmulti.runtime import roles
+from tfmulti.training import run as runs
+from tfmulti.runtime import strategy as strategy_lib
+from tfmulti.utils.atomic import publish_staged, write_json_atomic
+from tfmulti.config.train_config import TrainConfig
+from tfmulti.insight import timing
+from tfmulti.memory import estimate as memory
+
+__all__ = ["OUTPUTS", "train"]
+
+OUTPUTS = ("metrics.json", "model.keras", "logs", ".tfmulti-run.json")
+"""What a run writes in `model_dir` (and `overwrite` removes)."""
+_RUN_FILE = ".tfmulti-run.json"
+# How long the other workers wait for the chief to say whether the run has finished
+# (it reads its metrics.json; the workers start together).
+_FINISHED_WAIT_S = 300.0
+# Fields that may differ between a run and its resumption.
+_RESUMABLE_CHANGES = ("verbose", "overwrite", "keep_backup")
+
+
+def _plain(value):
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    return f"{module}:{name}" if module and name else type(value).__name__
+
+
+def _identity(config: TrainConfig) -> dict:
+    """The configuration as JSON, without the fields a rerun may change."""
+    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)
+            if f.name not in _RESUMABLE_CHANGES}
+
+
+def _claim_model_dir(config: TrainConfig) -> bool:
+    """Makes `model_dir` this run's, before anything else is written there; returns
+    whether it already was (a resumed run's: its outputs so far stay).
+
+    Raises:
+        ValueError: it holds another run's outputs (or other files) and
+            `overwrite` is off; the message names them and the fixes.
+    """
+    folder = config.model_dir
+    entries = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    staged = [e for e in entries if e.startswith(".staging-")]  # a killed attempt's
+    entries = [e for e in entries if not e.startswith(".staging-")]
+    if entries and not config.overwrite:
+        mine = _read_run_file(folder)
+        if not (config.backup_dir and mine == _identity(config)):
+            shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+            raise ValueError(
+                f"`model_dir` {folder!r} is not empty ({shown}): it holds "
+                + ("another run's outputs" if mine is not None else "other files")
+                + "; pass overwrite=True to replace tfmulti's outputs there, or choose "
+                "another model_dir" + (" (a resumed run keeps its model_dir when its "
+                                       "configuration is unchanged)" if config.backup_dir
+                                       else "") + ".")
+        _remove(folder, staged)  # the same run, resumed: its outputs so far stay
+        return True
+    if config.overwrite:
+        _remove(folder, [*OUTPUTS, *staged])
+    write_json_atomic(os.path.join(folder, _RUN_FILE), _identity(config), sort_keys=True)
+    return False
+
+
+def _remove(folder: str, names) -> None:
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
+
+def _read_run_file(folder: str) -> dict | None:
+    try:
+        with open(os.path.join(folder, _RUN_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _published_metrics(model_dir: str) -> dict | None:
+    """The metrics.json of a run whose outputs (model.keras and metrics.json) are
+    published in `model_dir`, else None."""
+    if not os.path.isfile(os.path.join(model_dir, "model.keras")):
+        return None
+    try:
+        with open(os.path.join(model_dir, "metrics.json")) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return metrics if isinstance(metrics, dict) else None
+
+
+def _finished_run(config: TrainConfig, role, resumed_dir: bool) -> dict | None:
+    """The metrics of a resumable run (`backup_dir`) that has already published its
+    outputs, else None: such a run is not trained again when it restarts (a launcher's
+    restart after a kill at its exit, a requeued job, the same command run twice). Every
+    worker takes the chief's finding (`resumed_dir`: `_claim_model_dir` found model_dir
+    this run's); the chief finishes removing the backup, which the kill may have
+    interrupted (unless `keep_backup`).
+
+    Raises:
+        RuntimeError: the chief did not share its finding within `_FINISHED_WAIT_S`.
+    """
+    if not config.backup_dir:
+        return None
+    found = _published_metrics(config.model_dir) if resumed_dir else None
+    metrics = json.loads(roles.all_gather_text("finished run", json.dumps(found), role,
+                                               _FINISHED_WAIT_S)[0])
+    if metrics is None:
+        return None
+    print(f"tfmulti: this run has finished already: its outputs are in {config.model_dir} "
+          "(metrics.json, model.keras); nothing left to train (overwrite=True, --overwrite, "
+          "trains it again)", flush=True)
+    if resumed_dir and not config.keep_backup:
+        backup.delete(config.backup_dir)
+    return metrics
+
+
+def _write_outputs(config: TrainConfig, model, metrics: dict) -> None:
+    def write(stage: str) -> None:
+        write_json_atomic(os.path.join(stage, "metrics.json"), metrics, sort_keys=True)
+        # A pipeline is saved unpartitioned: a plain Keras model anyone can load.
+        unpartitioned = model.to_model(name=config.model if config.builtin_model else None) \
+            if config.model_parallel else model
+        unpartitioned.save(os.path.join(stage, "model.keras"))
+
+    publish_staged(config.model_dir, write, order=("model.keras", "metrics.json"))
+
+
+def train(config: TrainConfig, callbacks=()) -> dict:
+    """Trains, evaluates on the test split, and writes results to `model_dir`.
+
+    Writes `<model_dir>/metrics.json`, `<model_dir>/model.keras` and TensorBoard
+    logs under `<model_dir>/logs` (when `model_dir` is set). In a multi-worker
+    cluster only the chief (by the strategy's cluster resolver: TF_CONFIG,
+    SLURM, ...) writes and shows progress; the others write nothing.
+
+    Args:
+        config: the run.
+        callbacks: extra Keras callbacks for `fit`.
+
+    Returns:
+        The metrics: the test split's loss and compiled metrics (`test_loss`,
+        `test_accuracy`, ...; none without a test split), the last epoch's
+        (`train_loss`, ...), examples per second, replica count, distribution,
+        epochs completed, and the effective learning rate.
+
+    Raises:
+        ValueError: a bad configuration, a `model_dir` holding another run's
+            outputs (nothing is written then).
+        RuntimeError: virtual devices requested after TensorFlow started.
+        tfmulti.data.DataNotFoundError: the dataset is not available offline.
+    """
+    config.validate()
+    memory.check_config(config)  # a layout a device cannot hold fails before anything is built
+    run = runs.build_run(config)
+    role = strategy_lib.cluster_role(run.strategy)
+    # The backup stays this run's from before the first write to model_dir until
+    # after the last (a second run on it fails here, having touched nothing).
+    held = (backup.lock(config.backup_dir, run.strategy) if config.backup_dir
+            else contextlib.nullcontext())
+    with held:
+        return _train(config, run, role, callbacks)
+
+
+def _fingerprint(run: runs.Run, role) -> dict:
+    """What a resumed run must share with the one that wrote the backup, beyond
+    what `backup.fit` checks itself (variables, steps per epoch and call)."""
+    c = run.config
+    fingerprint = {"model": c.model_name, "dataset": c.dataset_name,
+                   "num_examples": c.num_examples, "seed": c.seed,
+                   "global_batch_size": c.global_batch_size,
+                   "accumulate_steps": c.accumulate_steps,
+                   "input_sharding": run.train_input.sharding}
+    if run.train_input.sharding == "files":  # each worker's files: its share of every step
+        fingerprint["num_workers"] = role.num_workers
+    return fingerprint
+
+
+def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
+    model = run.model
+    chief = role.is_chief  # only the chief writes
+    writes = bool(config.model_dir) and chief
+    resumed_dir = _claim_model_dir(config) if writes else False
+    finished = _finished_run(config, role, resumed_dir)
+    if finished is not None:
+        return finished
+    # All checks passed: from here on we write.
+    timer = timing.EpochTimer()
+    all_callbacks = [timer, *callbacks]
+    if writes:
+        all_callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.model_dir, "logs")))
+    verbose = config.verbose
+    if verbose == "auto":
+        verbose = 0 if not chief else 1 if sys.stdout.isatty() else 2
+    print(f"tfmulti: {run.describe()}", flush=True)
+    if config.model_parallel:
+        # Stages split over T devices are counted per device by the estimate
+        # (the placed pipeline's report counts one device per stage).
+        rows = (memory.estimate_for_config(config)["devices"]
+                if getattr(model, "tensor_parallel", 1) > 1
+                else model.memory_report(config.global_batch_size))
+        print(f"{model.plan.table()}\n{footprint.format_footprint(rows)}", flush=True)
+    resumed_step, last_epoch = 0, {}
+    if config.backup_dir:
+        result = backup.fit(model, run.dataset_from, epochs=config.epochs,
+                            steps_per_epoch=run.steps_per_epoch, backup_dir=config.backup_dir,
+                            save_every_steps=config.backup_every_steps,
+                            callbacks=all_callbacks, verbose=verbose,
+                            fingerprint=_fingerprint(run, role))
+        history, resumed_step = result.history, result.resumed_step
+        if not history and result.resumed_from:  # resumed at the end: nothing trained here
+            last_epoch = model.get_metrics_result()  # the backup's, before evaluate resets it
+    else:
+        fit_kwargs = run.train_input.fit_kwargs()
+        if config.steps_per_epoch:
+            fit_kwargs["steps_per_epoch"] = config.steps_per_epoch
+        history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=all_callbacks,
+                            verbose=verbose).history
+    _faults.point("train.evaluate")
+    results = (model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True, verbose=0)
+               if run.test_input is not None else {})
+    metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
+                       last_epoch)
+    if runs.is_text_dataset(config.dataset) and "loss" in results:
+        baseline = data.text.unigram_baseline(config.data_dir, sequence_length=config.seq_len)
+        metrics.update(unigram_baseline=baseline, test_loss_vs_unigram=results["loss"] / baseline)
+        print(f"tfmulti: validation loss {results['loss']:.3f} nats/byte; the unigram "
+              f"(byte-frequency) baseline {baseline:.3f}: "
+              f"{100 * (1 - results['loss'] / baseline):.0f}% below it", flush=True)
+    _faults.point("train.write")
+    if writes:
+        _write_outputs(config, model, metrics)
+        print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",
+              flush=True)
+    if config.backup_dir and not config.keep_backup:
+        # Only now: a crash during evaluation or the writes above resumes from
+        # the finished backup instead of training again.
+        result.delete_backup()
+    _faults.point("train.done")
+    return metrics
+
+
+def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[float],
+             resumed_step: int, num_workers: int, last_epoch: dict) -> dict:
+    config, model = run.config, run.model
+    steady = epoch_seconds[1:] or epoch_seconds
+    examples_per_epoch = run.steps_per_epoch * run.examples_per_step
+    metrics = {
+        "distribution": (config.distribution if config.model_parallel
+                         else strategy_lib.strategy_name(run.strategy)),
+        "num_replicas": run.num_replicas,
+        "num_workers": num_workers,
+        "dataset": config.dataset_name,
+        "model": config.model_name,
+        "task": run.info["task"],
+        "global_batch_size": config.global_batch_size,
+        "accumulate_steps": config.accumulate_steps,
+        "per_replica_batch_size": run.per_replica_batch_size,
+        "learning_rate": _learning_rate(model),
+        "epochs_completed": resumed_step // run.steps_per_epoch + len(history.get("loss", [])),
+        "resumed_from_step": resumed_step,
+        "steps_per_epoch": run.steps_per_epoch,
+        "steps_per_execution": run.steps_per_execution,
+        "input_sharding": run.train_input.sharding,
+        "mixed_precision": config.mixed_precision,
+        "jit_compile": config.jit_compile,
+        "train_seconds": sum(epoch_seconds),
+        "epoch_seconds": [float(t) for t in epoch_seconds],  # this run's epochs
+        "examples_per_second": (examples_per_epoch / statistics.median(steady)
+                                if steady else None),  # None: nothing left to train
+    }
+    for name, values in history.items():
+        if not name.startswith("val_"):
+            metrics[f"train_{name}"] = values[-1] if values else None
+    if "loss" not in history:  # nothing trained here: the last epoch's totals from the backup
+        metrics.update({f"train_{name}": value for name, value in last_epoch.items()}
+                       or {"train_loss": None})
+    for name, value in results.items():
+        metrics[f"test_{name}"] = value
+    if config.model_parallel:
+        metrics.update(num_stages=model.num_stages, num_microbatches=model.num_microbatches,
+                       partition_sizes=list(model.plan.sizes),
+                       partition_balance=model.plan.balance)
+    return {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str, list))
+                else v) for k, v in metrics.items()}
+
+
+def _learning_rate(model) -> float | None:
+    """The optimizer's target learning rate (after scaling; a warmup's end)."""
+    optimizer = getattr(model, "optimizer", None)
+    rate = getattr(optimizer, "_learning_rate", None)
+    if isinstance(rate, models.WarmupSchedule):
+        return rate.target
+    try:
+        return float(keras.ops.convert_to_numpy(rate))
+    except (TypeError, ValueError):
+        return None  # a schedule of the user's
