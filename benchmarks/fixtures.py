@@ -27,7 +27,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.utils import checks as _checks
-from tfmulti.insight.timing import EpochClock, EpochTimer
+from tfmulti.insight.timing import EpochClock
+from tfmulti.training.callbacks import EpochTimer
 
 __all__ = ["CustomLoop", "EpochStepTimer", "InterleavedClock", "TimeToAccuracy",
            "costly_batch_map", "interleaved_step_seconds"]

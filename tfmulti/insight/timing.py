@@ -46,7 +46,7 @@ import tensorflow as tf
 
 from tfmulti.data import DistributedInput
 
-__all__ = ["BOTTLENECKS", "EpochClock", "EpochTimer", "StepTimes", "compute_call", "device_batch",
+__all__ = ["BOTTLENECKS", "EpochClock", "StepTimes", "compute_call", "device_batch",
            "fixed_step_cost", "input_call", "plot_step_times", "pyplot", "seconds_per_call",
            "seconds_per_call_interleaved", "steps_for", "time_compute", "time_fit",
            "time_input"]
@@ -199,26 +199,6 @@ def fixed_step_cost(compute_s: float, scaled_s: float, batch_scale: float) -> fl
     times it), assuming time = fixed + batch x per-example."""
     per_batch = (scaled_s - compute_s) / (batch_scale - 1)
     return min(compute_s, max(0.0, compute_s - per_batch))
-
-
-class EpochTimer(keras.callbacks.Callback):
-    """Wall time of each epoch, from its begin to its end, appended to
-    `seconds` (a list that may be shared with the caller; default a new one)."""
-
-    def __init__(self, seconds: list | None = None):
-        super().__init__()
-        self.seconds = [] if seconds is None else seconds
-        self._begin = None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._begin = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(self._elapsed(time.perf_counter() - self._begin))
-
-    def _elapsed(self, seconds: float) -> float:
-        """What is recorded for an epoch of `seconds` (a subclass may rescale it)."""
-        return seconds
 
 
 class EpochClock(keras.callbacks.Callback):

@@ -25,8 +25,9 @@ from tfmulti.utils import tables as _tables
 from tfmulti.memory import footprint
 from tfmulti.config import user_functions as hooks
 from tfmulti.models import builders as models
-from tfmulti.training import run as runs
 from tfmulti.models import transformer
+from tfmulti.data.from_config import features_spec, load_data
+from tfmulti.models.from_config import build_model_for
 from tfmulti.config.train_config import MODEL_PARALLEL, TRANSFORMER, TrainConfig, is_hook
 from tfmulti.memory.arguments import DISTRIBUTIONS, check_estimate_arguments
 from tfmulti.parallel import placement
@@ -336,11 +337,11 @@ def _user_model(model, dataset, dropout):
                              "inputs (not built); pass `dataset` so that it can be built.")
         shapes = [tuple(t.shape[1:]) for t in built.inputs]
         return built, shapes[0] if len(shapes) == 1 else shapes, None
-    run_data = runs.load_data(config)
-    spec = runs.features_spec(run_data.train)
+    run_data = load_data(config)
+    spec = features_spec(run_data.train)
     dtype = ({k: v.dtype for k, v in spec.items()} if isinstance(spec, dict)
              else spec.dtype)
-    return runs.build_model_for(config, run_data), run_data.input_shape, dtype
+    return build_model_for(config, run_data), run_data.input_shape, dtype
 
 
 def _estimate_any_model(model, dataset, *, distribution, replicas, micro, slots,

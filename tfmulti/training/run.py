@@ -18,230 +18,27 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tfmulti import data
-from tfmulti.runtime import devices
-from tfmulti.config import user_functions as hooks
-from tfmulti.models import builders as models
-from tfmulti.models import transformer
-from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.config import train_config as config_lib
+from tfmulti.config import user_functions as hooks
 from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution
+from tfmulti.data.from_config import RunData, load_data
 from tfmulti.data.sources import FileSource
+from tfmulti.models import builders as models
+from tfmulti.models.from_config import build_model_for, transformer_sizes
+from tfmulti.runtime import devices
+from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.parallel.layouts import build_parallel_transformer
 from tfmulti.parallel.pipeline import PipelineModel
 
-__all__ = ["Run", "RunData", "build_model_for", "build_run", "features_spec", "is_text_dataset",
-           "load_data"]
+__all__ = ["Run", "build_run"]
 
 _LEARNING_RATE_DEFAULT = TrainConfig().learning_rate
-
-
-@dataclasses.dataclass
-class RunData:
-    """A run's data, unbatched, and what it says about the model it feeds.
-
-    Attributes:
-        train, test: `tf.data.Dataset`s, or `tfmulti.data.FileSource`s; `test`
-            is None when the data has no test split (nothing is evaluated).
-        input_shape: the per-example feature shape (a dict of shapes for dict
-            features).
-        task: "classification" or "regression" (None: the user's loss decides).
-        num_classes: classes of a classification dataset when known (given,
-            or read from the labels when a model asks for it), else None.
-    """
-
-    train: object
-    test: object
-    input_shape: object
-    task: str | None
-    num_classes: int | None = None
-
-    @property
-    def info(self) -> dict:
-        return {"input_shape": self.input_shape, "num_classes": self.num_classes,
-                "task": self.task}
-
-    def classes(self) -> int:
-        """`num_classes`, read from the training labels (one pass) when unknown.
-
-        Raises:
-            ValueError: the labels are not integers, or the data is not
-                (features, labels).
-        """
-        if self.num_classes is None:
-            self.num_classes = _count_classes(self.train)
-        return self.num_classes
-
-
-def _spec_of(source):
-    ds = source.dataset() if isinstance(source, FileSource) else source
-    return ds.element_spec
-
-
-def _shape(spec):
-    if isinstance(spec, dict):
-        return {k: tuple(v.shape) for k, v in spec.items()}
-    return tuple(spec.shape)
-
-
-def features_spec(source):
-    """The element spec of the features of `source` (a dataset or file source)."""
-    spec = _spec_of(source)
-    return spec[0] if isinstance(spec, tuple) else spec
-
-
-def _labels_spec(spec):
-    return spec[1] if isinstance(spec, tuple) and len(spec) >= 2 else None
-
-
-def _count_classes(source) -> int:
-    labels = _labels_spec(_spec_of(source))
-    if labels is None or not isinstance(labels, tf.TensorSpec) or not labels.dtype.is_integer:
-        raise ValueError("the model asks for `num_classes`, but the labels are not integer "
-                         "class ids; return 'num_classes' from the dataset function.")
-    ds = source.dataset() if isinstance(source, FileSource) else source
-    top = ds.map(lambda x, y, *w: tf.reduce_max(tf.cast(y, tf.int64))).reduce(
-        np.int64(-1), tf.maximum)
-    print(f"tfmulti: read the labels once: {int(top) + 1} classes (return 'num_classes' "
-          "from the dataset function to skip this)", flush=True)
-    return int(top) + 1
-
-
-def _as_source(value, what: str):
-    if value is None or isinstance(value, (tf.data.Dataset, FileSource)):
-        return value
-    try:
-        return data.as_dataset(value)
-    except ValueError as e:
-        raise ValueError(f"the dataset function's {what} data: {e}") from None
-
-
-def _user_data(config: TrainConfig, data_dir: str) -> RunData:
-    fn = hooks.resolve(config.dataset, "dataset")
-    result = hooks.call(fn, {"seed": config.seed, "data_dir": data_dir,
-                             "num_examples": config.num_examples}, "dataset")
-    name = config.dataset_name
-    if isinstance(result, dict):
-        unknown = set(result) - {"train", "test", "num_classes", "task"}
-        if "train" not in result or unknown:
-            raise ValueError(
-                f"the dataset function {name} returned a dict with keys {sorted(result)}; "
-                "expected 'train' and optionally 'test', 'num_classes', 'task'.")
-        train, test = result["train"], result.get("test")
-        num_classes, task = result.get("num_classes"), result.get("task")
-    elif isinstance(result, tuple) and len(result) == 2:
-        (train, test), num_classes, task = result, None, None
-    else:
-        raise ValueError(
-            f"the dataset function {name} returned {type(result).__name__}"
-            + (f" of {len(result)}" if isinstance(result, tuple) else "")
-            + "; expected (train, test) (each a tf.data.Dataset, (features, labels) arrays, or "
-            "tfmulti.data.from_files(...); test may be None) or a dict with 'train' and 'test'.")
-    train, test = _as_source(train, "train"), _as_source(test, "test")
-    if train is None:
-        raise ValueError(f"the dataset function {name} returned no training data.")
-    spec = _spec_of(train)
-    features = spec[0] if isinstance(spec, tuple) else spec
-    labels = _labels_spec(spec)
-    if task is None:
-        task = config.builtin_task
-    if task is None and isinstance(labels, tf.TensorSpec):
-        task = "classification" if labels.dtype.is_integer else "regression"
-    return RunData(train, test, _shape(features), task, num_classes)
-
-
-def load_data(config: TrainConfig) -> RunData:
-    """The run's train and test data: a named dataset (TFDS, synthetic), or
-    what the user's dataset function returns.
-
-    Raises:
-        ValueError: a dataset function that cannot be found or returns
-            something else than train and test data; a built-in model whose
-            task the dataset does not fit.
-        tfmulti.data.DataNotFoundError: a named dataset is not available offline.
-    """
-    data_dir = config.data_dir or data.default_data_dir()
-    is_text = is_text_dataset(config.dataset)
-    if (config.model == config_lib.TRANSFORMER) != is_text and config.builtin_model \
-            and isinstance(config.dataset, str) and ":" not in config.dataset:
-        raise ValueError(
-            f"`model` {config.model!r} and `dataset` {config.dataset!r} do not fit: the "
-            f"transformer reads byte sequences (dataset={data.text.NAME!r}), the other built-in "
-            f"models images or features; use model='transformer' with "
-            f"dataset={data.text.NAME!r}, or another pair.")
-    if not isinstance(config.dataset, str) or ":" in config.dataset:
-        run_data = _user_data(config, data_dir)
-    elif is_text:
-        train, test = (data.text.load(config.dataset, split, data_dir, download=config.download,
-                                      sequence_length=config.seq_len)
-                       for split in ("train", "validation"))
-        run_data = RunData(train, test, (config.seq_len,), "classification", 256)
-    else:
-        test_examples = config.num_examples and max(config.num_examples // 4, 1)
-        train = data.load(config.dataset, "train", data_dir=data_dir, download=config.download,
-                          num_examples=config.num_examples)
-        test = data.load(config.dataset, "test", data_dir=data_dir, download=config.download,
-                         num_examples=test_examples)
-        info = data.dataset_info(config.dataset, data_dir)
-        run_data = RunData(train, test, info["input_shape"], info["task"], info["num_classes"])
-    wanted = config.builtin_task
-    if wanted is not None and run_data.task is not None and wanted != run_data.task:
-        fix = ("dataset='synthetic_regression'" if wanted == "regression"
-               else "model='mlp' or 'cnn'")
-        raise ValueError(f"`model` {config.model_name!r} does {wanted} but `dataset` "
-                         f"{config.dataset_name!r} is a {run_data.task} dataset; use {fix}.")
-    return run_data
-
-
-def is_text_dataset(dataset) -> bool:
-    """Whether `dataset` names tfmulti's byte-level text data (`tfmulti.data.text`)."""
-    return isinstance(dataset, str) and dataset.partition("/")[0] == data.text.NAME
-
-
-def _transformer_sizes(config: TrainConfig) -> dict:
-    return dict(seq_len=config.seq_len, d_model=config.d_model, num_heads=config.num_heads,
-                num_layers=config.num_layers, dropout=config.dropout)
-
-
-def build_model_for(config: TrainConfig, run_data: RunData, strategy=None) -> keras.Model:
-    """The run's model, unpartitioned: a built-in builder's, or the user's
-    model function's, built under `strategy`'s scope (none: the current one).
-
-    Raises:
-        ValueError: a model function that cannot be found, asks for an
-            argument tfmulti does not offer, or returns no Keras model.
-    """
-    if config.model == config_lib.TRANSFORMER:
-        with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            return transformer.build_transformer(seed=config.seed, **_transformer_sizes(config))
-    if config.builtin_model:
-        return models.build_model(
-            config.model, strategy=strategy, input_shape=run_data.input_shape,
-            num_classes=run_data.classes() if run_data.task == "classification" else 1,
-            dropout=config.dropout, seed=config.seed)
-    fn = hooks.resolve(config.model, "model")
-    offered = {"input_shape": run_data.input_shape, "dropout": config.dropout,
-               "seed": config.seed}
-    wanted = hooks.parameters(fn)
-    if wanted is None or "num_classes" in wanted:
-        offered["num_classes"] = (run_data.classes() if run_data.task == "classification"
-                                  else None)
-    if config.seed is not None:
-        keras.utils.set_random_seed(config.seed)
-    with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        model = hooks.call(fn, offered, "model")
-    if not isinstance(model, keras.Model):
-        raise ValueError(f"the model function {config.model_name} returned "
-                         f"{type(model).__name__}; expected a keras.Model (functional, "
-                         "Sequential or subclassed).")
-    return model
 
 
 @dataclasses.dataclass
@@ -417,7 +214,7 @@ def _model(config: TrainConfig, strategy, run_data: RunData) -> keras.Model:
             devices=list(config.devices) if config.devices else None,
             partition=config.partition, remat=config.remat,
             accumulate_steps=config.accumulate_steps, seed=config.seed,
-            **_transformer_sizes(config))
+            **transformer_sizes(config))
     with tf.device("/CPU:0"):  # built on the host; the pipeline places its stages
         model = build_model_for(config, run_data, None)
     return PipelineModel(

@@ -40,7 +40,8 @@ from tfmulti.training import run as runs
 from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.utils.atomic import publish_staged, write_json_atomic
 from tfmulti.config.train_config import TrainConfig
-from tfmulti.insight import timing
+from tfmulti.training.callbacks import EpochTimer
+from tfmulti.data.from_config import is_text_dataset
 from tfmulti.memory import estimate as memory
 
 __all__ = ["OUTPUTS", "train"]
@@ -227,7 +228,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     if finished is not None:
         return finished
     # All checks passed: from here on we write.
-    timer = timing.EpochTimer()
+    timer = EpochTimer()
     all_callbacks = [timer, *callbacks]
     if writes:
         all_callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.model_dir, "logs")))
@@ -263,7 +264,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
                if run.test_input is not None else {})
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
                        last_epoch)
-    if runs.is_text_dataset(config.dataset) and "loss" in results:
+    if is_text_dataset(config.dataset) and "loss" in results:
         baseline = data.text.unigram_baseline(config.data_dir, sequence_length=config.seq_len)
         metrics.update(unigram_baseline=baseline, test_loss_vs_unigram=results["loss"] / baseline)
         print(f"tfmulti: validation loss {results['loss']:.3f} nats/byte; the unigram "
