@@ -3,7 +3,9 @@ contracts in setup.cfg), no import cycles, no TensorFlow below the core."""
 
 from __future__ import annotations
 
+import configparser
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,8 +33,9 @@ def test_the_layer_contracts_hold():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module,planted", [
-    ("tfmulti/config/train_config.py", "from tfmulti.models import builders as models"),  # configuration -> core
-    ("tfmulti/data.py", "def _late():\n    from tfmulti.insight import timing"),  # lazy, upward
+    ("tfmulti/config/train_config.py", "from tfmulti.models import builders"),  # config -> models
+    ("tfmulti/data/catalog.py", "def _late():\n    from tfmulti.insight import timing"),  # lazy
+    ("tfmulti/models/builders.py", "from tfmulti.data import catalog"),  # siblings
     ("tfmulti/cluster/plan.py", "import tensorflow"),  # TensorFlow in the launcher
 ])
 def test_a_planted_violation_breaks_a_contract(tmp_path, module, planted):
@@ -93,12 +96,53 @@ def test_no_import_cycles():
 
 @pytest.mark.slow
 def test_tensorflow_stays_unloaded_for_configuration_and_launcher():
-    code = ("import sys; import tfmulti.config.train_config, tfmulti.config.flags, tfmulti.cluster, "
-            "tfmulti.cluster.supervisor, tfmulti.cli, benchmarks, tfmulti.memory.footprint, "
-            "tfmulti.parallel.partition, tfmulti.parallel.schedule; "
+    code = ("import sys; import tfmulti.config.train_config, tfmulti.config.flags, "
+            "tfmulti.config.user_functions, tfmulti.cluster, tfmulti.cluster.supervisor, "
+            "tfmulti.cli, tfmulti.utils.checks, tfmulti.utils.tables, tfmulti.utils.atomic, "
+            "tfmulti.utils.failpoints, tfmulti.parallel.partition, tfmulti.parallel.schedule; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('tensorflow', 'keras', 'tf_keras')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def _contract_layers() -> list[str]:
+    """The layers of setup.cfg's contract, top to bottom (siblings as 'a | b')."""
+    parser = configparser.ConfigParser()
+    parser.read(REPO / "setup.cfg")
+    return [line.strip() for line in
+            parser["importlinter:contract:layers"]["layers"].strip().splitlines()]
+
+
+def _names(layers) -> list[str]:
+    return [name.strip() for layer in layers for name in layer.split("|")]
+
+
+def test_the_folders_are_the_contracts_layers():
+    """Every layer is a folder of tfmulti/ (the command line, `cli`, a
+    module), and every folder a layer."""
+    package = REPO / "tfmulti"
+    folders = {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+    modules = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+    assert folders | modules == set(_names(_contract_layers()))
+    assert modules == {"cli"}
+
+
+def _prose_map(text: str) -> list[str]:
+    """The first word of each line of an indented layer map (a block of
+    lines `    name   description`), in order."""
+    names = []
+    for line in text.splitlines():
+        match = re.match(r"^    (\w+(?: \| \w+)?)\s{2,}\S", line)
+        if match:
+            names.append(match.group(1))
+    return names
+
+
+@pytest.mark.parametrize("where", ["tfmulti/__init__.py", "docs/development.md"])
+def test_the_prose_maps_follow_the_contract(where):
+    """The layer maps people read list the contract's layers, in its order."""
+    layers = [" | ".join(n.strip() for n in layer.split("|")) for layer in _contract_layers()]
+    assert _prose_map((REPO / where).read_text()) == layers

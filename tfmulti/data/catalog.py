@@ -55,7 +55,7 @@ _TFRECORD_FRAME_BYTES = 16
 
 
 @contextlib.contextmanager
-def _preparation_lock(data_dir: str, name: str):
+def preparation_lock(data_dir: str, name: str):
     """An exclusive lock per dataset and data dir, held while preparing it:
     processes that prepare the same dataset at once (the workers of a cluster
     on first use) take turns, and the later ones find it prepared."""
@@ -146,7 +146,7 @@ def prepare_fashion_mnist(data_dir: str | None = None, source_dir: str | None = 
             "or pass the folder holding "
             f"{list(FASHION_MNIST_FILES['train'] + FASHION_MNIST_FILES['test'])}."
         )
-    with _preparation_lock(data_dir, "fashion_mnist"):
+    with preparation_lock(data_dir, "fashion_mnist"):
         builder = _fashion_mnist_builder_cls()(data_dir=data_dir, source_dir=str(folder))
         if not builder.is_prepared():
             builder.download_and_prepare(

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from tfmulti.utils import checks as _checks
-from tfmulti.data.catalog import LOADERS, _preparation_lock, check_prepared_files, default_data_dir
+from tfmulti.data.catalog import LOADERS, preparation_lock, check_prepared_files, default_data_dir
 
 __all__ = ["DEFAULT_SEQUENCE_LENGTH", "NAME", "SEQUENCE_LENGTHS", "byte_counts", "byte_windows",
            "corpus_files", "default_source_dir", "load", "prepare", "text_windows",
@@ -213,7 +213,7 @@ def prepare(data_dir: str | None = None, source_dir: str | None = None,
     builder = _builder_cls()(data_dir=data_dir, source_dir=source_dir,
                              config=_config_name(sequence_length))
     if not builder.is_prepared():
-        with _preparation_lock(data_dir, NAME):  # other processes may prepare it at once
+        with preparation_lock(data_dir, NAME):  # other processes may prepare it at once
             builder = _builder_cls()(data_dir=data_dir, source_dir=source_dir,
                                      config=_config_name(sequence_length))
             if not builder.is_prepared():
