@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,10 @@ def launch_local(command: list[str], num_workers: int = 2, startup_timeout: floa
 def launch_python(args: list[str], **options) -> tuple[int, str]:
     """`launch_local([python, *args])`."""
     return launch_local([sys.executable, *args], **options)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that nothing listens on now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

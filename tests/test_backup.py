@@ -25,7 +25,7 @@ import time
 import numpy as np
 import pytest
 
-from tests._util import REPO, WORKERS, file_tree, launch_python, run_python
+from tests._util import REPO, WORKERS, file_tree, free_port, launch_python, run_python
 from tests.workers import resumable, slurm_backup, user_model
 from tfmulti.training import backup
 from tfmulti.cluster import exit_codes, tf_config
@@ -278,18 +278,13 @@ def test_mirrored_killed_then_rerun_resumes(tmp_path, uninterrupted):
     assert not backup_dir.exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("victim", [0, 1])
 def test_dead_peer_fails_the_survivor_within_60s(tmp_path, victim):
     """Without the launcher (as on separate hosts): TensorFlow's coordination
     service notices the missing heartbeats and aborts the survivor's collectives."""
-    addresses = [f"localhost:{_free_port()}", f"localhost:{_free_port()}"]
+    addresses = [f"localhost:{free_port()}", f"localhost:{free_port()}"]
     procs = []
     try:
         for index in range(2):

@@ -12,17 +12,14 @@ import time
 
 import pytest
 
+from tests._util import free_port
+
 from tfmulti.cluster import exit_codes, hosts as hosts_lib, rendezvous
 from tfmulti.cluster._process import Outcome, Output
 
 JOIN_TIMEOUT_S = 10.0
 THREAD_TIMEOUT_S = 30.0
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Lines(list):
@@ -98,7 +95,7 @@ def _until_stopped(attempt, remote):
 
 
 def test_every_host_succeeds():
-    port, cluster = _free_port(), _cluster(3)
+    port, cluster = free_port(), _cluster(3)
     hosts = _run([_Host(cluster, r, port, [_exits(0)]) for r in range(3)])
     assert [(h.error, h.result, h.calls) for h in hosts] == [(None, 0, [0])] * 3
 
@@ -106,7 +103,7 @@ def test_every_host_succeeds():
 def test_a_failure_on_one_host_restarts_every_host():
     # Host 1's worker fails in attempt 0: host 0's and host 2's workers are stopped, and
     # all three start attempt 1, which succeeds.
-    port, cluster = _free_port(), _cluster(3)
+    port, cluster = free_port(), _cluster(3)
     stops = []
 
     def stopped(attempt, remote):
@@ -128,7 +125,7 @@ def test_a_failure_on_one_host_restarts_every_host():
 
 
 def test_restarts_run_out_and_every_host_ends_with_the_status():
-    port, cluster = _free_port(), _cluster(2)
+    port, cluster = free_port(), _cluster(2)
     hosts = _run([_Host(cluster, 0, port, [_until_stopped], max_restarts=1),
                   _Host(cluster, 1, port, [_exits(3, "worker 1 failed with exit code 3")],
                         max_restarts=1)])
@@ -140,7 +137,7 @@ def test_restarts_run_out_and_every_host_ends_with_the_status():
 
 def test_preemption_elsewhere_lets_the_workers_save():
     # A preempted host's peers are not SIGTERMed at once: `preempted` lets them save.
-    port, cluster = _free_port(), _cluster(2)
+    port, cluster = free_port(), _cluster(2)
     seen = []
 
     def saving(attempt, remote):
@@ -158,7 +155,7 @@ def test_preemption_elsewhere_lets_the_workers_save():
 
 
 def test_a_signal_on_one_host_ends_the_launch_without_restarts():
-    port, cluster = _free_port(), _cluster(2)
+    port, cluster = free_port(), _cluster(2)
 
     def signalled(attempt, remote):
         return Outcome(143, "the launcher got SIGTERM", signalled=True)
@@ -170,7 +167,7 @@ def test_a_signal_on_one_host_ends_the_launch_without_restarts():
 
 def test_a_signal_to_host_0_while_it_waits_for_the_others_ends_every_host():
     # Host 0's workers are done, host 1's still run: Ctrl-C on host 0 ends both.
-    port, cluster = _free_port(), _cluster(2)
+    port, cluster = free_port(), _cluster(2)
     stops, signalled = [], threading.Event()
 
     def stopped(attempt, remote):
@@ -192,7 +189,7 @@ def test_a_signal_to_host_0_while_it_waits_for_the_others_ends_every_host():
 def test_a_lost_launcher_ends_the_launch_everywhere():
     # Host 2's launcher disappears while its workers run: the others stop theirs and end
     # (no restart: its host cannot take part any more).
-    port, cluster = _free_port(), _cluster(3)
+    port, cluster = free_port(), _cluster(3)
 
     def vanish(attempt, remote):
         raise ConnectionAbortedError("host 2 dies")  # its link closes on the way out
@@ -206,7 +203,7 @@ def test_a_lost_launcher_ends_the_launch_everywhere():
 
 
 def test_a_lost_coordinator_ends_the_followers():
-    port, cluster = _free_port(), _cluster(2)
+    port, cluster = free_port(), _cluster(2)
 
     def vanish(attempt, remote):
         raise ConnectionAbortedError("host 0 dies")
@@ -227,7 +224,7 @@ def test_a_lost_coordinator_ends_the_followers():
 @pytest.mark.parametrize("case", ["workers", "max_restarts"])
 def test_a_different_view_fails_the_start_up_on_every_host(case):
     # Host 1 got another worker count for host 1, or another --max_restarts.
-    port, cluster = _free_port(), _cluster(2)
+    port, cluster = free_port(), _cluster(2)
     other = (dict(view=(cluster[0], (cluster[1][0], 2))) if case == "workers"
              else dict(max_restarts=1))
     hosts = _run([_Host(cluster, 0, port, [_exits(0)]),
@@ -241,7 +238,7 @@ def test_a_different_view_fails_the_start_up_on_every_host(case):
 
 
 def test_a_rank_taken_twice_fails_the_start_up():
-    port, cluster = _free_port(), _cluster(3)
+    port, cluster = free_port(), _cluster(3)
     hosts = _run([_Host(cluster, 0, port, [_exits(0)]),
                   _Host(cluster, 1, port, [_exits(0)]),
                   _Host(cluster, 2, port, [_exits(0)], claim=1)])
@@ -251,7 +248,7 @@ def test_a_rank_taken_twice_fails_the_start_up():
 
 def test_a_host_that_never_joins_fails_the_start_up_after_the_timeout(monkeypatch):
     monkeypatch.setattr(rendezvous, "_CONNECT_RETRY_S", 0.1)
-    port, cluster = _free_port(), _cluster(2)
+    port, cluster = free_port(), _cluster(2)
     start = time.monotonic()
     with pytest.raises(ValueError, match=r"host 1 \(127.0.0.2\) did not join within 1 s"):
         rendezvous.join(cluster, 0, port, "view", 1.0, listen_address="127.0.0.1")
@@ -262,7 +259,7 @@ def test_a_host_that_never_joins_fails_the_start_up_after_the_timeout(monkeypatc
 
 
 def test_a_launcher_that_failed_its_own_checks_stops_the_others_at_once():
-    port, cluster = _free_port(), _cluster(2)
+    port, cluster = free_port(), _cluster(2)
     coordinator = _Host(cluster, 0, port, [_exits(0)])
     coordinator.thread.start()
     time.sleep(0.5)
@@ -274,7 +271,7 @@ def test_a_launcher_that_failed_its_own_checks_stops_the_others_at_once():
 
 def test_a_launcher_taken_for_host_0_refuses():
     # Host 1 was given the hosts in another order: it takes itself for host 0's address.
-    port, cluster = _free_port(), _cluster(2)
+    port, cluster = free_port(), _cluster(2)
     swapped = (cluster[1], cluster[0])
     follower = _Host(cluster, 1, port, [_exits(0)], view=swapped)
     _run([follower])
