@@ -15,13 +15,14 @@ import subprocess
 import sys
 import time
 
-__all__ = ["fmt", "launch_pinned", "machine_worker", "plot_results", "plot_step_seconds", "report",
-           "run_worker", "summary", "worker_env"]
+__all__ = ["REPO_ROOT", "fmt", "launch_pinned", "machine_worker", "plot_results",
+           "plot_step_seconds", "report", "run_worker", "summary", "worker_env"]
 
 WORKER_MODULE = "benchmarks.worker"
-# The directory holding the `tfmulti` package this process runs, so that a
-# worker imports the same one wherever the benchmark was started from.
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The checkout holding `benchmarks` (and the `tfmulti` it runs, and `recipes/`):
+first on the workers' PYTHONPATH, so that a worker imports the same packages
+wherever the benchmark was started from."""
 
 
 def summary(values: list[float]) -> dict:
@@ -49,10 +50,11 @@ def worker_command(kind: str, **config) -> list[str]:
 
 
 def worker_env() -> dict:
-    """This environment, with this checkout's package first on PYTHONPATH."""
+    """This environment, with this checkout first on PYTHONPATH (`benchmarks`
+    and `tfmulti`)."""
     path = os.environ.get("PYTHONPATH")
     return {**os.environ,
-            "PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + path if path else "")}
+            "PYTHONPATH": REPO_ROOT + (os.pathsep + path if path else "")}
 
 
 def run_worker(kind: str, timeout: float = 900, **config) -> dict:

@@ -58,11 +58,12 @@ def _fashion_mnist_arrays(split: str):
     """Seed 000's `fashion_mnist.load_data()` and `/ 255.0`: the same IDX files
     (the Debian package's), else the prepared TFDS data."""
     import tfmulti.data
+    from tfmulti.data import catalog
 
     folder, _ = tfmulti.data.find_fashion_mnist_idx()
     if folder is not None:
         images, labels = (tfmulti.data.read_idx(folder / name)
-                          for name in tfmulti.data.FASHION_MNIST_FILES[split])
+                          for name in catalog.FASHION_MNIST_FILES[split])
         return images / 255.0, labels
     images, labels = next(iter(tfmulti.data.load("fashion_mnist", split).batch(100_000)
                                .as_numpy_iterator()))

@@ -47,9 +47,9 @@ so far:
                to the next one in the reference run (so that a machine
                faster or slower than during the reference still gets it)
 
-The phased kills use the failpoints of `tfmulti.utils.failpoints` (`TFMULTI_FAULTS`);
-each records where it fired and the last failpoint the process had passed
-(`landed`), and a kill counts in the phase it landed in: `training` after a
+The phased kills use the product's failpoints, armed by `benchmarks.failpoints`
+(`TFMULTI_FAULTS`); each records where it fired and the last failpoint the
+process had passed (`landed`), and a kill counts in the phase it landed in: `training` after a
 step, `exit` once the process's run was complete (it waits for a delayed
 signal before exiting). A kill that never fires (its point never reached) is
 not counted; another trial replaces it.
@@ -73,9 +73,9 @@ import threading
 import time
 
 from tfmulti.utils import checks as _checks
-from tfmulti.utils import failpoints as _faults
 from tfmulti.utils.atomic import write_json_atomic
-from benchmarks import chaos_checks
+from benchmarks import _harness, chaos_checks
+from benchmarks import failpoints as _faults
 from benchmarks.scaling import TRAIN_RECIPE
 from tfmulti.cluster import exit_codes
 from tfmulti.config.train_config import TrainConfig
@@ -96,7 +96,6 @@ _OUTPUTS = ("metrics.json", "model.keras", "logs", ".tfmulti-run.json")
 MILESTONE = re.compile(r"^\[worker 0\] (?:tfmulti: |Epoch \d)")
 """Worker 0's progress lines: the same sequence in every run until a kill (its
 strategy, each epoch, each backup, the outputs written, its summary)."""
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,8 +390,8 @@ def _signal_later(proc: subprocess.Popen, start: float, delay: float, worker: in
 
 def _worker_env(tmp: str, faults: str) -> dict:
     env = {**os.environ, "TMPDIR": tmp, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"]
-                                         if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = _harness.REPO_ROOT + (os.pathsep + env["PYTHONPATH"]
+                                              if env.get("PYTHONPATH") else "")
     env.pop(_faults.ENV, None)
     if faults:
         env[_faults.ENV] = faults
@@ -485,7 +484,7 @@ def run_trial(trial: Trial | None, setup: Setup, folder: str,
     watched = {"next to the run": (run_dir, ("backup", "model")), "the workers' TMPDIR": (tmp, ())}
     before = {key: chaos_checks.snapshot(path, skip) for key, (path, skip) in watched.items()}
     command = launch_command(setup, backup_dir, model_dir)
-    env = _worker_env(tmp, _faults.format_faults(list(trial.faults)) if trial else "")
+    env = _worker_env(tmp, _faults.environ_value(list(trial.faults)) if trial else "")
     start = time.monotonic()
     launches: list[_Launch] = []
     while len(launches) < setup.max_launches and (not launches or launches[-1].status != 0):

@@ -59,10 +59,8 @@ from tfmulti.config.train_config import TrainConfig
 __all__ = ["TRAIN_RECIPE", "all_reduce_milliseconds", "all_reduce_worker", "check",
            "launch_command", "plot", "run", "summarize", "train_config"]
 
-TRAIN_RECIPE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "recipes", "train.py")
-"""The training recipe the launches run (of the checkout holding this package)."""
+TRAIN_RECIPE = os.path.join(_harness.REPO_ROOT, "recipes", "train.py")
+"""The training recipe the launches run (of the checkout holding `benchmarks`)."""
 # The TrainConfig fields a launch sets, in the order of its command line.
 _LAUNCH_FIELDS = ("distribution", "model", "dataset", "num_examples", "epochs",
                   "global_batch_size", "steps_per_execution", "model_dir")

@@ -26,7 +26,10 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_RECIPES = os.path.dirname(os.path.abspath(__file__))
+# A checkout-only script: `benchmarks` sits at the repository root, next to
+# `recipes/`, and is not part of the installed package.
+sys.path[:0] = [_RECIPES, os.path.dirname(_RECIPES)]
 import _common  # noqa: E402  (sets the TF log level before TensorFlow loads)
 from absl import flags  # noqa: E402
 

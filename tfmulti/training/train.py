@@ -31,7 +31,7 @@ import sys
 import keras
 
 from tfmulti import data
-from tfmulti.utils import failpoints as _faults
+from tfmulti.utils.failpoints import failpoint
 from tfmulti.training import backup
 from tfmulti.memory import footprint
 from tfmulti.models import builders as models
@@ -259,7 +259,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
             fit_kwargs["steps_per_epoch"] = config.steps_per_epoch
         history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=all_callbacks,
                             verbose=verbose).history
-    _faults.point("train.evaluate")
+    failpoint("train.evaluate")
     results = (model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True, verbose=0)
                if run.test_input is not None else {})
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
@@ -270,7 +270,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         print(f"tfmulti: validation loss {results['loss']:.3f} nats/byte; the unigram "
               f"(byte-frequency) baseline {baseline:.3f}: "
               f"{100 * (1 - results['loss'] / baseline):.0f}% below it", flush=True)
-    _faults.point("train.write")
+    failpoint("train.write")
     if writes:
         _write_outputs(config, model, metrics)
         print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",
@@ -279,7 +279,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         # Only now: a crash during evaluation or the writes above resumes from
         # the finished backup instead of training again.
         result.delete_backup()
-    _faults.point("train.done")
+    failpoint("train.done")
     return metrics
 
 

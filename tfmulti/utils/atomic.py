@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from typing import Callable, Sequence
 
-from tfmulti.utils import failpoints as _faults
+from tfmulti.utils.failpoints import failpoint
 
 __all__ = ["publish_staged", "sync_directory", "write_json_atomic"]
 
@@ -56,7 +56,7 @@ def publish_staged(folder: str, write: Callable[[str], None], order: Sequence[st
                 raise FileNotFoundError(f"staged output {name!r} was not written")
             _fsync(path)
         for name in order:
-            _faults.point("io.publish")
+            failpoint("io.publish")
             os.replace(os.path.join(stage, name), os.path.join(folder, name))
         sync_directory(folder)
     finally:

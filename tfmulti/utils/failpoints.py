@@ -1,236 +1,78 @@
-"""Failpoints: named places where a fault-injection run makes a worker send
-itself a signal (pure Python, no TensorFlow).
+"""Failpoints: named places where a fault-injection run may interrupt a worker
+(pure Python, no TensorFlow; nothing imported until armed).
 
-The fault-injection campaign (`recipes/chaos.py`, `benchmarks.chaos`) and
-the tests kill workers at exact moments: during a save, the restore, the
-preemption agreement, the evaluation, the final writes. Each such place calls
-`point(name)`, which does nothing unless the `TFMULTI_FAULTS` environment
-variable names it:
+Production code marks such a place (during a save, the restore, the
+preemption agreement, the evaluation, the final writes) with
+`failpoint(name)`. Unarmed, the normal case, that is a no-op: the
+`TFMULTI_FAULTS` environment variable is read once, when this module is
+imported, and unset or empty it arms nothing.
 
-    TFMULTI_FAULTS="point=backup.save,worker=1,hit=2,signal=KILL,delay=0.05,once=/x/m1"
+Armed, `TFMULTI_FAULTS` is `MODULE:SPEC`: at the first failpoint passed, the
+process imports MODULE and calls its `arm(SPEC)`, which returns the function
+every failpoint then calls with its name (once per pass). The fault campaign
+of a checkout (`benchmarks/failpoints.py`, used by `recipes/chaos.py`) is
+such a module: it names the points and reads SPEC as which worker sends
+itself which signal at which pass of which point. In-process, `install`
+sets that function directly (tests).
 
-makes worker 1 send itself SIGKILL 0.05 s after it passes `backup.save` for
-the second time. A worker's rank is its TF_CONFIG task index (0 without
-TF_CONFIG). Several faults are separated by `;`. Fields:
+Example:
 
-    point   the failpoint (one of `POINTS`); required
-    worker  the rank it applies to; default: every worker
-    hit     fire at this pass through the point in this process; default 1
-    signal  KILL (dies at once), TERM (tfmulti's preemption path), INT, ...;
-            default KILL
-    delay   seconds from the hit to the signal, sent from a timer thread, so
-            that it lands inside what follows the point (the process waits for
-            it before exiting: a worker that finished is still killed during
-            its peers' work); default 0 (at once)
-    once    a file: the fault fires only if the file does not exist, and
-            creates it (JSON: point, worker, hit, signal, pid, time, and
-            `landed`, the last point this process passed when the signal went
-            out), so that a restarted worker does not fire it again, and the
-            caller learns that, when and where it fired
-
-SIGKILL ends the process at once. SIGTERM takes the path a scheduler's
-preemption takes (tfmulti.training.backup's agreed save, or the default action
-outside training). Example:
-
-    >>> from tfmulti.utils import failpoints as _faults
-    >>> _faults.parse("point=backup.save,worker=1,hit=2,signal=term")
-    [Fault(point='backup.save', worker=1, hit=2, signal='TERM', delay=0.0, once=None)]
-    >>> _faults.point("backup.save")  # TFMULTI_FAULTS unset: nothing happens
+    >>> from tfmulti.utils.failpoints import failpoint
+    >>> failpoint("backup.save")  # unarmed: nothing happens
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import json
-import math
+import importlib
 import os
-import signal
-import sys
 import threading
-import time
+from typing import Callable
 
-__all__ = ["ENV", "POINTS", "Fault", "format_faults", "parse", "point"]
+__all__ = ["ENV", "failpoint", "install", "point"]
 
 ENV = "TFMULTI_FAULTS"
-"""The environment variable that arms failpoints."""
-
-POINTS = {
-    "backup.step": "a training step ended (the backup's batch-end hook, before the "
-                   "preemption check)",
-    "backup.save": "a save begins, before the checkpoint is written (every worker)",
-    "backup.saved": "a save's checkpoint is written, before the save is finished (the "
-                    "chief: before it is recorded and old ones pruned; the others: before "
-                    "their scratch copy is removed)",
-    "backup.restore": "a restore begins (every worker)",
-    "backup.agreement": "inside the preemption agreement (the signalled worker: the step "
-                        "announced, before the acknowledgements; the others: the step seen, "
-                        "before acknowledging)",
-    "backup.delete": "the chief removes the finished backup: before each of its files",
-    "train.evaluate": "the test split's evaluation begins (every worker)",
-    "train.write": "the evaluation ended, before the outputs are written (every worker; "
-                   "the chief writes)",
-    "io.publish": "before each staged output is renamed into place",
-    "train.done": "the run is complete: outputs written, backup removed (every worker)",
-}
-"""Every failpoint, by name: where it is."""
-
-_FIELDS = ("point", "worker", "hit", "signal", "delay", "once")
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    """One armed fault: `signal` to worker `worker` (None: any) at pass `hit`
-    of `point`, `delay` seconds later, once per `once` file (None: each time
-    a process passes the point for the `hit`-th time)."""
-
-    point: str
-    worker: int | None = None
-    hit: int = 1
-    signal: str = "KILL"
-    delay: float = 0.0
-    once: str | None = None
-
-    def text(self) -> str:
-        """The fault as a `TFMULTI_FAULTS` entry (defaults left out)."""
-        parts = [f"point={self.point}"]
-        if self.worker is not None:
-            parts.append(f"worker={self.worker}")
-        if self.hit != 1:
-            parts.append(f"hit={self.hit}")
-        parts.append(f"signal={self.signal}")
-        if self.delay:
-            parts.append(f"delay={self.delay:g}")
-        if self.once:
-            parts.append(f"once={self.once}")
-        return ",".join(parts)
-
-
-def format_faults(faults: list[Fault]) -> str:
-    """The `TFMULTI_FAULTS` value arming `faults`.
-
-    Example:
-        >>> format_faults([Fault("train.evaluate", worker=0, delay=0.5)])
-        'point=train.evaluate,worker=0,signal=KILL,delay=0.5'
-    """
-    return ";".join(f.text() for f in faults)
-
-
-def _bad(entry: str, what: str) -> ValueError:
-    return ValueError(f"{ENV} entry {entry!r}: {what}; write it as "
-                      "'point=NAME[,worker=RANK][,hit=N][,signal=KILL|TERM|...][,delay=SECONDS]"
-                      "[,once=FILE]', entries separated by ';'.")
-
-
-def _int_field(entry: str, name: str, text: str, minimum: int) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) < minimum:
-        raise _bad(entry, f"`{name}` must be an integer >= {minimum}, got {text!r}")
-    return int(text)
-
-
-def _parse_entry(entry: str) -> Fault:
-    fields: dict[str, str] = {}
-    for item in entry.split(","):
-        name, sep, value = item.partition("=")
-        name, value = name.strip(), value.strip()
-        if not sep or name not in _FIELDS:
-            raise _bad(entry, f"unknown field {item.strip()!r} (fields: {', '.join(_FIELDS)})")
-        if name in fields:
-            raise _bad(entry, f"`{name}` is given twice")
-        fields[name] = value
-    if fields.get("point") not in POINTS:
-        raise _bad(entry, f"`point` must be one of {', '.join(POINTS)}, got "
-                          f"{fields.get('point')!r}")
-    sig = fields.get("signal", "KILL").upper().removeprefix("SIG")
-    if not hasattr(signal, f"SIG{sig}") or sig.startswith("_"):
-        raise _bad(entry, f"`signal` must be a signal name such as KILL or TERM, got "
-                          f"{fields['signal']!r}")
-    try:
-        delay = float(fields.get("delay", "0"))
-    except ValueError:
-        delay = math.nan
-    if not (math.isfinite(delay) and delay >= 0):
-        raise _bad(entry, f"`delay` must be a number of seconds >= 0, got {fields['delay']!r}")
-    if "once" in fields and not fields["once"]:
-        raise _bad(entry, "`once` must be a file path")
-    return Fault(point=fields["point"],
-                 worker=_int_field(entry, "worker", fields["worker"], 0)
-                 if "worker" in fields else None,
-                 hit=_int_field(entry, "hit", fields["hit"], 1) if "hit" in fields else 1,
-                 signal=sig, delay=delay, once=fields.get("once"))
-
-
-def parse(text: str) -> list[Fault]:
-    """The faults a `TFMULTI_FAULTS` value arms (empty for an empty value).
-
-    Raises:
-        ValueError: an entry with an unknown point or field, or a bad value;
-            the message names it and shows the format.
-    """
-    return [_parse_entry(entry.strip()) for entry in text.split(";") if entry.strip()]
-
+"""The environment variable that arms failpoints: `MODULE:SPEC`."""
 
 _lock = threading.Lock()
-_hits: collections.Counter = collections.Counter()
-_armed: tuple[str, list[Fault]] = ("", [])
-_last_point: str | None = None
 
 
-def _faults(text: str) -> list[Fault]:
-    global _armed
-    if _armed[0] != text:
-        _armed = (text, parse(text))
-    return _armed[1]
+def _load(name: str) -> None:
+    """The first failpoint of an armed process: imports the arming module, then
+    passes `name` to the function its `arm` returns."""
+    global _fire
+    with _lock:
+        if _fire is _load:
+            module, sep, spec = _armed.partition(":")
+            if not (sep and module):
+                raise ValueError(f"{ENV} must be MODULE:SPEC (a module whose arm(SPEC) "
+                                 f"returns the function the failpoints call), got {_armed!r}")
+            _fire = importlib.import_module(module).arm(spec)
+    _fire(name)
 
 
-def _rank() -> int:
-    try:
-        return int(json.loads(os.environ.get("TF_CONFIG", ""))["task"]["index"])
-    except (ValueError, KeyError, TypeError):
-        return 0
+_armed = os.environ.get(ENV, "")  # read once
+_fire: Callable[[str], None] | None = _load if _armed else None
 
 
-def point(name: str) -> None:
-    """Marks the failpoint `name`: fires the faults `TFMULTI_FAULTS` arms there
-    for this worker and pass (see the module's docstring); otherwise nothing.
-
-    Args:
-        name: one of `POINTS`.
+def failpoint(name: str) -> None:
+    """Marks the failpoint `name`: nothing unless `TFMULTI_FAULTS` armed this
+    process (see the module's docstring).
 
     Raises:
         ValueError: `TFMULTI_FAULTS` is malformed (at the first point passed).
     """
-    global _last_point
-    text = os.environ.get(ENV)
-    if not text:
-        return
-    faults = _faults(text)
+    if _fire is not None:
+        _fire(name)
+
+
+point = failpoint
+"""`failpoint`, by its earlier name."""
+
+
+def install(fire: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """Makes every failpoint of this process call `fire(name)` (None: disarms);
+    returns what they called before (None: nothing)."""
+    global _fire
     with _lock:
-        _hits[name] += 1
-        count = _hits[name]
-        _last_point = name
-    rank = _rank()
-    for fault in faults:
-        if fault.point == name and fault.hit == count and fault.worker in (None, rank):
-            if fault.delay:
-                threading.Timer(fault.delay, _send, (fault, rank)).start()
-            else:
-                _send(fault, rank)
-
-
-def _send(fault: Fault, rank: int) -> None:
-    """Sends the fault's signal to this process, unless its `once` file exists."""
-    landed = _last_point
-    if fault.once:
-        try:
-            fd = os.open(fault.once, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return
-        with os.fdopen(fd, "w") as f:
-            json.dump({"point": fault.point, "worker": rank, "hit": fault.hit,
-                       "signal": fault.signal, "delay": fault.delay, "pid": os.getpid(),
-                       "time": time.time(), "landed": landed}, f)
-    print(f"tfmulti faults: worker {rank} sends itself SIG{fault.signal} at {fault.point} "
-          f"(pass {fault.hit}" + (f", +{fault.delay:g} s, after {landed}" if fault.delay
-                                   else "") + ")", file=sys.stderr, flush=True)
-    os.kill(os.getpid(), getattr(signal, f"SIG{fault.signal}"))
+        previous, _fire = _fire, fire
+    return previous

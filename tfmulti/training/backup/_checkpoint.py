@@ -13,7 +13,7 @@ import warnings
 import tensorflow as tf
 
 from tfmulti.utils import checks as _checks
-from tfmulti.utils import failpoints as _faults
+from tfmulti.utils.failpoints import failpoint
 from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.training.backup import _files, _keys
 from tfmulti.training.backup._preemption import _coordination_available, _kv
@@ -336,20 +336,20 @@ class Backup:
 
         The other workers write into private temporary directories (a save may
         need collectives), removed at once, also when the save fails."""
-        _faults.point("backup.save")
+        failpoint("backup.save")
         self.step.assign(step)
         checkpoint = self._checkpoint()
         if self.chief:
             self.acquire()
             self._store_fingerprint()
             path = checkpoint.write(os.path.join(self.backup_dir, f"{_files.PREFIX}-{step}"))
-            _faults.point("backup.saved")
+            failpoint("backup.saved")
             _files.prune(self.backup_dir, self.keep, step)
             return path
         scratch = tempfile.mkdtemp(prefix="tfmulti-backup-")
         try:
             checkpoint.write(os.path.join(scratch, _files.PREFIX))
-            _faults.point("backup.saved")
+            failpoint("backup.saved")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
@@ -404,7 +404,7 @@ class Backup:
         """
         if point.path is None:
             return
-        _faults.point("backup.restore")
+        failpoint("backup.restore")
         self.check_fingerprint()
         self._build_optimizer()
         self._read(point.path, self._sections())
@@ -417,7 +417,7 @@ class Backup:
             ValueError: the backup is another run's (settings or variables differ).
         """
         if point.path is not None:
-            _faults.point("backup.restore")
+            failpoint("backup.restore")
             self.check_fingerprint()
             self._read(point.path, self._sections(metrics=False, optimizer=False))
 

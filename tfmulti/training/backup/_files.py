@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 
-from tfmulti.utils import failpoints as _faults
+from tfmulti.utils.failpoints import failpoint
 from tfmulti.utils.atomic import write_json_atomic
 
 PREFIX = "tfmulti-ckpt"
@@ -338,7 +338,7 @@ def delete(backup_dir: str) -> None:
         # restart resumes at the end instead of training again.
         own = _own(backup_dir)
         for step in sorted(own):
-            _faults.point("backup.delete")
+            failpoint("backup.delete")
             _remove(backup_dir, sorted(own[step], key=lambda name: not name.endswith(".index")))
         _remove(backup_dir, [MANIFEST])
         lock.remove_on_release()  # the lock file last, by its last holder here

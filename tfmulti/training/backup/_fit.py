@@ -11,7 +11,7 @@ from typing import Callable
 import tensorflow as tf
 
 from tfmulti.utils import checks as _checks
-from tfmulti.utils import failpoints as _faults
+from tfmulti.utils.failpoints import failpoint
 from tfmulti.training.backup._checkpoint import Backup, ResumePoint, _say, delete
 from tfmulti.training.backup._preemption import Preempted, _Preemption
 from tfmulti.cluster import exit_codes
@@ -83,7 +83,7 @@ def _callback_class():
 
         def on_train_batch_end(self, batch, logs=None):
             step = self._global_step(batch)
-            _faults.point("backup.step")
+            failpoint("backup.step")
             if self.preemption.should_save(step):
                 self._save(step, "preempted")
                 message = (f"preempted: saved a backup at global step {step} in "
