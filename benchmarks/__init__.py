@@ -1,4 +1,23 @@
-"""The benchmark suites: ratios measured within one run, medians of several repeats.
+"""What measures and attacks tfmulti from a checkout: the benchmark suites,
+the fault-injection campaign, the simulated hosts and the GPU check harness.
+Not part of the installed package: the wheel holds `tfmulti` only (setup.cfg,
+`[options.packages.find]`); `recipes/benchmark.py`, `recipes/chaos.py` and
+`recipes/gpu_check.py` put the repository root on sys.path to import this,
+and the worker processes get it on PYTHONPATH (`_harness.worker_env`).
+
+  the suites           this module (`SUITES`, `run_benchmark`) and one module
+                       each (below); `_harness`, `worker`, `fixtures`, `cpus`,
+                       `devices`
+  the fault campaign   `chaos` (kill a 2-worker training at random moments of
+                       every phase, resume it, hold it against an
+                       uninterrupted run), `chaos_checks`, and `failpoints`
+                       (arming the product's failpoints in the workers)
+  simulated hosts      `simulated_hosts` (network namespaces joined by a
+                       bridge; needs root), for the `scaling` suite
+  the GPU check        `gpu_check` (`recipes/gpu_check.py`, `make gpu-check`)
+  their tests          `benchmarks/tests` (pytest runs them with `tests/`)
+
+The benchmark suites: ratios measured within one run, medians of several repeats.
 
     import benchmarks as bench
     bench.run_benchmark(["overhead"], repeats=5, output="runs/bench/overhead.json")

@@ -14,7 +14,7 @@ import signal
 import numpy as np
 import pytest
 
-from tfmulti.utils import failpoints as _faults
+from benchmarks import failpoints as _faults
 from benchmarks import chaos, chaos_checks
 
 SETUP = chaos.Setup()

@@ -1,22 +1,27 @@
-"""Failpoints (tfmulti.utils.failpoints): parsing TFMULTI_FAULTS, and which pass of which
-point on which worker signals the process. In-process, with SIGUSR1 and a
-handler standing in for SIGKILL/SIGTERM."""
+"""Failpoints: the product's `failpoint` (tfmulti.utils.failpoints: a no-op
+unless armed), and the campaign's faults (benchmarks.failpoints): parsing
+them, and which pass of which point on which worker signals the process.
+In-process, with SIGUSR1 and a handler standing in for SIGKILL/SIGTERM."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import threading
 import time
 
 import pytest
 
-from tfmulti.utils import failpoints as _faults
+from tests._util import REPO
+from tfmulti.utils import failpoints as product
+from benchmarks import failpoints as _faults
 
 
 @pytest.fixture
 def caught(monkeypatch):
-    """SIGUSR1 recorded instead of acted on; the failpoints' pass counts reset."""
+    """SIGUSR1 recorded instead of acted on; the failpoints disarmed afterwards."""
     got = []
     event = threading.Event()
 
@@ -25,18 +30,21 @@ def caught(monkeypatch):
         event.set()
 
     previous = signal.signal(signal.SIGUSR1, handler)
-    monkeypatch.setattr(_faults, "_hits", _faults.collections.Counter())
     monkeypatch.delenv("TF_CONFIG", raising=False)
+    armed = product.install(None)
     yield got, event
+    product.install(armed)
     signal.signal(signal.SIGUSR1, previous)
 
 
 def _arm(monkeypatch, text: str, rank: int | None = None) -> None:
-    monkeypatch.setenv(_faults.ENV, text)
+    """Arms `text` in this process, as a worker of rank `rank` (None: no
+    TF_CONFIG) with fresh pass counts, as a restarted worker would be."""
     if rank is not None:
         monkeypatch.setenv("TF_CONFIG", json.dumps(
             {"cluster": {"worker": ["localhost:1", "localhost:2"]},
              "task": {"type": "worker", "index": rank}}))
+    product.install(_faults.arm(text))
 
 
 def test_parse_reads_every_field_and_the_defaults():
@@ -69,36 +77,64 @@ def test_parse_refuses_bad_entries_naming_them_and_the_format(text, match):
     assert "write it as 'point=NAME[,worker=RANK]" in str(info.value)
 
 
-def test_unarmed_points_do_nothing(caught, monkeypatch):
+def test_unarmed_points_do_nothing(caught):
     got, _ = caught
-    monkeypatch.delenv(_faults.ENV, raising=False)
     for _ in range(3):
-        _faults.point("backup.save")
-    assert got == [] and _faults._hits == {}  # not even counted
+        product.failpoint("backup.save")
+    assert got == []
+
+
+def test_the_environment_is_read_once_at_import(monkeypatch):
+    """Arming later changes nothing: a failpoint never looks at os.environ."""
+    environ = type(os.environ)  # os._Environ: any lookup would go through it
+
+    def refuse(*args):
+        raise AssertionError("a failpoint read the environment")
+
+    armed = product.install(None)
+    try:
+        monkeypatch.setenv(product.ENV, "benchmarks.failpoints:point=backup.save,signal=USR1")
+        monkeypatch.setattr(environ, "__getitem__", refuse)
+        monkeypatch.setattr(environ, "get", refuse, raising=False)
+        product.failpoint("backup.save")  # neither reads nor fires
+    finally:
+        product.install(armed)
+
+
+def test_the_product_points_are_the_campaigns_points():
+    """Every `failpoint("NAME")` of the package is one of `POINTS`, and each of
+    `POINTS` is marked somewhere (the campaign aims at each)."""
+    marked = set()
+    for folder, _, files in os.walk(REPO / "tfmulti"):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as f:
+                    marked |= set(re.findall(r'\b(?:failpoint|_faults\.point)\("([^"]+)"\)',
+                                             f.read()))
+    assert marked == set(_faults.POINTS)
 
 
 def test_fires_at_the_given_pass_on_the_given_worker_only(caught, monkeypatch):
     got, _ = caught
     _arm(monkeypatch, "point=backup.save,worker=1,hit=2,signal=USR1", rank=1)
-    _faults.point("backup.save")
-    _faults.point("backup.saved")  # another point's passes count apart
+    product.failpoint("backup.save")
+    product.failpoint("backup.saved")  # another point's passes count apart
     assert got == []
-    _faults.point("backup.save")
+    product.failpoint("backup.save")
     assert got == [signal.SIGUSR1]
-    _faults.point("backup.save")  # the third pass: no more
+    product.failpoint("backup.save")  # the third pass: no more
     assert got == [signal.SIGUSR1]
 
     _arm(monkeypatch, "point=backup.save,worker=1,hit=1,signal=USR1", rank=0)
-    monkeypatch.setattr(_faults, "_hits", _faults.collections.Counter())
-    _faults.point("backup.save")
+    product.failpoint("backup.save")
     assert got == [signal.SIGUSR1]  # worker 0 is not worker 1
 
 
 def test_no_tf_config_is_worker_0_and_no_worker_means_any(caught, monkeypatch):
     got, _ = caught
     _arm(monkeypatch, "point=io.publish,worker=0,signal=USR1;point=train.write,signal=USR1")
-    _faults.point("io.publish")
-    _faults.point("train.write")
+    product.failpoint("io.publish")
+    product.failpoint("train.write")
     assert got == [signal.SIGUSR1, signal.SIGUSR1]
 
 
@@ -106,14 +142,14 @@ def test_once_fires_only_if_its_marker_is_new_and_records_it(caught, monkeypatch
     got, _ = caught
     marker = tmp_path / "m"
     _arm(monkeypatch, f"point=backup.delete,hit=1,signal=USR1,once={marker}", rank=1)
-    _faults.point("backup.delete")
+    product.failpoint("backup.delete")
     assert got == [signal.SIGUSR1]
     record = json.loads(marker.read_text())
     assert record["point"] == "backup.delete" and record["worker"] == 1
     assert record["signal"] == "USR1" and record["landed"] == "backup.delete"
     # A restarted process (its pass counts start over) finds the marker: nothing.
-    monkeypatch.setattr(_faults, "_hits", _faults.collections.Counter())
-    _faults.point("backup.delete")
+    _arm(monkeypatch, f"point=backup.delete,hit=1,signal=USR1,once={marker}", rank=1)
+    product.failpoint("backup.delete")
     assert got == [signal.SIGUSR1]
 
 
@@ -123,9 +159,9 @@ def test_a_delay_signals_later_from_a_thread_and_records_where_it_landed(
     marker = tmp_path / "m"
     _arm(monkeypatch, f"point=train.evaluate,signal=USR1,delay=0.3,once={marker}")
     start = time.monotonic()
-    _faults.point("train.evaluate")
+    product.failpoint("train.evaluate")
     assert got == [] and not marker.exists()  # not yet: a delay
-    _faults.point("train.write")  # the process moves on before the signal
+    product.failpoint("train.write")  # the process moves on before the signal
     assert event.wait(10)
     assert time.monotonic() - start >= 0.3
     assert got == [signal.SIGUSR1]
@@ -133,22 +169,29 @@ def test_a_delay_signals_later_from_a_thread_and_records_where_it_landed(
 
 
 def test_a_malformed_value_fails_at_the_first_point(caught, monkeypatch):
-    _arm(monkeypatch, "point=nowhere")
+    monkeypatch.setattr(product, "_armed", "benchmarks.failpoints:point=nowhere")
+    product.install(product._load)  # as at the import of a process armed so
     with pytest.raises(ValueError, match="TFMULTI_FAULTS entry 'point=nowhere'"):
-        _faults.point("backup.save")
+        product.failpoint("backup.save")
+    monkeypatch.setattr(product, "_armed", "point=backup.save")  # no module
+    product.install(product._load)
+    with pytest.raises(ValueError, match="TFMULTI_FAULTS must be MODULE:SPEC"):
+        product.failpoint("backup.save")
 
 
 @pytest.mark.slow  # starts a Python process (no TensorFlow)
 def test_a_delayed_sigkill_lands_even_after_the_program_returned(tmp_path):
     """A worker whose own work ended is still alive (its peers may be writing):
     the delayed signal keeps it until it lands, and SIGKILL ends it there."""
-    from tests._util import REPO, run_python
+    from tests._util import run_python
 
     marker = tmp_path / "m"
     result = run_python(
-        ["-c", "from tfmulti.utils import failpoints as _faults; _faults.point('train.write'); print('returned')"],
-        timeout=60, env={_faults.ENV: f"point=train.write,delay=0.5,once={marker}",
-                         "PYTHONPATH": str(REPO)})
+        ["-c", "from tfmulti.utils.failpoints import failpoint; failpoint('train.write'); "
+               "print('returned')"],
+        timeout=60, env={_faults.ENV: _faults.environ_value(
+            [_faults.Fault("train.write", delay=0.5, once=str(marker))]),
+            "PYTHONPATH": str(REPO)})
     assert result.returncode == -signal.SIGKILL, result.stderr
     assert result.stdout == "returned\n"
     assert "worker 0 sends itself SIGKILL at train.write (pass 1, +0.5 s" in result.stderr

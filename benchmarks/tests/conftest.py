@@ -1,0 +1,9 @@
+"""The set-up of tests/conftest.py, for the tests of `benchmarks`: the 4
+virtual CPU devices (configured once per pytest process, before anything
+starts the TensorFlow runtime), its fixtures, and the rule that a test
+starting a process is marked cluster, notebook or slow."""
+
+from __future__ import annotations
+
+from tests.conftest import *  # noqa: F401,F403  (the devices, the fixtures)
+from tests.conftest import _processes_need_a_marker  # noqa: F401  (autouse; not in `*`)
