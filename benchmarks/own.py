@@ -453,7 +453,7 @@ def _files_part(repeats: int, files: _Files) -> dict:
     rounds = -(-repeats // timed)
     rates, read, held = ({name: [] for name in _LAUNCHES} for _ in range(3))
     ceilings, opened = [], {}
-    with tempfile.TemporaryDirectory(prefix="tfmulti-bench-own-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="benchmark-own-") as tmp:
         start = time.monotonic()
         written = _harness.run_worker("own_write", folder=os.path.join(tmp, "files"),
                                       num_files=files.num_files,

@@ -355,7 +355,7 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
     if simulated_hosts and not simulated_hosts_lib.available()[0]:
         skipped = simulated_hosts_lib.available()[1]
     simulated_hosts = skipped is None
-    with tempfile.TemporaryDirectory(prefix="tfmulti-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="benchmark-scaling-") as tmp:
         for round_ in range(rounds):
             start = time.monotonic()
             a = _train_under_launcher(1, os.path.join(tmp, f"one-{round_}"), launches)

@@ -1,4 +1,4 @@
-"""tfmulti benchmarks: ratios measured in one run, medians of several repeats.
+"""The benchmark suites of tfmulti: ratios measured in one run, medians of several repeats.
 
     python recipes/benchmark.py --suite=scaling --repeats=5 --output=runs/bench/scaling.json
 
