@@ -9,7 +9,7 @@ cross-entropy, random bytes. Two measurements, each in a fresh process with
 * tensor parallelism (`tensor_overhead`): the same step unsplit (every op
   on CPU:0, TensorFlow's default threading: its intra-op pool already uses
   both cores) and split T=2 over CPU:0 and CPU:1
-  (`tfmulti.parallel.tensor.split_transformer`, the same weights),
+  (`tfmulti.parallel.tensor_split.split_transformer`, the same weights),
   interleaved within each repeat. The virtual devices share the cores the
   unsplit step already uses, so the split cannot be faster here; the figure
   is what it costs: split / unsplit step time (goal <= 1.15).
@@ -87,7 +87,7 @@ def tensor_worker(repeats: int, seq_len: int, d_model: int, num_heads: int, num_
     """
     ds = _setup(None, seq_len, batch)
     from benchmarks.fixtures import interleaved_step_seconds
-    from tfmulti.parallel.tensor import split_transformer
+    from tfmulti.parallel.tensor_split import split_transformer
 
     plain = _transformer(seq_len, d_model, num_heads, num_layers)
     split = split_transformer(plain, [f"CPU:{i}" for i in range(_DEVICES)])

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 
+from tfmulti.memory import footprint
 from tfmulti.parallel import chain as blocks
 
 
@@ -71,9 +72,9 @@ def test_a_stack_is_a_chain_of_its_layers():
     # as a side computation).
     assert [b.layers for b in chain.blocks] == [(layer,) for layer in layers]
     assert chain.stack == tuple(layers) and all(layer.built for layer in layers)
-    assert [blocks.output_bytes(b.nodes[0]) for b in chain.blocks] == [6 * 4, 4 * 4, 2 * 4]
+    assert [footprint.output_bytes(b.nodes[0]) for b in chain.blocks] == [6 * 4, 4 * 4, 2 * 4]
     with pytest.raises(ValueError, match=r"^model 'stack' cannot be cut into 4 stages: it has 3 "
-                                         r"layers.*use at most 3 stages"):
+                                         r"layers; use at most 3 stages\.$"):
         chain.check_num_stages(4)
 
 

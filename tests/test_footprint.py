@@ -1,8 +1,9 @@
 """The memory model (tfmulti.memory.footprint): the bytes a stack of layers needs on a
 device to train, its table, and the acceptance test of the one memory model:
 `estimate-memory` (`tfmulti.memory.estimate.estimate_memory`) and a placed,
-trained `PipelineModel.memory_report` give the same bytes for the same
-pipeline. Expected values are worked out from the layer shapes."""
+trained `PipelineModel` (`tfmulti.memory.footprint.pipeline_footprint`) give
+the same bytes for the same pipeline. The byte counts of dtypes and
+variables are `tfmulti.utils.sizes`'. Expected values are worked out from the layer shapes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tfmulti.memory import footprint
+from tfmulti.utils import sizes
 from tfmulti.models import builders as models
 from tfmulti.memory.estimate import estimate_memory
 from tfmulti.parallel import PipelineModel
@@ -36,19 +38,19 @@ def _dense_stack(*widths, input_dim=8, **kwargs):
     (np.dtype("float64"), 8), ("int8", 1), ("bool", 1), ("float8_e4m3fn", 1),
 ])
 def test_dtype_bytes(dtype, size):
-    assert footprint.dtype_bytes(dtype) == size
+    assert sizes.dtype_bytes(dtype) == size
 
 
 def test_dtype_bytes_refuses_a_dtype_without_a_size():
     with pytest.raises(ValueError, match=r"cannot tell the size of dtype 'resource'"):
-        footprint.dtype_bytes("resource")
+        sizes.dtype_bytes("resource")
 
 
 def test_variables_bytes_counts_shared_variables_once():
     (dense,) = _dense_stack(3)  # 8x3 kernel + 3 bias
-    assert footprint.variables_bytes(dense.weights) == (8 * 3 + 3) * F32
-    assert footprint.variables_bytes([*dense.weights, *dense.weights]) == (8 * 3 + 3) * F32
-    assert footprint.variables_bytes([]) == 0
+    assert sizes.variables_bytes(dense.weights) == (8 * 3 + 3) * F32
+    assert sizes.variables_bytes([*dense.weights, *dense.weights]) == (8 * 3 + 3) * F32
+    assert sizes.variables_bytes([]) == 0
 
 
 def test_output_elements():
@@ -220,10 +222,10 @@ def test_estimate_memory_and_pipeline_model_report_the_same_bytes(
         model = models.build_model(name, seed=0, dropout=dropout)
         pipeline = PipelineModel(model, num_stages=stages, num_microbatches=micro,
                                  num_replicas=replicas, remat=remat)
-        unplaced = pipeline.memory_report(batch, optimizer="adam")  # not compiled: counted
+        unplaced = footprint.pipeline_footprint(pipeline, batch, optimizer="adam")  # not compiled: counted
         models.compile_model(pipeline, task=models.model_task(name), optimizer="adam")
         pipeline.train_on_batch(*_batch(name, batch))
-    measured = pipeline.memory_report(batch)  # the slots are measured now
+    measured = footprint.pipeline_footprint(pipeline, batch)  # the slots are measured now
     assert pipeline.optimizer.built
     assert [r["device"] for r in measured] == [f"/device:CPU:{e['device']}" for e in estimate]
     for report in (unplaced, measured):

@@ -7,7 +7,7 @@ import keras
 import pytest
 
 from tfmulti.parallel import PipelineModel, build_parallel_transformer
-from tfmulti.parallel.tensor import ParallelMultiHeadAttention
+from tfmulti.parallel.tensor_layers import ParallelMultiHeadAttention
 
 SIZES = dict(seq_len=8, d_model=16, num_heads=4, num_layers=2)
 

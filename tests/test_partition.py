@@ -10,6 +10,7 @@ import random
 import keras
 import pytest
 
+from tfmulti.parallel import chain as blocks
 from tfmulti.parallel import partition
 
 
@@ -93,7 +94,8 @@ def test_single_stage_and_one_layer_per_stage():
 
 
 @pytest.mark.parametrize("costs, num_stages, match", [
-    ([1, 2, 3], 5, r"^num_stages \(5\) exceeds the number of layers \(3\); use at most 3"),
+    ([1, 2, 3], 5, r"^the model cannot be cut into 5 stages: it has 3 layers; use at most 3 "
+                   r"stages\.$"),
     ([1, 2, 3], 0, r"^`num_stages` must be a positive integer, got 0; pass e.g. num_stages=2"),
     ([1, 2, 3], -1, r"^`num_stages` must be a positive integer, got -1"),
     ([1, 2, 3], 2.0, r"^`num_stages` must be a positive integer, got 2.0"),
@@ -191,7 +193,8 @@ def test_explicit_sizes():
 
 def test_plan_errors():
     model = _dense_stack([4, 4, 4], 4)
-    with pytest.raises(ValueError, match=r"^num_stages \(4\) exceeds the number of layers \(3\)"):
+    with pytest.raises(ValueError, match=r"^model '\w+' cannot be cut into 4 stages: it has 3 "
+                                         r"layers; use at most 3 stages\.$"):
         partition.plan_partition(model, 4)
     with pytest.raises(ValueError, match=r"^unknown method 'bytes'; valid methods: params, flops"):
         partition.plan_partition(model, 2, method="bytes")
@@ -206,6 +209,24 @@ def test_plan_errors():
     dense = keras.layers.Dense(3, name="twice")
     with pytest.raises(ValueError, match=r"^layer 'twice' appears more than once"):
         partition.plan_partition([dense, dense], 1, input_shape=(3,))
+
+
+def test_plan_partition_takes_a_chain_as_it_is():
+    model = _dense_stack([4, 8, 4], 4)
+    chain = blocks.chain_of(model)
+    assert partition.plan_partition(chain, 2).sizes == partition.plan_partition(model, 2).sizes
+    assert partition.layer_costs(chain, "params") == partition.layer_costs(model, "params")
+
+
+def test_check_stage_count_is_the_one_stage_count_check():
+    assert partition.check_stage_count(3, 3) == 3
+    assert partition.check_stage_count(4) == 4  # no layers given: positive is enough
+    with pytest.raises(ValueError, match=r"^model 'm' cannot be cut into 3 stages per replica "
+                                         r"\(`devices` lists 3\): it has 2 blocks \(a cut needs a "
+                                         r"point crossed by a single tensor\); pass at most 2 "
+                                         r"devices per replica\. Why not\.$"):
+        partition.check_stage_count(3, 2, unit="blocks", model="m", reason="Why not.",
+                                    devices=["CPU:0", "CPU:1", "CPU:2"])
 
 
 def test_functional_models():

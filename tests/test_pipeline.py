@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmulti.memory.footprint import format_footprint
+from tfmulti.memory.footprint import format_footprint, pipeline_footprint
 from tfmulti.parallel import PipelineModel
 
 LR = 0.1
@@ -234,9 +234,10 @@ def test_a_stack_without_input_shape_builds_from_the_first_batch():
     assert slots == {"CPU:0", "CPU:1"}
     assert pipeline.to_sequential().count_params() == sum(l.count_params() for l in layers)
     unbuilt = PipelineModel(_layers(), num_stages=2)
-    with pytest.raises(RuntimeError, match=r"memory_report\(\) needs the stages, which are built "
-                                           r"from the first batch"):
-        unbuilt.memory_report(BATCH)
+    with pytest.raises(RuntimeError, match=r"pipeline_footprint\(\) needs the stages, which are "
+                                           r"built from the first batch"):
+        pipeline_footprint(unbuilt, BATCH)
+    assert unbuilt.stage_bounds == ()
 
 
 def test_hybrid_places_replicas_on_their_own_devices():
@@ -276,15 +277,18 @@ def test_dropout_trains_and_is_off_in_inference():
     np.testing.assert_array_equal(a, b)  # no dropout at inference
 
 
-def test_memory_report_per_device():
+def test_pipeline_footprint_per_device():
     # _layers(): 12 -> Dense 24 -> Dense 24 | -> Dense 16 -> Dense 10 (balanced by
     # parameters: 312 + 600 | 400 + 170); micro-batches of 32 / 4 = 8, float32.
     f32, micro = 4, BATCH // 4
     pipeline = PipelineModel(_layers(), input_shape=(12,), num_stages=2, num_microbatches=4)
-    counted = pipeline.memory_report(batch_size=BATCH, optimizer="adam")  # not compiled
-    assert [r["optimizer_slots"] for r in pipeline.memory_report(BATCH)] == [0, 0]
+    # What the memory model reads of the pipeline: its stages' blocks and layers.
+    assert pipeline.stage_bounds == ((0, 2), (2, 4))
+    assert pipeline.stage_layers(0, 1) == list(pipeline.built_chain().stack[2:])
+    counted = pipeline_footprint(pipeline, batch_size=BATCH, optimizer="adam")  # not compiled
+    assert [r["optimizer_slots"] for r in pipeline_footprint(pipeline, BATCH)] == [0, 0]
     pipeline.compile(optimizer="adam", loss=_loss())  # builds the slots on their devices
-    rows = pipeline.memory_report(batch_size=BATCH)
+    rows = pipeline_footprint(pipeline, batch_size=BATCH)
     assert [r["device"] for r in rows] == ["/device:CPU:0", "/device:CPU:1"]
     assert [(r["replica"], r["stage"]) for r in rows] == [(0, 0), (0, 1)]
     total_params = sum(r["parameters"] for r in rows)
@@ -304,8 +308,8 @@ def test_memory_report_per_device():
         assert row["total"] == sum(row[k] for k in ("parameters", "gradients",
                                                     "optimizer_slots", "activations"))
     assert counted == rows  # the slots counted before compiling are the measured ones
-    remat = PipelineModel(_layers(), input_shape=(12,), num_stages=2, num_microbatches=4,
-                          remat=True).memory_report(batch_size=BATCH)
+    remat = pipeline_footprint(PipelineModel(_layers(), input_shape=(12,), num_stages=2,
+                                             num_microbatches=4, remat=True), batch_size=BATCH)
     assert remat[0]["activations_per_microbatch"] < rows[0]["activations_per_microbatch"]
     assert remat[0]["activations"] < rows[0]["activations"]
     # Stage 0 keeps nothing per micro-batch (its input is the model's) and
@@ -319,7 +323,9 @@ def test_memory_report_per_device():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"num_stages": 9}, r"`num_stages` \(9\) exceeds the number of layers \(4\)"),
+    ({"num_stages": 9}, r"^model 'stack' cannot be cut into 9 stages: it has 4 layers; use at "
+                        r"most 4 stages\.$"),
+    ({"num_stages": 0}, r"^`num_stages` must be a positive integer, got 0"),
     ({"devices": ["CPU:0", "CPU:7"]}, r"do not exist; available"),
     ({"num_stages": 2, "devices": ["CPU:0", "CPU:1", "CPU:2"]}, r"lists 3 devices but"),
     ({"num_stages": 3, "num_replicas": 2}, r"3 stages x 2 replica\(s\) need 6 devices, found 4"),
@@ -334,8 +340,9 @@ def test_bad_configuration(kwargs, match):
 def test_too_many_devices_names_devices():
     # The stage count comes from `devices` here: the error names them, not
     # `num_stages`, which the caller did not set.
-    with pytest.raises(ValueError, match=r"`devices` lists 4 devices, 4 stages per replica, "
-                                         r"but the model has 2 layers"):
+    with pytest.raises(ValueError, match=r"^model 'stack' cannot be cut into 4 stages per replica "
+                                         r"\(`devices` lists 4\): it has 2 layers; pass at "
+                                         r"most 2 devices per replica"):
         PipelineModel(_layers()[:2], input_shape=(12,),
                       devices=["CPU:0", "CPU:1", "CPU:2", "CPU:3"])
 
@@ -496,7 +503,7 @@ def test_accumulation_equals_the_big_batch_step():
     np.testing.assert_allclose(h_p.history["loss"], h_r.history["loss"], atol=1e-5)
     for a, b in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5)
-    assert pipeline.memory_report(BATCH)[0]["activation_batch"] == BATCH // 4
+    assert pipeline_footprint(pipeline, BATCH)[0]["activation_batch"] == BATCH // 4
     fresh = PipelineModel(_layers(), input_shape=(12,), num_microbatches=2, accumulate_steps=2)
     fresh.compile(optimizer="sgd", loss=_loss())
     with pytest.raises(ValueError, match=r"the batch \(30\) must split into 2 accumulation "

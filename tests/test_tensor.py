@@ -1,4 +1,4 @@
-"""Tensor-parallel layers (tfmulti.parallel.tensor): forward, gradients and
+"""Tensor-parallel layers (tfmulti.parallel.tensor_layers): forward, gradients and
 Adam steps equal to the unsplit layers; variables, optimizer slots and ops
 on their devices; initialization, serialization and errors."""
 
@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 from tfmulti.models import optimizers
-from tfmulti.memory.footprint import variables_bytes
+from tfmulti.utils.sizes import variables_bytes
 from tfmulti.parallel import ColumnParallelDense, ParallelMultiHeadAttention, RowParallelDense
-from tfmulti.parallel.tensor import run_on_device
+from tfmulti.parallel.tensor_layers import run_on_device
 
 LENGTH, CONTEXT, DIM, BATCH = 6, 5, 8, 4
 # Adam's epsilon: the key projection's bias has a zero gradient up to

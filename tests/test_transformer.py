@@ -1,5 +1,5 @@
 """The byte-level transformer (tfmulti.models.transformer) and its tensor-parallel
-form (tfmulti.parallel.tensor.split_transformer): shapes and sizes, causal
+form (tfmulti.parallel.tensor_split.split_transformer): shapes and sizes, causal
 and padding masks, sampling, and the split form equal to the plain one
 (forward, gradients, 3 Adam steps within 1e-5) with its weights, slots and
 ops on their devices."""
@@ -18,7 +18,7 @@ from tests._util import WORKERS, run_python
 from tests.workers import layouts
 from tfmulti.models import optimizers
 from tfmulti.models import transformer
-from tfmulti.parallel.tensor import split_transformer, unsplit_transformer
+from tfmulti.parallel.tensor_split import split_transformer, unsplit_transformer
 
 SIZES = dict(seq_len=8, d_model=16, num_heads=4, num_layers=2, mlp_ratio=2)
 BATCH = 4

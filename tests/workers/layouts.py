@@ -32,7 +32,7 @@ def _tokens(seed):
 
 
 def _unsplit_weights(model):
-    from tfmulti.parallel.tensor import unsplit_transformer
+    from tfmulti.parallel.tensor_split import unsplit_transformer
 
     return unsplit_transformer(model).get_weights()
 
@@ -41,7 +41,7 @@ def _pair(R, S, T):
     """(the R x S x T model, the layer objects it trains, the plain model)."""
     from tfmulti.models import transformer
     from tfmulti.parallel import PipelineModel
-    from tfmulti.parallel.tensor import split_transformer
+    from tfmulti.parallel.tensor_split import split_transformer
 
     plain = transformer.build_transformer(**SIZES, seed=0)
     source = transformer.build_transformer(**SIZES, seed=0)
@@ -81,7 +81,7 @@ def compare(R: int, S: int, T: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from tfmulti.memory import footprint
+    from tfmulti.utils import sizes
     from tfmulti.memory import estimate as memory
 
     out = {}
@@ -126,7 +126,7 @@ def compare(R: int, S: int, T: int) -> dict:
     for v in model.variables:
         if v.trainable:
             device = int(v.value.device.rsplit(":", 1)[1])
-            by_device[device] = by_device.get(device, 0) + footprint.variables_bytes([v])
+            by_device[device] = by_device.get(device, 0) + sizes.variables_bytes([v])
     out["parameters_by_device"] = [by_device.get(d, 0) for d in range(R * S * T)]
     distribution = "hybrid" if R > 1 else "pipeline"
     estimate = memory.estimate_memory(

@@ -17,8 +17,6 @@ DISTRIBUTIONS = ("one_device", "mirrored", "pipeline", "hybrid")
 MODELS = tuple(dict.fromkeys((*MODEL_TASKS, TRANSFORMER)))
 """The models an estimate counts: the built-in ones (`tfmulti.models.builders`) and
 the language model of `tfmulti.models.transformer`."""
-_COMPUTE_DTYPES = {"none": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-_CPU_POLICY = {"float16": "bfloat16"}  # same widths; float16 layers need a GPU to be built
 # The pipeline settings each distribution uses, and their defaults.
 _PIPELINE_SETTINGS = {"pipeline": ("num_stages", "num_microbatches", "remat", "tensor_parallel"),
                       "hybrid": ("num_stages", "num_microbatches", "num_replicas", "remat",
@@ -98,8 +96,8 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
     if own_model and distribution in MODEL_PARALLEL:
         raise ValueError(f"estimating distribution {distribution!r} splits a built-in model "
                          "into stages; for your own model, build it as a PipelineModel and "
-                         "read model.memory_report(batch_size), or estimate 'one_device' / "
-                         "'mirrored'.")
+                         "read tfmulti.memory.footprint.pipeline_footprint(model, batch_size), "
+                         "or estimate 'one_device' / 'mirrored'.")
     _checks.one_of("optimizer", optimizer, OPTIMIZERS)
     _checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
     _checks.positive_int("global_batch_size", global_batch_size)

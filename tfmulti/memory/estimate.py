@@ -4,9 +4,12 @@ Like Accelerate's `estimate-memory`, but it knows where things live: data
 parallelism copies the whole model to every device and splits the batch; a
 pipeline cuts the layers into stages (with `plan_partition`) and splits each
 replica's batch into micro-batches. The model is built on the host without a
-strategy and counted from its shapes by the memory model that
-`PipelineModel.memory_report` uses too (`tfmulti.memory.footprint`), so no virtual
-devices are needed.
+strategy and counted from its shapes by the memory model that a placed
+pipeline is counted by too (`tfmulti.memory.footprint.pipeline_footprint`),
+so no virtual devices are needed. The model is cut into its chain of blocks
+once (`tfmulti.parallel.chain.chain_of`), and that chain is what the
+partitioner cuts into stages; a tensor-parallel stage is shared out over its
+devices by `tfmulti.memory.shares`.
 
 Example:
     >>> from tfmulti.memory import estimate as memory
@@ -34,7 +37,7 @@ from tfmulti.parallel import placement
 from tfmulti.parallel import chain as blocks
 from tfmulti.parallel.partition import plan_partition
 from tfmulti.parallel.pipeline import check_remat
-from tfmulti.parallel.tensor import device_shares
+from tfmulti.memory.shares import device_shares
 
 __all__ = ["DISTRIBUTIONS", "check_config", "check_fits", "estimate_for_config", "estimate_memory",
            "format_memory_estimate"]
@@ -93,7 +96,7 @@ def estimate_memory(
         dropout: the model's dropout rate (remat needs 0).
         tensor_parallel: T devices per stage (pipeline and hybrid, model
             "transformer" only; default 1): attention, MLP and output head
-            split over them (`tfmulti.parallel.tensor.split_transformer`),
+            split over them (`tfmulti.parallel.tensor_split.split_transformer`),
             R x S x T devices in all.
         seq_len, d_model, num_heads, num_layers: the transformer's sizes
             (model "transformer" only; default `TrainConfig`'s).
@@ -162,7 +165,8 @@ def estimate_memory(
                          **footprint.stack_footprint(layers, input_shape, micro_batch=micro,
                                                      optimizer_slots=slots)})
     else:
-        plan = plan_partition(layers, stages, method=partition, input_shape=input_shape)
+        plan = plan_partition(blocks.chain_of(layers, input_shape=input_shape), stages,
+                              method=partition)
         for r in range(replicas):
             shape, received = input_shape, None
             for s, cut in enumerate(plan.slices):
@@ -193,7 +197,7 @@ def _transformer_rows(layout, summary: dict, slots: int, partition: str,
     """The rows of a transformer over R x S x T devices: the model built
     without values (its shapes only), cut into stages as `PipelineModel`
     cuts it, each stage's layers shared out over its T devices as
-    `tensor.split_transformer` splits them."""
+    `tfmulti.parallel.tensor_split.split_transformer` splits them."""
     R, S, T = layout.replicas, layout.stages, layout.tensor_parallel
     policy = _CPU_POLICY.get(summary["mixed_precision"], summary["mixed_precision"])
     with models.mixed_precision_policy(policy), placement.deferred_variables():
@@ -202,15 +206,15 @@ def _transformer_rows(layout, summary: dict, slots: int, partition: str,
         check_remat(model.layers)
     chain = blocks.chain_of(model)
     stage_rows = []
-    for s, cut in enumerate(plan_partition(model, S, method=partition).slices):
+    for s, cut in enumerate(plan_partition(chain, S, method=partition).slices):
         weights = [[] for _ in range(T)]
         kept = [0.0] * T  # bytes per example each device keeps for the backward pass
         seen = set()
         for node in chain.stage_nodes(cut.start, cut.stop):
             op = node.operation
             kind = transformer.TENSOR_PARALLEL.get(transformer.role_of(op.name)) if T > 1 else None
-            inputs = {id(t): blocks.tensor_bytes(t) for t in node.input_tensors}
-            outputs = blocks.output_bytes(node)
+            inputs = {id(t): footprint.tensor_bytes(t) for t in node.input_tensors}
+            outputs = footprint.output_bytes(node)
             for t, share in enumerate(device_shares(op, kind, T)):
                 if id(op) not in seen and isinstance(op, keras.layers.Layer):
                     weights[t].extend(share.weights)
@@ -219,7 +223,7 @@ def _transformer_rows(layout, summary: dict, slots: int, partition: str,
         entry = chain.blocks[cut.start].entry
         stage_rows.append([footprint.stage_footprint(
             [_DeviceWeights(weights[t])], output_bytes=round(kept[t]),
-            received_bytes=blocks.tensor_bytes(entry) if entry is not None and t == 0 else 0,
+            received_bytes=footprint.tensor_bytes(entry) if entry is not None and t == 0 else 0,
             micro_batch=layout.micro_batch, num_microbatches=summary["num_microbatches"],
             optimizer_slots=slots, remat=summary["remat"] and s < S - 1) for t in range(T)])
     return [{"device": (r * S + s) * T + t, "replica": r, "stage": s, "shard": t,

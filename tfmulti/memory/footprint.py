@@ -1,7 +1,12 @@
 """The memory model: the bytes a stack of layers needs on a device to train.
 
 One model serves `tfmulti estimate-memory` (before anything is placed) and
-`PipelineModel.memory_report` (a placed pipeline), so the two always agree.
+`pipeline_footprint` (a placed `PipelineModel`), so the two always agree.
+This module holds the per-device rows (`stack_footprint`, `stage_footprint`,
+`model_footprint`, `pipeline_footprint`), the bytes per example of a graph's
+tensors (`tensor_bytes`, `output_bytes`) and the table of rows
+(`format_footprint`); the byte counts of dtypes and variables are
+`tfmulti.utils.sizes`'.
 Counted for one device that holds a contiguous run of layers (all of a
 model under data parallelism, one stage of a pipeline):
 
@@ -19,6 +24,9 @@ model under data parallelism, one stage of a pipeline):
   recomputes). The model's own input batch and framework workspace are not
   counted.
 
+Keras, TensorFlow and the pipeline are imported by the functions that look
+at layers, so the module itself loads without them.
+
 Example:
     >>> import keras
     >>> from tfmulti.memory import footprint
@@ -31,11 +39,12 @@ Example:
 from __future__ import annotations
 
 import math
-import re
 
-__all__ = ["COLUMNS", "OPTIMIZER_SLOTS", "dtype_bytes", "format_footprint", "layer_outputs",
-           "model_footprint", "output_elements", "slot_bytes_by_device", "stack_footprint",
-           "stage_footprint", "variables_bytes"]
+from tfmulti.utils.sizes import dtype_bytes, variables_bytes
+
+__all__ = ["COLUMNS", "OPTIMIZER_SLOTS", "format_footprint", "layer_outputs", "model_footprint",
+           "output_bytes", "output_elements", "pipeline_footprint", "slot_bytes_by_device",
+           "stack_footprint", "stage_footprint", "tensor_bytes"]
 
 OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "lion": 1, "rmsprop": 1,
                    "adagrad": 1, "adadelta": 2, "ftrl": 2, "sgd": 0}
@@ -44,33 +53,6 @@ OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "lion": 1, "r
 schedulefreeadamw are not listed: measure those)."""
 COLUMNS = ("parameters", "gradients", "optimizer_slots", "activations", "total")
 """The byte counts of a row; `activations` is the peak, `total` their sum."""
-
-
-def dtype_bytes(dtype) -> int:
-    """Bytes per element of a dtype (a name, a NumPy, TensorFlow or Keras dtype)."""
-    import numpy as np
-
-    name = getattr(dtype, "name", None) or str(dtype)
-    try:
-        return np.dtype(name).itemsize
-    except TypeError:
-        if name == "bool":
-            return 1
-        match = re.search(r"(\d+)", name)  # bfloat16, float8_e4m3fn, ...
-        if not match:
-            raise ValueError(f"cannot tell the size of dtype {name!r}.") from None
-        return max(1, int(match.group(1)) // 8)
-
-
-def variables_bytes(variables) -> int:
-    """Bytes of `variables`, each counted once (shared weights appear once)."""
-    seen, total = set(), 0
-    for variable in variables:
-        if id(variable) in seen:
-            continue
-        seen.add(id(variable))
-        total += math.prod(variable.shape) * dtype_bytes(variable.dtype)
-    return total
 
 
 def output_elements(layers, input_shape: tuple) -> list[int]:
@@ -82,11 +64,33 @@ def output_elements(layers, input_shape: tuple) -> list[int]:
     return counts
 
 
-def _output_bytes(layers, input_shape: tuple, override: str | None) -> list[int]:
+def _stack_output_bytes(layers, input_shape: tuple, override: str | None) -> list[int]:
     """Per-example bytes of each layer's output, in the layer's compute dtype
     (its mixed-precision policy) or in `override`."""
     return [n * dtype_bytes(override or getattr(layer, "compute_dtype", None) or "float32")
             for n, layer in zip(output_elements(layers, input_shape), layers)]
+
+
+def tensor_bytes(tensor) -> int:
+    """Bytes of one example of a symbolic tensor: floating outputs of a
+    layer in its compute dtype (its mixed-precision policy), others in
+    their own dtype.
+
+    Raises:
+        ValueError: a dimension other than the batch is unknown.
+    """
+    from tfmulti.parallel.chain import node_of, per_example_elements
+
+    dtype = str(tensor.dtype)
+    node = node_of(tensor)
+    if node is not None and "float" in dtype:
+        dtype = getattr(node.operation, "compute_dtype", None) or dtype
+    return per_example_elements(tensor) * dtype_bytes(dtype)
+
+
+def output_bytes(node) -> int:
+    """Bytes per example of a graph node's outputs (see `tensor_bytes`)."""
+    return sum(tensor_bytes(t) for t in node.outputs)
 
 
 def stack_footprint(layers, input_shape: tuple, *, micro_batch: int, num_microbatches: int = 1,
@@ -117,7 +121,7 @@ def stack_footprint(layers, input_shape: tuple, *, micro_batch: int, num_microba
         A dict of bytes: `COLUMNS`, plus "activations_per_microbatch" and
         "activation_batch" (examples per micro-batch).
     """
-    outputs = sum(_output_bytes(layers, tuple(input_shape), compute_dtype))
+    outputs = sum(_stack_output_bytes(layers, tuple(input_shape), compute_dtype))
     input_dtype = (input_dtype or compute_dtype
                    or getattr(layers[0], "compute_dtype", None) or "float32")
     received = (math.prod(int(d) for d in input_shape) * dtype_bytes(input_dtype)
@@ -257,3 +261,73 @@ def model_footprint(model, input_shape, *, micro_batch: int,
     outputs = sum(size for _, size in layer_outputs(model, input_shape, input_dtype))
     return stage_footprint([model], output_bytes=outputs, micro_batch=micro_batch,
                            optimizer_slots=optimizer_slots)
+
+
+def pipeline_footprint(pipeline, batch_size: int, optimizer: str | None = None) -> list[dict]:
+    """Bytes per device of a built `tfmulti.parallel.PipelineModel`, by the
+    memory model `tfmulti estimate-memory` uses: parameters, gradients,
+    optimizer slots, and the activations kept for the backward pass (the
+    outputs of every layer call of the stage), per micro-batch and at the
+    step's peak (GPipe keeps all M micro-batches' until the backward pass
+    starts; with remat only the stage inputs, plus one micro-batch's
+    recomputed outputs). With accumulation, a round's batch (B / k rows) is
+    what a step holds at once.
+
+    Args:
+        pipeline: a `PipelineModel` whose stages are built.
+        batch_size: the global batch (split over accumulation rounds,
+            replicas, then micro-batches).
+        optimizer: the optimizer's name ("adam", "sgd") when the model is
+            not compiled yet; a compiled model's built optimizer slots are
+            measured instead.
+
+    Returns:
+        One row per device (replica-major) with "device", "replica",
+        "stage" and the bytes of `stage_footprint`.
+
+    Raises:
+        RuntimeError: the stages are not built yet, or tensor-parallel
+            stages, whose T devices each hold a share
+            (`tfmulti.memory.estimate.estimate_memory` reports them).
+
+    Example:
+        >>> import keras, tfmulti
+        >>> _ = tfmulti.configure_virtual_devices(2)
+        >>> from tfmulti.memory import footprint
+        >>> from tfmulti.parallel import PipelineModel
+        >>> pipeline = PipelineModel([keras.layers.Dense(4), keras.layers.Dense(2)],
+        ...                          input_shape=(8,), devices=["CPU:0", "CPU:1"],
+        ...                          num_microbatches=2)
+        >>> rows = footprint.pipeline_footprint(pipeline, batch_size=16, optimizer="adam")
+        >>> [(row["stage"], row["parameters"], row["activation_batch"]) for row in rows]
+        [(0, 144, 8), (1, 40, 8)]
+    """
+    from tfmulti.runtime.devices import canonical_device_name
+
+    if pipeline.tensor_parallel > 1:
+        raise RuntimeError(
+            f"pipeline_footprint() counts one device per stage; these stages are split over "
+            f"{pipeline.tensor_parallel} devices each: use tfmulti.memory.estimate."
+            f"estimate_memory('transformer', tensor_parallel={pipeline.tensor_parallel}, ...), "
+            f"which reports every device.")
+    chain = pipeline.built_chain("pipeline_footprint()")
+    micro = max(batch_size // (pipeline.accumulate_steps * pipeline.num_replicas
+                               * pipeline.num_microbatches), 1)
+    opt = getattr(pipeline, "optimizer", None)
+    measured = (slot_bytes_by_device(opt, canonical_device_name)
+                if opt is not None and opt.built else None)
+    slots = OPTIMIZER_SLOTS.get(optimizer or "", 0)
+    rows = []
+    for r in range(pipeline.num_replicas):
+        for s, (a, b) in enumerate(pipeline.stage_bounds):
+            device = canonical_device_name(pipeline.stage_devices[r][s])
+            entry = chain.blocks[a].entry
+            rows.append({"device": device, "replica": r, "stage": s, **stage_footprint(
+                pipeline.stage_layers(r, s),
+                output_bytes=sum(output_bytes(node) for node in chain.stage_nodes(a, b)),
+                received_bytes=0 if entry is None else tensor_bytes(entry),
+                micro_batch=micro, num_microbatches=pipeline.num_microbatches,
+                optimizer_slots=slots,
+                slot_bytes=None if measured is None else measured.get(device, 0),
+                remat=pipeline.remat and s < pipeline.num_stages - 1)})
+    return rows

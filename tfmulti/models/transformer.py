@@ -8,7 +8,7 @@ model whose blocks meet at single tensors (the residual stream), so a
 pipeline can cut it between blocks (`tfmulti.parallel.PipelineModel`).
 
 The layers are named by their role (`ROLES`), which is how the
-tensor-parallel form finds them: `tfmulti.parallel.tensor.split_transformer`
+tensor-parallel form finds them: `tfmulti.parallel.tensor_split.split_transformer`
 builds the same graph (`assemble`) from the same weights, with the attention
 heads, the MLP and the output head split over T devices (Megatron-LM's
 layout, `TENSOR_PARALLEL`).

@@ -1,11 +1,18 @@
-"""Model parallelism by manual device placement: the GPipe pipeline (and the
-data x pipeline hybrid), tensor-parallel layers (`tfmulti.parallel.tensor`),
-the chain of blocks a model is cut into (`blocks`), variables made on their
-stage's device (`placement`), the stage partitioner and the schedule tables.
+"""Model parallelism by manual device placement, a module per job:
 
-`PipelineModel` and the tensor-parallel layers load lazily (they import
-TensorFlow); the schedule helpers
-and `tfmulti.parallel.partition`'s numeric core are pure Python.
+    pipeline       the GPipe pipeline (and the data x pipeline hybrid)
+    layouts        the transformer over R x S x T devices
+    tensor_layers  the tensor-parallel layers (Megatron-LM) and their base
+    tensor_split   a transformer split over T devices, and joined again
+    placement      variables made on their stage's device, a stage's shards placed
+    chain          the chain of blocks a model is cut into
+    partition      the stage partitioner and the one stage-count check
+    schedule       the schedule tables (GPipe, 1F1B), their bubble and memory
+
+The bytes each device needs are counted above this layer, by
+`tfmulti.memory`. `PipelineModel` and the tensor-parallel layers load lazily
+(they import TensorFlow); the schedule helpers and
+`tfmulti.parallel.partition`'s numeric core are pure Python.
 """
 
 from __future__ import annotations
@@ -16,9 +23,9 @@ from typing import TYPE_CHECKING
 _LAZY = {
     "PipelineModel": "tfmulti.parallel.pipeline",
     "build_parallel_transformer": "tfmulti.parallel.layouts",
-    "ColumnParallelDense": "tfmulti.parallel.tensor",
-    "RowParallelDense": "tfmulti.parallel.tensor",
-    "ParallelMultiHeadAttention": "tfmulti.parallel.tensor",
+    "ColumnParallelDense": "tfmulti.parallel.tensor_layers",
+    "RowParallelDense": "tfmulti.parallel.tensor_layers",
+    "ParallelMultiHeadAttention": "tfmulti.parallel.tensor_layers",
     "plan_partition": "tfmulti.parallel.partition",
     "gpipe": "tfmulti.parallel.schedule",
     "one_f_one_b": "tfmulti.parallel.schedule",
@@ -34,8 +41,8 @@ if TYPE_CHECKING:
     from tfmulti.parallel.pipeline import PipelineModel
     from tfmulti.parallel.schedule import (bubble_fraction, gpipe, max_in_flight,
                                            measured_bubble, one_f_one_b)
-    from tfmulti.parallel.tensor import (ColumnParallelDense, ParallelMultiHeadAttention,
-                                         RowParallelDense)
+    from tfmulti.parallel.tensor_layers import (ColumnParallelDense, ParallelMultiHeadAttention,
+                                                RowParallelDense)
 
 
 def __getattr__(name: str):

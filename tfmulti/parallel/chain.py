@@ -37,8 +37,10 @@ import math
 
 import keras
 
-__all__ = ["Block", "Chain", "chain_of", "output_bytes", "per_example_elements", "stack_graph",
-           "tensor_bytes"]
+from tfmulti.parallel.partition import check_stage_count
+
+__all__ = ["Block", "Chain", "chain_of", "node_of", "per_example_elements", "stack_graph",
+           "stack_of"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -134,20 +136,22 @@ class Chain:
             self.inputs[k] for k in self.stage_side_keys(start, stop)]
         return keras.Model(inputs, self.blocks[stop - 1].exit, name=name)
 
-    def check_num_stages(self, num_stages: int, devices=None) -> None:
-        """Raises a ValueError naming what prevents `num_stages` stages
-        (`devices`: the devices the count came from, named in the message)."""
-        if num_stages <= len(self.blocks):
-            return
-        unit = "layers" if self.stack is not None else "blocks"
-        reason = f" {self.why_not}" if self.why_not else ""
-        fix = (f"pass at most {len(self.blocks)} devices per replica" if devices is not None
-               else f"use at most {len(self.blocks)} stages")
-        asked = (f"{num_stages} stages (`devices` lists {len(devices)})" if devices is not None
-                 else f"{num_stages} stages")
-        raise ValueError(
-            f"model {self.name!r} cannot be cut into {asked}: it has {len(self.blocks)} "
-            f"{unit} (a cut needs a point crossed by a single tensor).{reason} {fix}.")
+    @property
+    def unit(self) -> str:
+        """What a block is, for messages: "layers" for a stack, else "blocks"."""
+        return "layers" if self.stack is not None else "blocks"
+
+    def check_num_stages(self, num_stages: int, devices=None) -> int:
+        """`tfmulti.parallel.partition.check_stage_count` for this chain: at
+        most one stage per block, the message naming the model and what
+        prevents more cuts (`devices`: the devices the count came from).
+
+        Raises:
+            ValueError: `num_stages` is not a positive integer or exceeds
+                the blocks.
+        """
+        return check_stage_count(num_stages, len(self.blocks), unit=self.unit, model=self.name,
+                                 reason=self.why_not, devices=devices)
 
 
 # ---------------------------------------------------------------------------
@@ -199,7 +203,7 @@ def chain_of(model, input_shape=None) -> Chain:
                 "graph Keras does not record; pass a functional model, a keras.Sequential or "
                 "a list of layers.")
         return _graph_chain(model)
-    layers, name, shape, dtype = _stack(model)
+    layers, name, shape, dtype = stack_of(model)
     if input_shape is not None:
         shape = tuple(input_shape)
     if shape is None:
@@ -211,8 +215,14 @@ def chain_of(model, input_shape=None) -> Chain:
     return dataclasses.replace(chain, stack=tuple(layers))
 
 
-def _stack(model):
-    """(layers, name, per-example input shape or None, input dtype)."""
+def stack_of(model):
+    """(layers, name, per-example input shape or None, input dtype) of a
+    stack: a `keras.Sequential` or a list of layers.
+
+    Raises:
+        ValueError: a single layer, something else than a stack, an empty
+            stack, or a layer that appears twice.
+    """
     if isinstance(model, keras.Sequential):
         layers, name = list(model.layers), model.name
         try:
@@ -251,7 +261,9 @@ def _stack(model):
     return layers, name, shape, dtype
 
 
-def _node_of(tensor):
+def node_of(tensor):
+    """The Keras graph node that made a symbolic tensor, or None for a
+    model input (or a tensor made outside a Keras graph)."""
     history = getattr(tensor, "_keras_history", None)
     if history is None or history.operation is None:
         return None
@@ -262,7 +274,7 @@ def _nodes_in_order(input_ids: set, output) -> list:
     """The graph's nodes from the inputs to `output` in the order Keras runs
     them: a depth-first walk from the output, arguments in order."""
     order, state = [], {}
-    start = _node_of(output)
+    start = node_of(output)
     stack = [(start, iter(start.input_tensors))]
     state[id(start)] = 1
     while stack:
@@ -270,7 +282,7 @@ def _nodes_in_order(input_ids: set, output) -> list:
         for tensor in pending:
             if id(tensor) in input_ids:
                 continue
-            parent = _node_of(tensor)
+            parent = node_of(tensor)
             if parent is None or parent.is_input:
                 raise ValueError(
                     f"tensor {tensor.name!r} used by {node.operation.name!r} is not computed "
@@ -299,7 +311,7 @@ def _graph_chain(model, side_computations: bool = True) -> Chain:
             "one output tensor (return the others' loss from inside the model).")
     output = outputs[0]
     input_index = {id(t): i for i, t in enumerate(inputs)}
-    if id(output) in input_index or _node_of(output) is None:
+    if id(output) in input_index or node_of(output) is None:
         raise ValueError(f"model {model.name!r} has no layers between its inputs and output.")
     order = _nodes_in_order(set(input_index), output)
 
@@ -313,7 +325,7 @@ def _graph_chain(model, side_computations: bool = True) -> Chain:
             free_tensors.update(id(t) for t in node.outputs)
         else:
             placed.append(node)
-    if not placed or placed[-1] is not _node_of(output):
+    if not placed or placed[-1] is not node_of(output):
         raise ValueError(
             f"model {model.name!r}: its output is computed from its inputs by stateless "
             "operations only; there is nothing to pipeline.")
@@ -410,24 +422,6 @@ def _side_parts(nodes, input_index, free_of, free):
     order = {id(node): i for i, node in enumerate(free)}
     needed.sort(key=lambda node: order[id(node)])
     return tuple(needed), tuple(sorted(sides))
-
-
-def tensor_bytes(tensor) -> int:
-    """Bytes of one example of a symbolic tensor: floating outputs of a
-    layer in its compute dtype (its mixed-precision policy), others in
-    their own dtype."""
-    from tfmulti.memory.footprint import dtype_bytes
-
-    dtype = str(tensor.dtype)
-    node = _node_of(tensor)
-    if node is not None and "float" in dtype:
-        dtype = getattr(node.operation, "compute_dtype", None) or dtype
-    return per_example_elements(tensor) * dtype_bytes(dtype)
-
-
-def output_bytes(node) -> int:
-    """Bytes per example of a graph node's outputs (see `tensor_bytes`)."""
-    return sum(tensor_bytes(t) for t in node.outputs)
 
 
 def per_example_elements(tensor) -> int:

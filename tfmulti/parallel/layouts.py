@@ -3,7 +3,7 @@
 R data-parallel replicas of an S-stage pipeline whose stages are each split
 over T devices (tensor parallelism): R*S*T devices, stage s of replica r on
 devices[(r*S + s)*T : (r*S + s + 1)*T]. The transformer is built whole in
-host memory, split over T devices (`tensor.split_transformer`), then cut
+host memory, split over T devices (`tensor_split.split_transformer`), then cut
 into stages and placed by `PipelineModel`, which trains its layer objects
 and keeps the replicas equal. Any of R, S, T may be 1.
 
@@ -27,8 +27,8 @@ import tensorflow as tf
 from tfmulti.utils import checks as _checks
 from tfmulti.models import transformer
 from tfmulti.config.train_config import check_transformer_sizes
-from tfmulti.parallel.pipeline import PipelineModel
-from tfmulti.parallel.tensor import split_transformer
+from tfmulti.parallel.pipeline import PipelineModel, choose_devices
+from tfmulti.parallel.tensor_split import split_transformer
 
 __all__ = ["build_parallel_transformer"]
 
@@ -73,7 +73,7 @@ def build_parallel_transformer(*, num_replicas: int = 1, num_stages: int = 1,
     sizes = transformer.transformer_sizes(model)
     del sizes["padding_mask"]
     check_transformer_sizes(**sizes, tensor_parallel=tensor_parallel)
-    devices = PipelineModel._choose_devices(devices, num_stages, num_replicas, tensor_parallel)
+    devices = choose_devices(devices, num_stages, num_replicas, tensor_parallel)
     if tensor_parallel > 1:  # on the first stage's devices until the pipeline places it
         model = split_transformer(model, devices[:tensor_parallel])
     return PipelineModel(model, devices=devices, num_stages=num_stages,

@@ -11,8 +11,9 @@ DeepSpeed's `PipelineModule(partition_method=...)` do. The cost of a layer
 example ("flops", attention and embeddings included) or its measured forward
 time ("time"); stage sizes can also be given explicitly.
 
-The numeric core (`partition_costs`, `validate_sizes`, `balance_ratio`) is pure
-Python; Keras is imported only inside the functions that look at layers.
+The numeric core (`partition_costs`, `validate_sizes`, `balance_ratio`) and
+the one stage-count check (`check_stage_count`) are pure Python; Keras is
+imported only inside the functions that look at layers.
 
 Example:
     >>> import keras
@@ -45,10 +46,11 @@ from collections.abc import Sequence
 
 from tfmulti.utils import checks as _checks
 from tfmulti.utils.tables import format_table, human_bytes
-from tfmulti.memory.footprint import variables_bytes
+from tfmulti.utils.sizes import variables_bytes
 
-__all__ = ["COST_METHODS", "PartitionPlan", "StagePlan", "balance_ratio", "layer_costs",
-           "partition_costs", "plan_partition", "validate_sizes"]
+__all__ = ["COST_METHODS", "PartitionPlan", "StagePlan", "balance_ratio", "check_stage_count",
+           "layer_costs", "partition_costs", "per_example_shape", "plan_partition",
+           "validate_sizes"]
 
 COST_METHODS = ("params", "flops", "time")
 """Valid string values of `method` in `layer_costs` and `plan_partition`."""
@@ -66,9 +68,49 @@ _REL_TOL = 1e-9  # ties in the secondary criterion, for float costs
 # ---------------------------------------------------------------------------
 
 
-def _check_num_stages(num_stages) -> int:
-    return _checks.positive_int("num_stages", num_stages,
-                                hint="pass e.g. num_stages=2 (1: a single stage, no pipeline)")
+def check_stage_count(num_stages, num_units: int | None = None, *, unit: str = "layers",
+                      model: str | None = None, reason: str | None = None,
+                      devices=None) -> int:
+    """Checks a number of pipeline stages: a positive integer and, given the
+    layers (blocks) there are to cut, at most one stage per layer (block).
+    The one stage-count check: the partitioner, the chain of blocks
+    (`Chain.check_num_stages`) and `PipelineModel` all call it.
+
+    Args:
+        num_stages: the number of stages asked for.
+        num_units: the layers (blocks) to cut; None: check `num_stages` alone.
+        unit: what `num_units` counts, for the message: "layers" or "blocks".
+        model: the model's name, for the message.
+        reason: why the model has no more cuts (`Chain.why_not`), appended.
+        devices: the devices `num_stages` came from, named in the message.
+
+    Returns:
+        `num_stages` as an int.
+
+    Raises:
+        ValueError: `num_stages` is not an integer >= 1, or exceeds `num_units`.
+
+    Example:
+        >>> from tfmulti.parallel.partition import check_stage_count
+        >>> check_stage_count(2, 3)
+        2
+        >>> check_stage_count(4, 3, model="mlp")
+        Traceback (most recent call last):
+            ...
+        ValueError: model 'mlp' cannot be cut into 4 stages: it has 3 layers; use at most 3 stages.
+    """
+    num_stages = _checks.positive_int(
+        "num_stages", num_stages, hint="pass e.g. num_stages=2 (1: a single stage, no pipeline)")
+    if num_units is None or num_stages <= num_units:
+        return num_stages
+    what = "the model" if model is None else f"model {model!r}"
+    asked = (f"{num_stages} stages" if devices is None
+             else f"{num_stages} stages per replica (`devices` lists {len(devices)})")
+    cut = " (a cut needs a point crossed by a single tensor)" if unit == "blocks" else ""
+    fix = (f"use at most {num_units} stages" if devices is None
+           else f"pass at most {num_units} devices per replica")
+    raise ValueError(f"{what} cannot be cut into {asked}: it has {num_units} {unit}{cut}; "
+                     f"{fix}.{' ' + reason if reason else ''}")
 
 
 def _check_costs(costs, what: str = "costs") -> list[float]:
@@ -126,12 +168,8 @@ def partition_costs(costs: Sequence[float], num_stages: int) -> list[int]:
             exceeds the number of layers.
     """
     costs = _check_costs(costs)
-    num_stages = _check_num_stages(num_stages)
     n = len(costs)
-    if num_stages > n:
-        raise ValueError(
-            f"num_stages ({num_stages}) exceeds the number of layers ({n}); "
-            f"use at most {n} stages.")
+    num_stages = check_stage_count(num_stages, n)
     prefix = [0.0]
     for cost in costs:
         prefix.append(prefix[-1] + cost)
@@ -219,7 +257,7 @@ def validate_sizes(sizes: Sequence[int], num_layers: int, num_stages: int,
             size per stage, a size is not an integer or is < 1, or the sizes do
             not add up to `num_layers`.
     """
-    num_stages = _check_num_stages(num_stages)
+    num_stages = check_stage_count(num_stages)
     if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
         raise ValueError(
             f"stage sizes must be a sequence of integers, one per stage; received {sizes!r}.")
@@ -265,7 +303,13 @@ def balance_ratio(stage_costs: Sequence[float]) -> float:
 # ---------------------------------------------------------------------------
 
 
-def _per_example_shape(input_shape) -> tuple:
+def per_example_shape(input_shape) -> tuple:
+    """A per-example input shape (an int or a sequence, without the batch
+    dimension) as a tuple of ints (None for unknown sizes).
+
+    Raises:
+        ValueError: not a shape, or a dimension < 1.
+    """
     if _checks.is_int(input_shape):
         input_shape = (int(input_shape),)
     try:
@@ -288,7 +332,7 @@ def _chain(layers, input_shape):
 
     if isinstance(layers, blocks.Chain):
         return layers
-    shape = _per_example_shape(input_shape) if input_shape is not None else None
+    shape = per_example_shape(input_shape) if input_shape is not None else None
     chain = blocks.chain_of(layers, input_shape=shape)
     if chain.inputs is None:  # a stack of unknown input shape: its layers must be built
         unbuilt = [layer for layer in chain.stack if not layer.built]
@@ -298,10 +342,6 @@ def _chain(layers, input_shape):
                 "unknown; pass input_shape=(...) (the per-example shape, without the batch "
                 "dimension) or build the model first, e.g. with keras.Input.")
     return chain
-
-
-def _unit(chain) -> str:
-    return "layers" if chain.stack is not None else "blocks"
 
 
 def _check_shapes(chain, method: str) -> None:
@@ -456,7 +496,7 @@ def layer_costs(layers, method: str, input_shape=None, batch_size: int = 32) -> 
 
     Args:
         layers: A keras.Sequential, a functional model or a list of layers
-            (built, or buildable from `input_shape`).
+            (built, or buildable from `input_shape`), or its chain of blocks.
         method: One of "params", "flops", "time".
         input_shape: A stack's per-example input shape, without the batch
             dimension. Defaults to None: the model's own input shape when it
@@ -585,8 +625,11 @@ def plan_partition(layers, num_stages: int, method="params", input_shape=None,
 
     Args:
         layers: A keras.Sequential (its `model.layers`), a list of layers,
-            or a functional model (cut into blocks where a single tensor
-            crosses; see `tfmulti.parallel.chain`).
+            a functional model (cut into blocks where a single tensor
+            crosses; see `tfmulti.parallel.chain`), or the chain of blocks
+            of one of them (`tfmulti.parallel.chain.chain_of`), used as it
+            is: a caller that holds the chain hands it over instead of
+            having it derived again.
         num_stages: The number of stages, 1 <= num_stages <= number of layers
             (blocks).
         method: "params" (the default), "flops" or "time" (see `layer_costs`),
@@ -609,20 +652,20 @@ def plan_partition(layers, num_stages: int, method="params", input_shape=None,
             `input_shape` is missing, `method` is unknown, explicit sizes are
             invalid, or `num_stages` is invalid for the model.
     """
-    num_stages = _check_num_stages(num_stages)
+    num_stages = check_stage_count(num_stages)
     if isinstance(method, str):
         if method not in COST_METHODS:
             raise ValueError(
                 f"unknown method {method!r}; valid methods: {', '.join(COST_METHODS)}, "
                 "or a list of stage sizes.")
         chain = _chain(layers, input_shape)
-        _check_stage_count(chain, num_stages)
+        chain.check_num_stages(num_stages)
         costs = _costs(chain, method, batch_size)
         sizes = partition_costs(costs, num_stages)
         name = method
     elif isinstance(method, Sequence):
         chain = _chain(layers, input_shape)
-        sizes = validate_sizes(method, len(chain.blocks), num_stages, unit=_unit(chain))
+        sizes = validate_sizes(method, len(chain.blocks), num_stages, unit=chain.unit)
         costs = _costs(chain, "params", batch_size)
         name = EXPLICIT
     else:
@@ -643,11 +686,3 @@ def plan_partition(layers, num_stages: int, method="params", input_shape=None,
         start += size
     return PartitionPlan(stages=tuple(stages), method=name, sizes=tuple(sizes))
 
-
-def _check_stage_count(chain, num_stages: int) -> None:
-    if chain.stack is not None and num_stages > len(chain.blocks):
-        n = len(chain.blocks)
-        raise ValueError(
-            f"num_stages ({num_stages}) exceeds the number of layers ({n}); "
-            f"use at most {n} stages.")
-    chain.check_num_stages(num_stages)

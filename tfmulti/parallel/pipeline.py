@@ -48,6 +48,11 @@ keep micro-batches at 384 rows or more. On other devices, measure: a
 micro-batch too small for the device's kernels costs more than the bubble
 it removes.
 
+The bytes each device holds (parameters, gradients, optimizer slots,
+activations) are counted by `tfmulti.memory.footprint.pipeline_footprint`,
+from the public accessors here (`built_chain`, `stage_bounds`,
+`stage_layers`).
+
 Example:
     >>> import keras, tfmulti
     >>> _ = tfmulti.configure_virtual_devices(2)
@@ -67,15 +72,14 @@ import tensorflow as tf
 from keras.src.trainers import data_adapters
 
 from tfmulti.utils import checks as _checks
-from tfmulti.memory import footprint
 from tfmulti.models import optimizers
 from tfmulti.runtime import devices as devices_lib
 from tfmulti.parallel import placement
 from tfmulti.parallel import chain as blocks
 from tfmulti.parallel import partition as partition_lib
-from tfmulti.parallel import tensor as tensor_lib
+from tfmulti.parallel.tensor_split import tensor_parallel_degree
 
-__all__ = ["PipelineModel", "check_remat"]
+__all__ = ["PipelineModel", "check_remat", "choose_devices"]
 
 # Layers whose training-time call updates state (moving statistics): remat,
 # which calls each stage twice per micro-batch, would update it twice.
@@ -110,16 +114,46 @@ def check_remat(layers) -> None:
             f"statistics of {stateful} twice per micro-batch; use remat=False.")
 
 
-def _check_stage_count(num_stages, num_layers: int, devices=None) -> None:
-    if num_stages <= num_layers:
-        return
+def choose_devices(devices, num_stages, num_replicas, tensor_parallel=1) -> list[str]:
+    """The R*S*T devices of a pipeline (see `PipelineModel`'s `devices`).
+
+    Args:
+        devices: device names, or None: the first R*S*T logical GPUs, else
+            logical CPUs (S = `num_stages`, or 2).
+        num_stages: S, or None: as many as the devices give.
+        num_replicas: R.
+        tensor_parallel: T, the devices of each stage.
+
+    Returns:
+        The full device names.
+
+    Raises:
+        ValueError: too few devices, unknown devices, or a count that is
+            not a multiple of R*T (or not R*S*T, S given).
+    """
+    T = tensor_parallel
+    shards = f" x {T} tensor-parallel devices" if T > 1 else ""
     if devices is None:
+        available = devices_lib.logical_devices("GPU") or devices_lib.logical_devices("CPU")
+        stages = num_stages or 2
+        needed = stages * num_replicas * T
+        if len(available) < needed:
+            raise ValueError(
+                f"{stages} stages x {num_replicas} replica(s){shards} need {needed} "
+                f"devices, found {len(available)}: {available}; create more with "
+                f"tfmulti.configure_virtual_devices({needed}) or pass `devices`.")
+        return [devices_lib.canonical_device_name(d) for d in available[:needed]]
+    names = devices_lib.resolve_devices(devices)
+    if len(names) % (num_replicas * T):
         raise ValueError(
-            f"`num_stages` ({num_stages}) exceeds the number of layers ({num_layers}); "
-            f"use at most {num_layers} stages.")
-    raise ValueError(
-        f"`devices` lists {len(devices)} devices, {num_stages} stages per replica, but the "
-        f"model has {num_layers} layers; pass at most {num_layers} devices per replica.")
+            f"{len(names)} devices cannot form {num_replicas} replicas of equal "
+            f"pipelines{shards and f' of {T}-device stages'}; pass num_stages x "
+            f"num_replicas{shards and f' x {T}'} devices.")
+    if num_stages is not None and len(names) != num_stages * num_replicas * T:
+        raise ValueError(
+            f"`devices` lists {len(names)} devices but num_stages ({num_stages}) x "
+            f"num_replicas ({num_replicas}){shards} = {num_stages * num_replicas * T}.")
+    return names
 
 
 def _clone(layer):
@@ -183,7 +217,7 @@ class PipelineModel(keras.Model):
         devices: R*S*T device names, replica-major (replica 0's stages
             first), each stage's T devices together: stage s of replica r on
             devices[(r*S + s)*T : (r*S + s + 1)*T]; T is 1 unless the model
-            has tensor-parallel layers (`tfmulti.parallel.tensor`), which are
+            has tensor-parallel layers (`tfmulti.parallel.tensor_layers`), which are
             split over T devices: each stage's then run on its T devices,
             everything else on the first. Default: the first R*S*T logical
             GPUs, else logical CPUs.
@@ -229,18 +263,19 @@ class PipelineModel(keras.Model):
         if functional:
             chain, shape = blocks.chain_of(layers), None
             check = chain.check_num_stages
-            tensor_parallel = tensor_lib.tensor_parallel_degree(layers.layers)
+            tensor_parallel = tensor_parallel_degree(layers.layers)
         else:
-            stack, _, shape, _ = blocks._stack(layers)
-            tensor_parallel = tensor_lib.tensor_parallel_degree(stack)
+            stack, stack_name, shape, _ = blocks.stack_of(layers)
+            tensor_parallel = tensor_parallel_degree(stack)
             if input_shape is not None:
-                shape = partition_lib._per_example_shape(input_shape)
+                shape = partition_lib.per_example_shape(input_shape)
 
             def check(count, names=None):
-                _check_stage_count(count, len(stack), names)
+                partition_lib.check_stage_count(count, len(stack), model=stack_name,
+                                                devices=names)
         if num_stages is not None:
             check(num_stages)  # before looking for devices
-        device_names = self._choose_devices(devices, num_stages, num_replicas, tensor_parallel)
+        device_names = choose_devices(devices, num_stages, num_replicas, tensor_parallel)
         num_stages = len(device_names) // (num_replicas * tensor_parallel)
         check(num_stages, device_names)  # derived from `devices`
         self._source = _Source(layers)
@@ -260,37 +295,12 @@ class PipelineModel(keras.Model):
         self.stage_devices = [[group[0] for group in row] for row in self.stage_groups]
         self.plan = None
         self._chain = None
+        self._bounds = ()
         self.replicas = []
         if functional or shape is not None:
             self.build(None if functional else (None, *shape))
 
     # ------------------------------------------------------------------ set-up
-
-    @staticmethod
-    def _choose_devices(devices, num_stages, num_replicas, tensor_parallel=1) -> list[str]:
-        T = tensor_parallel
-        shards = f" x {T} tensor-parallel devices" if T > 1 else ""
-        if devices is None:
-            available = devices_lib.logical_devices("GPU") or devices_lib.logical_devices("CPU")
-            stages = num_stages or 2
-            needed = stages * num_replicas * T
-            if len(available) < needed:
-                raise ValueError(
-                    f"{stages} stages x {num_replicas} replica(s){shards} need {needed} "
-                    f"devices, found {len(available)}: {available}; create more with "
-                    f"tfmulti.configure_virtual_devices({needed}) or pass `devices`.")
-            return [devices_lib.canonical_device_name(d) for d in available[:needed]]
-        names = devices_lib.resolve_devices(devices)
-        if len(names) % (num_replicas * T):
-            raise ValueError(
-                f"{len(names)} devices cannot form {num_replicas} replicas of equal "
-                f"pipelines{shards and f' of {T}-device stages'}; pass num_stages x "
-                f"num_replicas{shards and f' x {T}'} devices.")
-        if num_stages is not None and len(names) != num_stages * num_replicas * T:
-            raise ValueError(
-                f"`devices` lists {len(names)} devices but num_stages ({num_stages}) x "
-                f"num_replicas ({num_replicas}){shards} = {num_stages * num_replicas * T}.")
-        return names
 
     def build(self, input_shape=None):
         """Cuts the model into stages and places them (a stack of unbuilt
@@ -324,7 +334,7 @@ class PipelineModel(keras.Model):
         if self._partition == "time":  # timing runs the layers: they need values
             placement.place(deferred.remaining(), "/CPU:0", deferred)
         self.plan = partition_lib.plan_partition(chain, self.num_stages, method=self._partition)
-        self._bounds = [(cut.start, cut.stop) for cut in self.plan.slices]
+        self._bounds = tuple((cut.start, cut.stop) for cut in self.plan.slices)
         self._side_keys = [chain.stage_side_keys(a, b) for a, b in self._bounds]
         self._takes_carry = [chain.blocks[a].entry is not None for a, _ in self._bounds]
         replicas = []
@@ -334,8 +344,8 @@ class PipelineModel(keras.Model):
                 group, name = self.stage_groups[r][s], f"replica{r}_stage{s}"
                 if r == 0:  # the given layer objects
                     stage = chain.stage_model(a, b, name=name)
-                    for device, variables in tensor_lib.stage_placement(_own_layers(stage),
-                                                                        group):
+                    for device, variables in placement.stage_placement(_own_layers(stage),
+                                                                       group):
                         placement.place(variables, device, deferred)
                 else:
                     stage = _copy_stage(replicas[0][s], group, name)
@@ -564,7 +574,7 @@ class PipelineModel(keras.Model):
         return self._compile_loss(y, y_pred, None)
 
     def accumulate_gradients(self, steps: int) -> "PipelineModel":
-        """Sets `accumulate_steps` (`tfmulti.runtime.keras_fixes.accumulate_gradients`
+        """Sets `accumulate_steps` (`tfmulti.models.accumulation.accumulate_gradients`
         and `compile_model(accumulate_steps=...)` call this): one update per
         batch of `steps` x B rows, `steps` GPipe rounds in turn."""
         _checks.positive_int("accumulate_steps", steps)
@@ -586,7 +596,15 @@ class PipelineModel(keras.Model):
         build them inside the traced train function, on the default device)."""
         optimizers.build_on_variable_devices(self.optimizer, self.trainable_variables)
 
-    def _built_chain(self, what: str):
+    def built_chain(self, what: str = "this") -> blocks.Chain:
+        """The chain of blocks the stages were cut from (`tfmulti.parallel.chain`).
+
+        Args:
+            what: the caller, named in the error.
+
+        Raises:
+            RuntimeError: the stages are not built yet.
+        """
         if self._chain is None:
             raise RuntimeError(
                 f"{what} needs the stages, which are built from the first batch; call the "
@@ -601,7 +619,7 @@ class PipelineModel(keras.Model):
         Raises:
             ValueError: the pipeline was made from a functional model.
         """
-        chain = self._built_chain("to_sequential()")
+        chain = self.built_chain("to_sequential()")
         if chain.stack is None:
             raise ValueError(
                 f"model {chain.name!r} is a functional model, not a stack; use to_model().")
@@ -617,7 +635,7 @@ class PipelineModel(keras.Model):
         """The unpartitioned model (replica 0's weights) on the default
         device: a copy of the functional model given (`to_sequential()` for
         a stack), for saving as `.keras`, serving, or comparing."""
-        chain = self._built_chain("to_model()")
+        chain = self.built_chain("to_model()")
         if chain.stack is not None:
             return self.to_sequential(name=name)
         source = self._source.model
@@ -632,7 +650,7 @@ class PipelineModel(keras.Model):
         objects given, first). `tfmulti.training.backup` keys a pipeline's variables
         by them, so that its backup restores into the unpartitioned model,
         and back."""
-        self._built_chain("checkpoint_layers()")
+        self.built_chain("checkpoint_layers()")
         held = {id(layer): (s, j) for s, stage in enumerate(self.replicas[0])
                 for j, layer in enumerate(stage.layers)}
         source = self._source.model
@@ -641,57 +659,17 @@ class PipelineModel(keras.Model):
         return [[stages[held[id(layer)][0]].layers[held[id(layer)][1]] for layer in order]
                 for stages in self.replicas]
 
-    def memory_report(self, batch_size: int, optimizer: str | None = None) -> list[dict]:
-        """Bytes per device, by the memory model `tfmulti estimate-memory` uses
-        (`tfmulti.memory.footprint`): parameters, gradients, optimizer slots, and
-        the activations kept for the backward pass (the outputs of every
-        layer call of the stage), per micro-batch and at the step's peak
-        (GPipe keeps all M micro-batches' until the backward pass starts;
-        with remat only the stage inputs, plus one micro-batch's recomputed
-        outputs). With accumulation, a round's batch (B / k rows) is what a
-        step holds at once.
+    @property
+    def stage_bounds(self) -> tuple[tuple[int, int], ...]:
+        """Each stage's blocks, as (start, stop) into `built_chain().blocks`
+        (a stack's: into its layers); empty until the stages are built."""
+        return tuple(self._bounds)
 
-        Args:
-            batch_size: the global batch (split over accumulation rounds,
-                replicas, then micro-batches).
-            optimizer: the optimizer's name ("adam", "sgd") when the model is
-                not compiled yet; a compiled model's built optimizer slots are
-                measured instead.
-
-        Raises:
-            RuntimeError: tensor-parallel stages, whose T devices each hold a
-                share (`tfmulti.memory.estimate.estimate_memory` reports them).
-        """
-        if self.tensor_parallel > 1:
-            raise RuntimeError(
-                f"memory_report() counts one device per stage; these stages are split over "
-                f"{self.tensor_parallel} devices each: use tfmulti.memory.estimate."
-                f"estimate_memory('transformer', tensor_parallel={self.tensor_parallel}, ...), "
-                f"which reports every device.")
-        chain = self._built_chain("memory_report()")
-        micro = max(batch_size // (self.accumulate_steps * self.num_replicas
-                                   * self.num_microbatches), 1)
-        opt = getattr(self, "optimizer", None)
-        measured = (footprint.slot_bytes_by_device(opt, devices_lib.canonical_device_name)
-                    if opt is not None and opt.built else None)
-        slots = footprint.OPTIMIZER_SLOTS.get(optimizer or "", 0)
-        rows = []
-        for r, stages in enumerate(self.replicas):
-            for s, stage in enumerate(stages):
-                a, b = self._bounds[s]
-                device = devices_lib.canonical_device_name(self.stage_devices[r][s])
-                entry = chain.blocks[a].entry
-                rows.append({"device": device, "replica": r, "stage": s,
-                             **footprint.stage_footprint(
-                                 _own_layers(stage),
-                                 output_bytes=sum(blocks.output_bytes(node)
-                                                  for node in chain.stage_nodes(a, b)),
-                                 received_bytes=0 if entry is None else blocks.tensor_bytes(entry),
-                                 micro_batch=micro, num_microbatches=self.num_microbatches,
-                                 optimizer_slots=slots,
-                                 slot_bytes=None if measured is None else measured.get(device, 0),
-                                 remat=self.remat and s < self.num_stages - 1)})
-        return rows
+    def stage_layers(self, replica: int, stage: int) -> list:
+        """The layers stage `stage` of replica `replica` holds (replica 0:
+        the layer objects given; the others, copies), without the inputs of
+        its sub-model."""
+        return _own_layers(self.replicas[replica][stage])
 
     def placement(self) -> list[dict]:
         """Where every variable lives: a row per (replica, stage)."""
@@ -700,7 +678,7 @@ class PipelineModel(keras.Model):
             for s, stage in enumerate(stages):
                 rows.append({
                     "replica": r, "stage": s, "device": self.stage_devices[r][s],
-                    "layers": [l.name for l in _own_layers(stage)],
+                    "layers": [l.name for l in self.stage_layers(r, s)],
                     "variable_devices": sorted({v.value.device for v in stage.weights}),
                 })
         return rows
@@ -740,7 +718,7 @@ def _scaled(gradient, factor: float):
 
 def _copy_stage(source, group, name: str) -> keras.Model:
     """A copy of a stage (new layers, same architecture and weights) with
-    its variables made on its device group (`tensor.stage_placement`)."""
+    its variables made on its device group (`placement.stage_placement`)."""
     with placement.deferred_variables() as deferred:
         clone = keras.models.clone_model(source)
     values = {id(c): w.value for c, w in zip(clone.weights, source.weights)}
@@ -748,7 +726,7 @@ def _copy_stage(source, group, name: str) -> keras.Model:
     for copy in clone.weights:
         if id(copy) in own:
             copy.assign(values[id(copy)])
-    for device, variables in tensor_lib.stage_placement(_own_layers(clone), group):
+    for device, variables in placement.stage_placement(_own_layers(clone), group):
         placement.place(variables, device, deferred, values=[values.get(id(v)) for v in variables])
     placement.place(deferred.remaining(), group[0], deferred)  # random seeds' state
     return keras.Model(clone._inputs_struct, clone._outputs_struct, name=name)

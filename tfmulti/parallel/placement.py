@@ -13,8 +13,9 @@ every reference to the layer (and to the variable) sees the moved one.
 A layer that places its own variables says so with a true attribute
 `places_own_variables`; its variables are left where it made them (its
 `build` makes them under `outside_symbolic_pass()`, each under its device).
-Tensor-parallel layers are placed by the pipeline instead, each shard on
-its device of the stage's group (`tfmulti.parallel.tensor.stage_placement`).
+Tensor-parallel layers (`tfmulti.parallel.tensor_layers`) are placed by
+the pipeline instead, each shard on its device of the stage's group
+(`stage_placement`, which says where each of a stage's variables goes).
 
 Example:
     >>> import keras, tfmulti
@@ -39,8 +40,10 @@ import tensorflow as tf
 from keras.src.backend.common import global_state
 
 from tfmulti.runtime import devices as devices_lib
+from tfmulti.parallel.tensor_layers import TensorParallelLayer
 
-__all__ = ["Deferred", "deferred_variables", "outside_symbolic_pass", "place", "self_placed"]
+__all__ = ["Deferred", "deferred_variables", "outside_symbolic_pass", "place", "self_placed",
+           "stage_placement"]
 
 _PENDING = "uninitialized_variables"  # Keras' list of variables made without a value
 
@@ -162,3 +165,41 @@ def self_placed(model) -> set[int]:
         if getattr(layer, "places_own_variables", False):
             ids.update(id(v) for v in layer.variables)
     return ids
+
+
+def stage_placement(layers, group) -> list[tuple[str, list]]:
+    """Where a pipeline stage's variables go when the stage runs on a group
+    of T devices, and the stage's tensor-parallel layers pointed at them.
+
+    Shard i of every tensor-parallel layer goes to group[i]; everything else
+    (whole layers, unsplit biases, random-seed state) to group[0], the
+    stage's home. With one device, everything goes there. Other layers that
+    place their own variables (`places_own_variables`) keep them where
+    they are.
+
+    Args:
+        layers: the stage's layers (each variable is placed once).
+        group: T device names (the stage's devices).
+
+    Returns:
+        [(device, variables)], one entry per device of `group`.
+
+    Raises:
+        ValueError: tensor-parallel layers split over other than T devices.
+    """
+    group = [devices_lib.canonical_device_name(d) for d in group]
+    placed = {d: [] for d in group}
+    seen = set()
+    for layer in layers:
+        sharded = isinstance(layer, TensorParallelLayer)
+        if sharded:
+            layer.retarget(group)
+        elif getattr(layer, "places_own_variables", False):
+            continue
+        for variable in layer.variables:
+            if id(variable) in seen:
+                continue
+            seen.add(id(variable))
+            shard = layer.shard_of(variable) if sharded else None
+            placed[group[shard or 0]].append(variable)
+    return list(placed.items())

@@ -241,7 +241,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         # (the placed pipeline's report counts one device per stage).
         rows = (memory.estimate_for_config(config)["devices"]
                 if getattr(model, "tensor_parallel", 1) > 1
-                else model.memory_report(config.global_batch_size))
+                else footprint.pipeline_footprint(model, config.global_batch_size))
         print(f"{model.plan.table()}\n{footprint.format_footprint(rows)}", flush=True)
     resumed_step, last_epoch = 0, {}
     if config.backup_dir:

@@ -1,5 +1,9 @@
 """Tensor (intra-layer) parallelism by manual device placement, after
-Megatron-LM (Shoeybi et al. 2019), as Keras layers.
+Megatron-LM (Shoeybi et al. 2019), as Keras layers: this module holds the
+layers, their base `TensorParallelLayer` and `run_on_device`; a whole
+transformer is split with them by `tfmulti.parallel.tensor_split`, and a
+pipeline stage's shards are placed by
+`tfmulti.parallel.placement.stage_placement`.
 
 One layer's weights are split over T devices; each device holds 1/T of the
 split weights (and, once the optimizer is built with
@@ -49,8 +53,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-
 import keras
 import numpy as np
 import tensorflow as tf
@@ -59,11 +61,9 @@ from keras.src.initializers.random_initializers import compute_fans
 
 from tfmulti.utils import checks as _checks
 from tfmulti.runtime import devices as devices_lib
-from tfmulti.models import transformer
 
 __all__ = ["ColumnParallelDense", "ParallelMultiHeadAttention", "RowParallelDense",
-           "DeviceShare", "WeightShare", "device_shares", "run_on_device", "split_transformer",
-           "stage_placement", "tensor_parallel_degree", "unsplit_transformer"]
+           "TensorParallelLayer", "run_on_device", "shard_devices"]
 
 # Initializers that draw every element independently of the shape: a shard
 # drawn with them is distributed as the same slice of a whole kernel.
@@ -94,7 +94,7 @@ def run_on_device(device: str, fn, *args):
 
     Example:
         >>> import tensorflow as tf
-        >>> from tfmulti.parallel.tensor import run_on_device
+        >>> from tfmulti.parallel.tensor_layers import run_on_device
         >>> x = tf.constant([1.0, 2.0])
         >>> with tf.GradientTape() as tape:
         ...     tape.watch(x)
@@ -146,7 +146,13 @@ def _replicate(x, count: int, device: str) -> list:
     return list(run_on_device(device, lambda t: [tf.identity(t) for _ in range(count)], x))
 
 
-def _resolve(devices) -> list[str]:
+def shard_devices(devices) -> list[str]:
+    """The T devices a tensor-parallel layer (or model) is split over, as
+    full names, shard i on the i-th.
+
+    Raises:
+        ValueError: not a list of device names, or unknown or repeated devices.
+    """
     if isinstance(devices, (str, bytes)) or devices is None:
         raise ValueError(f"`devices` must be a list of device names, one per shard, got "
                          f"{devices!r}; e.g. devices=['CPU:0', 'CPU:1'].")
@@ -205,11 +211,14 @@ def _shard_initializer(initializer, full_shape, shard_shape, index: int):
     return cls.from_config(config)
 
 
-class _Sharded:
-    """What the tensor-parallel layers share: the devices, the home device."""
+class TensorParallelLayer:
+    """The base of the tensor-parallel layers: the devices their weights are
+    split over, the home device, which shard a variable is, and pointing
+    the layer at other devices. `isinstance(layer, TensorParallelLayer)`
+    tells a split layer from a whole one."""
 
     def _place(self, devices) -> None:
-        self._devices = _resolve(devices)
+        self._devices = shard_devices(devices)
         self._shard_index = []  # (variable, shard) of every split weight
         self.supports_jit = False  # XLA would collapse the placement
 
@@ -246,12 +255,12 @@ class _Sharded:
         """Points the layer at other devices (T of them, shard i on
         devices[i]) for its next calls; moving its variables there is the
         caller's (`PipelineModel` moves them with their values, see
-        `stage_placement`).
+        `tfmulti.parallel.placement.stage_placement`).
 
         Raises:
             ValueError: not T devices, or unknown or repeated devices.
         """
-        devices = _resolve(devices)
+        devices = shard_devices(devices)
         if len(devices) != self.tensor_parallel:
             raise ValueError(f"layer {self.name!r} is split over {self.tensor_parallel} devices; "
                              f"got {len(devices)} ({devices}).")
@@ -273,7 +282,7 @@ def _dense_config(layer) -> dict:
                                    "bias_regularizer", "name", "dtype", "trainable")}
 
 
-class _ParallelDense(_Sharded, keras.layers.Layer):
+class _ParallelDense(TensorParallelLayer, keras.layers.Layer):
     """A Dense layer split over devices: the arguments, config and unsplit
     form the column- and row-parallel ones share."""
 
@@ -538,7 +547,7 @@ _PROJECTIONS = ("query", "key", "value")
 
 
 @keras.saving.register_keras_serializable(package="tfmulti")
-class ParallelMultiHeadAttention(_Sharded, keras.layers.MultiHeadAttention):
+class ParallelMultiHeadAttention(TensorParallelLayer, keras.layers.MultiHeadAttention):
     """`keras.layers.MultiHeadAttention` with its heads split over `devices`.
 
     Device i holds num_heads / T heads: their query, key and value
@@ -743,240 +752,3 @@ class ParallelMultiHeadAttention(_Sharded, keras.layers.MultiHeadAttention):
         if self._use_bias:
             layer.output_dense.bias.assign(keras.ops.convert_to_numpy(self.output_bias))
         return layer
-
-
-_SPLITS = {
-    "heads": ParallelMultiHeadAttention.from_layer,
-    "column": ColumnParallelDense.from_layer,
-    "row": RowParallelDense.from_layer,
-    "column_gathered": lambda layer, devices: ColumnParallelDense.from_layer(
-        layer, devices, gather_output=True),
-}
-
-
-def split_transformer(model: keras.Model, devices, *, name: str | None = None) -> keras.Model:
-    """The tensor-parallel form of a `tfmulti.models.transformer` language model,
-    with its weights.
-
-    The same graph (`tfmulti.models.transformer.assemble`) with every block's
-    attention split by heads and its MLP by columns then rows, and the
-    output head by vocabulary columns (`tfmulti.models.transformer.TENSOR_PARALLEL`):
-    device i of T holds 1/T of those weights. The embeddings and LayerNorms
-    are copied whole onto devices[0], which also runs the residual stream.
-    The given model is left as it is.
-
-    Args:
-        model: a model built by `tfmulti.models.transformer.build_transformer`.
-        devices: T device names; T must divide the heads, the MLP width and
-            the vocabulary.
-        name: the new model's name; default: the model's, + "_tp<T>".
-
-    Returns:
-        A functional `keras.Model` with the same inputs and outputs.
-
-    Raises:
-        ValueError: not a transformer from `build_transformer`, unknown or
-            repeated devices, or sizes that T does not divide.
-
-    Example:
-        >>> import numpy as np, tfmulti
-        >>> from tfmulti.parallel.tensor import split_transformer
-        >>> plain = tfmulti.models.transformer.build_transformer(seq_len=8, d_model=16, num_heads=2,
-        ...                                               num_layers=1, seed=0)
-        >>> split = split_transformer(plain, ["CPU:0", "CPU:1"])
-        >>> tokens = np.arange(16, dtype="int32").reshape(2, 8)
-        >>> bool(np.allclose(split(tokens), plain(tokens), atol=1e-5))
-        True
-    """
-    layers = transformer.layers_by_name(model)
-    if "block0_attention" not in layers or "lm_head" not in layers:
-        raise ValueError(f"model {model.name!r} is not a transformer from "
-                         "tfmulti.models.transformer.build_transformer; split its layers with "
-                         "ColumnParallelDense/RowParallelDense/ParallelMultiHeadAttention."
-                         "from_layer instead.")
-    devices = _resolve(devices)
-    sizes = transformer.transformer_sizes(model)
-    kinds = {n: transformer.TENSOR_PARALLEL.get(transformer.role_of(n)) for n in layers}
-    split = {n: _SPLITS[kind](layers[n], devices) if kind else
-             layers[n].__class__.from_config(layers[n].get_config())
-             for n, kind in kinds.items()}
-    with tf.device(devices[0]):  # the whole layers are built here, on their first call
-        result = transformer.assemble(split, seq_len=sizes["seq_len"],
-                                      padding_mask=sizes["padding_mask"],
-                                      name=name or f"{model.name}_tp{len(devices)}")
-    for n, kind in kinds.items():
-        if not kind:
-            split[n].set_weights(layers[n].get_weights())
-    return result
-
-
-def unsplit_transformer(model: keras.Model, *, name: str | None = None) -> keras.Model:
-    """The plain form of a tensor-parallel transformer (`split_transformer`),
-    with its current weights, built on the current device: for saving,
-    serving, or comparing with the plain model.
-
-    Args:
-        model: a transformer from `split_transformer` (a plain one is copied).
-        name: the new model's name; default: the model's, + "_unsplit".
-
-    Returns:
-        A functional `keras.Model` of plain Keras layers.
-
-    Example:
-        >>> import numpy as np, tfmulti
-        >>> from tfmulti.parallel.tensor import split_transformer, unsplit_transformer
-        >>> plain = tfmulti.models.transformer.build_transformer(seq_len=8, d_model=16, num_heads=2,
-        ...                                               num_layers=1, seed=0)
-        >>> again = unsplit_transformer(split_transformer(plain, ["CPU:0", "CPU:1"]))
-        >>> all(np.array_equal(a, b) for a, b in zip(again.get_weights(), plain.get_weights()))
-        True
-    """
-    layers = transformer.layers_by_name(model)
-    sizes = transformer.transformer_sizes(model)
-    plain = {n: layer.to_layer() if isinstance(layer, _Sharded) else
-             layer.__class__.from_config(layer.get_config()) for n, layer in layers.items()}
-    result = transformer.assemble(plain, seq_len=sizes["seq_len"],
-                                  padding_mask=sizes["padding_mask"],
-                                  name=name or f"{model.name}_unsplit")
-    for n, layer in layers.items():
-        if not isinstance(layer, _Sharded):
-            plain[n].set_weights(layer.get_weights())
-    return result
-
-
-def tensor_parallel_degree(layers) -> int:
-    """T, the number of devices the tensor-parallel layers among `layers`
-    are split over; 1 when there are none.
-
-    Raises:
-        ValueError: layers split over different numbers of devices.
-    """
-    degrees = {layer.name: layer.tensor_parallel for layer in layers
-               if isinstance(layer, _Sharded)}
-    if len(set(degrees.values())) > 1:
-        raise ValueError(f"the tensor-parallel layers are split over different numbers of "
-                         f"devices ({degrees}); split every layer over T devices.")
-    return next(iter(degrees.values()), 1)
-
-
-def stage_placement(layers, group) -> list[tuple[str, list]]:
-    """Where a pipeline stage's variables go when the stage runs on a group
-    of T devices, and the stage's tensor-parallel layers pointed at them.
-
-    Shard i of every tensor-parallel layer goes to group[i]; everything else
-    (whole layers, unsplit biases, random-seed state) to group[0], the
-    stage's home. With one device, everything goes there. Other layers that
-    place their own variables (`places_own_variables`, see
-    `tfmulti.parallel.placement`) keep them where they are.
-
-    Args:
-        layers: the stage's layers (each variable is placed once).
-        group: T device names (the stage's devices).
-
-    Returns:
-        [(device, variables)], one entry per device of `group`.
-
-    Raises:
-        ValueError: tensor-parallel layers split over other than T devices.
-    """
-    group = [devices_lib.canonical_device_name(d) for d in group]
-    placed = {d: [] for d in group}
-    seen = set()
-    for layer in layers:
-        sharded = isinstance(layer, _Sharded)
-        if sharded:
-            layer.retarget(group)
-        elif getattr(layer, "places_own_variables", False):
-            continue
-        for variable in layer.variables:
-            if id(variable) in seen:
-                continue
-            seen.add(id(variable))
-            shard = layer.shard_of(variable) if sharded else None
-            placed[group[shard or 0]].append(variable)
-    return list(placed.items())
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightShare:
-    """A device's part of one unsplit variable: what `tfmulti.memory.footprint`
-    counts (a shape and a dtype), and whether it trains."""
-
-    shape: tuple
-    dtype: str
-    trainable: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceShare:
-    """What one device holds of a split layer: its parts of the variables,
-    and the fractions of the unsplit layer's output and input it keeps for
-    the backward pass."""
-
-    weights: tuple
-    output: float
-    input: float
-
-
-def _unsplit_variables(layer, kind: str) -> list:
-    """The variables of an unsplit layer that its split form keeps whole, on
-    the home device: a row-parallel Dense's bias, attention's output bias."""
-    if kind == "row":
-        return [layer.bias] if layer.use_bias else []
-    if kind == "heads":
-        return [layer.output_dense.bias] if layer.use_bias else []
-    return []
-
-
-# What each device keeps of a split layer's output for the backward pass,
-# as (fraction on every device, fraction on the home device in addition):
-# column shards their slice (the next layer's input); a gathered, row or
-# attention output is kept whole on the home, where it is joined (the
-# slices and partial sums it is made of are not needed again).
-_OUTPUT_SHARES = {"column": lambda T: (1 / T, 0.0), "column_gathered": lambda T: (0.0, 1.0),
-                  "row": lambda T: (0.0, 1.0), "heads": lambda T: (0.0, 1.0)}
-# The kinds whose shards each take a copy of the whole input (kept by every
-# device other than the home, which holds the original, for the weight
-# gradient); a row-parallel layer's input is already split.
-_REPLICATED_INPUT = ("column", "column_gathered", "heads")
-
-
-def _weight_share(v, size=None) -> WeightShare:
-    return WeightShare(tuple(v.shape) if size is None else (size,), str(v.dtype), v.trainable)
-
-
-def device_shares(layer, kind: str | None, T: int) -> list[DeviceShare]:
-    """What each of T devices holds of an unsplit, built layer once it is
-    split as `kind` (see `tfmulti.models.transformer.TENSOR_PARALLEL`), for a
-    memory estimate made before anything is split or placed.
-
-    Args:
-        layer: the unsplit layer.
-        kind: "column", "column_gathered", "row", "heads"; None: the layer
-            stays whole, on device 0 (the home).
-        T: the number of devices.
-
-    Returns:
-        A `DeviceShare` per device.
-
-    Example:
-        >>> import keras
-        >>> from tfmulti.parallel.tensor import device_shares
-        >>> dense = keras.layers.Dense(8)
-        >>> dense.build((None, 4))
-        >>> [([w.shape for w in d.weights], d.output) for d in device_shares(dense, "row", 2)]
-        [([(16,), (8,)], 1.0), ([(16,)], 0.0)]
-    """
-    if kind is None:
-        whole = DeviceShare(tuple(_weight_share(v) for v in layer.weights), 1.0, 0.0)
-        return [whole] + [DeviceShare((), 0.0, 0.0)] * (T - 1)
-    unsplit = {id(v) for v in _unsplit_variables(layer, kind)}
-    each, home = _OUTPUT_SHARES[kind](T)
-    shares = []
-    for t in range(T):
-        weights = tuple(_weight_share(v) if id(v) in unsplit else
-                        _weight_share(v, int(np.prod(v.shape)) // T)
-                        for v in layer.weights if t == 0 or id(v) not in unsplit)
-        copied = 1.0 if t > 0 and kind in _REPLICATED_INPUT else 0.0
-        shares.append(DeviceShare(weights, each + (home if t == 0 else 0.0), copied))
-    return shares
