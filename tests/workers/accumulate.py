@@ -1,5 +1,5 @@
 """A user's model trained with gradient accumulation through `fit`
-(`tfmulti.runtime.keras_fixes.accumulate_gradients`) and through the custom loop
+(`tfmulti.models.accumulation.accumulate_gradients`) and through the custom loop
 (`tfmulti.training.loops`), and the big-batch reference both must equal.
 
     tfmulti launch --num_workers 2 -- python accumulate.py OUT_DIR MODE [MODE ...]
@@ -79,14 +79,14 @@ def fit(strategy, accumulate_steps: int | None, steps_per_execution: int = 1,
         optimizer=None) -> dict:
     """`fit` at GLOBAL_BATCH, with `accumulate_steps` micro-batches per update
     (None: plain Keras)."""
-    from tfmulti.runtime import keras_fixes as workarounds
+    from tfmulti.models import accumulation
 
     with strategy.scope():
         model = build()
         model.compile(optimizer or keras.optimizers.Adam(0.01), log_cosh,
                       steps_per_execution=steps_per_execution)
     if accumulate_steps is not None:
-        workarounds.accumulate_gradients(model, accumulate_steps)
+        accumulation.accumulate_gradients(model, accumulate_steps)
     history = model.fit(**_train_input(strategy).fit_kwargs(), epochs=EPOCHS, verbose=0)
     return {"loss": np.array(history.history["loss"]), **_result(model)}
 

@@ -1,5 +1,6 @@
 """Keras 3 `fit` under a plain MultiWorkerMirroredStrategy, with a chosen set of
-tfmulti's fixes, to show which upstream bug each fix covers.
+tfmulti's fixes (`tfmulti.runtime.keras_fixes`), to show which upstream bug
+each fix covers.
 
     tfmulti launch --num_workers 2 -- python keras_upstream.py MODE [MODE ...]
 
@@ -8,8 +9,9 @@ fresh model on one shared strategy and prints `MODE: fit ok` or
 `MODE: fit failed: ERROR`:
 
     none    no fix (keras-team/keras#20585: the symbolic build)
-    build   fixes 2 and 3 installed, then fix 3 undone (tensorflow/tensorflow#72388)
-    all     fixes 2 and 3
+    build   the fixes installed (`apply_keras_fixes`), then "logged scalars under
+            MultiWorkerMirroredStrategy" undone (tensorflow/tensorflow#72388)
+    all     the fixes
 
 The failures are raised while Keras builds its functions, before any
 collective runs, so the cluster stays usable for the next mode.
@@ -24,22 +26,24 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfmulti.runtime import keras_fixes as workarounds  # noqa: E402
+from tfmulti.runtime import keras_fixes  # noqa: E402
 
 MODES = ("none", "build", "all")
 
 
-def set_fixes(mode: str) -> None:
+def set_fixes(mode: str, strategy) -> None:
     from keras.src.backend.tensorflow import trainer
 
     if mode == "none":
-        assert not workarounds._applied & {"symbolic_build", "reduce_per_replica"}, \
+        assert not keras_fixes.active_fixes(), \
             "mode 'none' must come first, before any fix is installed"
         return
-    workarounds.apply_multi_worker_fixes()  # idempotent
+    active = keras_fixes.apply_keras_fixes(strategy)  # idempotent
+    assert {"fit under MultiWorkerMirroredStrategy",
+            "logged scalars under MultiWorkerMirroredStrategy"} <= set(active), active
     patched = getattr(set_fixes, "patched", None) or trainer.reduce_per_replica
     set_fixes.patched = patched
-    # "build": undo fix 3 only; "all": fix 3 back in place.
+    # "build": undo the logged scalars' fix only; "all": back in place.
     trainer.reduce_per_replica = patched.__wrapped__ if mode == "build" else patched
 
 
@@ -64,7 +68,7 @@ def main(modes: list[str]) -> None:
                  f"got {modes}")
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     for mode in modes:
-        set_fixes(mode)
+        set_fixes(mode, strategy)
         try:
             fit(strategy)
         except Exception as e:  # the upstream bugs raise several types

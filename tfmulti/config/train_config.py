@@ -62,6 +62,7 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 SHARDINGS = ("auto", "examples", "files")
 """How several workers split the input (`tfmulti.data.distribute`)."""
 CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
+"""How a multi-worker strategy finds its cluster (`tfmulti.get_strategy(cluster_resolver=...)`)."""
 PARTITIONS = ("params", "flops", "time")
 MIXED_PRECISION = ("none", "bfloat16", "float16")
 VERBOSITY = ("auto", 0, 1, 2)

@@ -21,8 +21,7 @@ import keras
 import tensorflow as tf
 
 from tfmulti.utils import checks as _checks
-from tfmulti.models import optimizers
-from tfmulti.runtime import keras_fixes as workarounds
+from tfmulti.models import accumulation, optimizers
 from tfmulti.config.train_config import (LR_SCALINGS, MIXED_PRECISION, MODEL_TASKS, OPTIMIZERS, TASKS, resolve_steps_per_execution)
 
 __all__ = ["INPUT_SHAPES", "WarmupSchedule", "build_model", "compile_model", "default_loss",
@@ -308,7 +307,7 @@ def compile_model(
         accumulate_steps: gradient accumulation: each step's batch (of
             accumulate_steps x B rows) runs as that many micro-batches of B
             rows one after the other, their gradients summed into one update
-            (`tfmulti.runtime.keras_fixes.accumulate_gradients`; it works under every
+            (`tfmulti.models.accumulation.accumulate_gradients`; it works under every
             strategy, where Keras' own `gradient_accumulation_steps` fails
             with 2+ replicas). 1 (the default) updates at every step.
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
@@ -380,7 +379,7 @@ def compile_model(
         compile_kwargs["metrics"] = _metrics(compile_kwargs.get("metrics", metrics), task)
         model.compile(optimizer=opt, loss=_loss(loss, task, model),
                       steps_per_execution=steps_per_execution, **compile_kwargs)
-    workarounds.accumulate_gradients(model, accumulate_steps)
+    accumulation.accumulate_gradients(model, accumulate_steps)
     return model
 
 

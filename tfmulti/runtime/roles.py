@@ -20,7 +20,8 @@ import itertools
 
 import tensorflow as tf
 
-__all__ = ["ClusterRole", "all_gather_text", "cluster_role", "coordination_available"]
+__all__ = ["ClusterRole", "all_gather_text", "cluster_role", "coordination_available",
+           "coordination_store"]
 
 _KEY = "tfmulti/gather/{name}/{call}/{rank}"
 _calls = itertools.count()
@@ -73,13 +74,29 @@ def cluster_role(strategy: tf.distribute.Strategy | None = None) -> ClusterRole:
                                           and not has_chief))
 
 
-
 def coordination_available() -> bool:
     """Whether TensorFlow's coordination service runs in this process (a
-    multi-worker cluster)."""
+    multi-worker cluster).
+
+    Example:
+        >>> from tfmulti.runtime import roles
+        >>> roles.coordination_available()  # a lone process
+        False
+    """
     from tensorflow.python.eager import context
 
     return context.context().coordination_service is not None
+
+
+def coordination_store():
+    """The coordination service's key-value store, for small values shared
+    between the workers: `set_config_key_value(key, value)` (each key once)
+    and `get_config_key_value(key, timeout_ms)` (waits until a worker sets
+    it). Only where `coordination_available()`.
+    """
+    from tensorflow.python.eager import context
+
+    return context.context()
 
 
 def all_gather_text(name: str, value: str, role: ClusterRole, timeout_s: float) -> list[str]:
@@ -93,10 +110,8 @@ def all_gather_text(name: str, value: str, role: ClusterRole, timeout_s: float) 
     """
     if role.num_workers == 1 or not coordination_available():
         return [value]
-    from tensorflow.python.eager import context
-
     call = next(_calls)
-    kv = context.context()
+    kv = coordination_store()
     kv.set_config_key_value(_KEY.format(name=name, call=call, rank=role.worker_index), value)
     values = []
     for rank in range(role.num_workers):

@@ -1,4 +1,5 @@
-"""A string-keyed factory for `tf.distribute` strategies.
+"""A string-keyed factory for `tf.distribute` strategies, with the upstream
+Keras fixes each strategy needs applied (`tfmulti.runtime.keras_fixes`).
 
 Example:
     >>> import tfmulti
@@ -19,7 +20,7 @@ import tensorflow as tf
 
 from tfmulti.utils import checks as _checks
 from tfmulti.config import train_config as config
-from tfmulti.runtime import keras_fixes as workarounds
+from tfmulti.runtime import keras_fixes
 from tfmulti.runtime import devices as devices_lib
 from tfmulti.runtime.roles import ClusterRole, cluster_role  # noqa: F401  (part of this API)
 from tfmulti.cluster import tf_config
@@ -30,7 +31,7 @@ __all__ = ["COMMUNICATIONS", "CROSS_DEVICE_OPS", "ClusterRole", "STRATEGY_KINDS"
 STRATEGY_KINDS = ("auto", "one_device", "mirrored", "multi_worker")
 CROSS_DEVICE_OPS = config.CROSS_DEVICE_OPS
 COMMUNICATIONS = ("auto", "ring", "nccl")
-CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
+CLUSTER_RESOLVERS = config.CLUSTER_RESOLVERS
 DEFAULT_STARTUP_TIMEOUT = 60.0
 
 
@@ -90,7 +91,7 @@ class _StartupWatchdog:
 
 def slurm_cluster_resolver(port_base: int = 8888):
     """TensorFlow's `SlurmClusterResolver` (CPU-only nodes too: see
-    `workarounds.slurm_cluster_resolver`).
+    `keras_fixes.slurm_cluster_resolver`).
 
     Raises:
         ValueError: not inside a SLURM job step (a SLURM_* variable is missing).
@@ -101,7 +102,7 @@ def slurm_cluster_resolver(port_base: int = 8888):
             raise ValueError(
                 f"cluster_resolver='slurm' needs {var} in the environment; run the "
                 "script under `srun` inside a SLURM allocation.")
-    return workarounds.slurm_cluster_resolver(port_base)
+    return keras_fixes.slurm_cluster_resolver(port_base)
 
 
 def _resolver_peers(resolver) -> tuple[list[str], str | None]:
@@ -164,9 +165,6 @@ def _multi_worker(communication: str, collective_timeout: float | None,
                          f"tf.distribute.cluster_resolver.ClusterResolver, got "
                          f"{cluster_resolver!r}.")
     peers, me = _resolver_peers(resolver)  # named if the cluster does not form
-    workarounds.apply_multi_worker_fixes()
-    workarounds.apply_multi_step_fix()
-    workarounds.apply_empty_batch_conv_fix()
     options = tf.distribute.experimental.CommunicationOptions(
         implementation={
             "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -178,6 +176,11 @@ def _multi_worker(communication: str, collective_timeout: float | None,
     with _StartupWatchdog(startup_timeout, peers, me):
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver, communication_options=options)
+
+
+def _with_fixes(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
+    keras_fixes.apply_keras_fixes(strategy)
+    return strategy
 
 
 def get_strategy(
@@ -199,8 +202,7 @@ def get_strategy(
           host) over `devices`, by default all GPUs, else all logical CPUs.
         * "multi_worker": `MultiWorkerMirroredStrategy` (synchronous data
           parallelism over processes or hosts) from TF_CONFIG (validated
-          first, see `tfmulti.cluster`), or SLURM; Keras 3 `fit`/`evaluate`/
-          `predict` work under it through `tfmulti.runtime.keras_fixes`.
+          first, see `tfmulti.cluster`), or SLURM.
         * "auto" (default): "multi_worker" when a `cluster_resolver` is
           given, or under `tfmulti launch` (its TF_CONFIG lists 2 or more
           tasks; any other TF_CONFIG of 2 or more tasks is refused: pass
@@ -209,6 +211,13 @@ def get_strategy(
           "one_device" on the one; without GPUs, "mirrored" over the logical
           CPUs when 2 or more were configured (see
           `configure_virtual_devices`), else "one_device".
+
+    The strategy comes with the upstream Keras fixes it needs installed
+    (`tfmulti.apply_keras_fixes(strategy)`: `fit` under
+    MultiWorkerMirroredStrategy, several steps per call with 2+ replicas,
+    convolutions on an empty batch); a "mirrored" one also has collective
+    keys of its own, so several can live in one process. The first strategy
+    that installs a fix prints one line to stderr naming them.
 
     Args:
         kind: one of "auto", "one_device", "mirrored", "multi_worker".
@@ -269,8 +278,8 @@ def get_strategy(
         if devices is not None:
             raise ValueError("`devices` does not apply to 'multi_worker'; each worker uses "
                              "its local GPUs, else its CPU.")
-        return _multi_worker(communication, collective_timeout, startup_timeout,
-                             cluster_resolver)
+        return _with_fixes(_multi_worker(communication, collective_timeout, startup_timeout,
+                                         cluster_resolver))
     if cross_device_ops not in CROSS_DEVICE_OPS:
         raise ValueError(
             f"`cross_device_ops` must be one of {list(CROSS_DEVICE_OPS)}, "
@@ -287,13 +296,10 @@ def get_strategy(
                 "kind='mirrored' for several."
             )
         device = names[0] if names else _default_mirrored_devices()[0]
-        return tf.distribute.OneDeviceStrategy(device)
+        return _with_fixes(tf.distribute.OneDeviceStrategy(device))
     names = names or _default_mirrored_devices()
-    workarounds.apply_multi_step_fix()
-    workarounds.apply_empty_batch_conv_fix()
-    return workarounds.mirrored_strategy(
-        devices=names, cross_device_ops=_cross_device_ops(cross_device_ops, names)
-    )
+    return _with_fixes(keras_fixes.mirrored_strategy(
+        devices=names, cross_device_ops=_cross_device_ops(cross_device_ops, names)))
 
 
 def strategy_name(strategy: tf.distribute.Strategy) -> str:

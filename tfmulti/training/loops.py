@@ -14,7 +14,7 @@ the step TensorFlow's custom-training-loop guide writes by hand, done once:
   (`tfmulti.runtime.keras_fixes.run_steps`); the loss is reduced once per call.
 * **Gradient accumulation**: `accumulate_steps=k` applies one update per
   global batch in k micro-batches per replica, exactly as
-  `tfmulti.runtime.keras_fixes.accumulate_gradients` does for `fit` (the same code).
+  `tfmulti.models.accumulation.accumulate_gradients` does for `fit` (the same code).
 * **Mixed precision**: the loss goes through `optimizer.scale_loss` and
   `apply_gradients` unscales, so a `keras.optimizers.LossScaleOptimizer`
   works.
@@ -49,7 +49,8 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from tfmulti.runtime import keras_fixes as workarounds
+from tfmulti.models.accumulation import sum_gradients
+from tfmulti.runtime.keras_fixes import run_steps
 
 __all__ = ["LoopResult", "TrainStep", "run"]
 
@@ -144,7 +145,7 @@ class TrainStep:
             raise StopIteration from None
 
     def _steps(self, iterator, steps: int):
-        done, totals = workarounds.run_steps(
+        done, totals = run_steps(
             lambda data, total: self.strategy.run(self._replica_step, args=(data, total)),
             iterator, steps, outputs=tf.constant(0.0))
         total = self.strategy.reduce(tf.distribute.ReduceOp.SUM, totals, axis=None)
@@ -173,7 +174,7 @@ class TrainStep:
             return optimizer.scale_loss(loss), loss
 
         variables = model.trainable_variables
-        gradients, loss = workarounds.sum_gradients(
+        gradients, loss = sum_gradients(
             loss_fn, keras.utils.unpack_x_y_sample_weight(data), variables, k)
         optimizer.apply_gradients(zip(gradients, variables))
         return total + loss

@@ -15,8 +15,10 @@ import tensorflow as tf
 from tfmulti.utils import checks as _checks
 from tfmulti.utils.failpoints import failpoint
 from tfmulti.runtime import strategy as strategy_lib
+# Module names of their own, so that a test can fake the coordination service here.
+from tfmulti.runtime.roles import coordination_available as _coordination_available
+from tfmulti.runtime.roles import coordination_store as _kv
 from tfmulti.training.backup import _files, _keys
-from tfmulti.training.backup._preemption import _coordination_available, _kv
 
 # A coordination-service key per `fit` call (`run` counts the calls, which
 # every worker makes in the same order), since a key can be set only once.

@@ -10,6 +10,9 @@ import time
 from tfmulti.utils import failpoints as _faults
 from tfmulti.cluster import exit_codes
 from tfmulti.cluster.plan import PREEMPTION_AGREEMENT_S
+# Module names of their own, so that a test can fake the coordination service here.
+from tfmulti.runtime.roles import coordination_available as _coordination_available
+from tfmulti.runtime.roles import coordination_store as _kv
 
 _PREEMPT_KEY = "tfmulti/training/backup/{run}/preempt"
 _ACK_KEY = "tfmulti/training/backup/{run}/ack/{index}"
@@ -35,18 +38,6 @@ class PreemptedUnsaved(Preempted):
     `exit_codes.PREEMPTED_UNSAVED` (a restart resumes from the previous backup)."""
 
     code_on_exit = exit_codes.PREEMPTED_UNSAVED
-
-
-def _coordination_available() -> bool:
-    from tensorflow.python.eager import context
-
-    return context.context().coordination_service is not None
-
-
-def _kv():
-    from tensorflow.python.eager import context
-
-    return context.context()
 
 
 class _Preemption:

@@ -1,8 +1,9 @@
 """Tests of tfmulti.runtime.keras_fixes: each upstream bug still happens without its
-workaround, and the fix works.
+fix, the fix works, and `apply_keras_fixes` applies the fixes to a strategy the
+user built.
 
 When a test named `test_upstream_bug_*` starts failing after a TensorFlow or
-Keras upgrade, upstream has fixed the bug: drop the workaround.
+Keras upgrade, upstream has fixed the bug: drop the fix.
 
 The checks that need a process of their own (no fix installed yet, oneDNN on)
 share one: `_SINGLE_PROCESS` runs each part in turn and prints one JSON line
@@ -19,9 +20,13 @@ import textwrap
 import pytest
 
 from tests._util import WORKERS, launch_python, run_python
-from tests.workers import accumulate
 
-# Fix 6: convolutions on an empty batch (oneDNN). The bug is in oneDNN's
+STEPS_PER_CALL = "several steps per call with 2+ replicas"
+EMPTY_BATCH_CONV = "convolutions on an empty batch under oneDNN"
+FIT_MULTI_WORKER = "fit under MultiWorkerMirroredStrategy"
+SCALAR_LOGS_MULTI_WORKER = "logged scalars under MultiWorkerMirroredStrategy"
+
+# Convolutions on an empty batch under oneDNN. The bug is in oneDNN's
 # kernels, which TensorFlow turns on by default only on x86 CPUs with AVX-512
 # neural-network features (VNNI, BF16, AMX); elsewhere (an AVX2-only CPU, say)
 # the same tests would pass without the fix. So they run in a process with
@@ -39,9 +44,11 @@ _EMPTY_BATCH_LAYERS = {  # layer: (input shape without the batch, constructor ar
 }
 
 # One process, oneDNN on, 4 virtual CPUs. The order matters: nothing installs
-# a fix before the upstream parts that need it missing (get_strategy installs
-# fixes 5 and 6, so it comes after them), and the failed all-reduce of
-# "keys_upstream" aborts the process's collectives, so it comes last. Each part
+# a fix before the upstream parts that need it missing (apply_keras_fixes and
+# get_strategy install the multi-step and the empty-batch fixes, so they come
+# after them; "announce" is the first to install any), and the failed
+# all-reduce of "keys_upstream" aborts the process's collectives, so it comes
+# last. Each part
 # records {"result": ..., "error": "Type: message" or None}.
 _SINGLE_PROCESS = textwrap.dedent("""
     import json, sys
@@ -51,7 +58,7 @@ _SINGLE_PROCESS = textwrap.dedent("""
     import tfmulti
     from tfmulti import data
     from tfmulti.models import builders as models
-    from tfmulti.runtime import keras_fixes as workarounds
+    from tfmulti.runtime import keras_fixes
     tfmulti.configure_virtual_devices(4)
     import keras
 
@@ -63,7 +70,7 @@ _SINGLE_PROCESS = textwrap.dedent("""
         except Exception as e:
             out[function.__name__] = {"result": None, "error": f"{type(e).__name__}: {e}"}
 
-    # Fix 1: each MirroredStrategy its own collective keys.
+    # Several MirroredStrategy in one process: each its own collective keys.
     def all_reduce(strategy):
         value = strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
             "sum", tf.constant(1.0)))
@@ -76,9 +83,10 @@ _SINGLE_PROCESS = textwrap.dedent("""
 
     @part
     def keys_fix():
-        return two_strategies(workarounds.mirrored_strategy)
+        return two_strategies(keras_fixes.mirrored_strategy)
 
-    # Fix 5: steps_per_execution > 1 with 2 replicas, plain MirroredStrategy.
+    # Several steps per call (steps_per_execution > 1) with 2 replicas, plain
+    # MirroredStrategy.
     @part
     def multi_step_upstream():
         strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])  # no tfmulti fixes
@@ -90,7 +98,7 @@ _SINGLE_PROCESS = textwrap.dedent("""
         model.fit(**train.fit_kwargs(), epochs=1, verbose=0)
         return "fit ok"
 
-    # Fix 6: convolutions on an empty batch.
+    # Convolutions on an empty batch.
     def conv_model(**compile_args):
         model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(4, 3),
                                   keras.layers.Conv2D(8, 3), keras.layers.Flatten(),
@@ -107,7 +115,7 @@ _SINGLE_PROCESS = textwrap.dedent("""
     def conv_upstream():
         # MirroredStrategy, 2 replicas, 80 test examples at global batch 64: the
         # last batch (16) fits in replica 0's share, replica 1 gets 0 examples.
-        strategy = workarounds.mirrored_strategy(["CPU:0", "CPU:1"])  # no fix 6
+        strategy = keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"])  # not patched yet
         with strategy.scope():
             model = conv_model(loss="sparse_categorical_crossentropy")
         test = data.distribute(data.load("synthetic", "test", num_examples=80), strategy, 64,
@@ -115,13 +123,32 @@ _SINGLE_PROCESS = textwrap.dedent("""
         model.evaluate(**test.evaluate_kwargs(), verbose=0)
         return "evaluate ok"
 
+    # apply_keras_fixes on strategies the user built: the first call that
+    # patches prints one line to stderr, no other call does.
+    @part
+    def announce():
+        import contextlib, io
+        r, errors = {}, io.StringIO()
+        with contextlib.redirect_stderr(errors):
+            r["active_before"] = keras_fixes.active_fixes()
+            r["one_device"] = tfmulti.apply_keras_fixes(tf.distribute.OneDeviceStrategy("CPU:0"))
+            r["stderr_before"] = errors.getvalue()  # nothing patched: quiet
+            mirrored = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+            r["mirrored"] = tfmulti.apply_keras_fixes(mirrored)
+            r["again"] = tfmulti.apply_keras_fixes(mirrored)
+            tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+            r["everything"] = tfmulti.apply_keras_fixes()
+        r["stderr"] = errors.getvalue()
+        return r
+
     @part
     def conv_fix():
         # The upstream evaluation through get_strategy (which installs the fix)
         # against one device evaluating the same weights.
         r = {}
         strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
-        r["installed_by_get_strategy"] = "empty_batch_conv" in workarounds._applied
+        r["installed_by_get_strategy"] = (
+            "convolutions on an empty batch under oneDNN" in keras_fixes.active_fixes())
         compile_args = dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                             metrics=["accuracy"])
         with strategy.scope():
@@ -162,7 +189,8 @@ _SINGLE_PROCESS = textwrap.dedent("""
             }
         return r
 
-    # Fix 1's upstream bug, last: its failed all-reduce aborts the collectives.
+    # Several MirroredStrategy's upstream bug, last: its failed all-reduce aborts
+    # the collectives.
     @part
     def keys_upstream():
         return two_strategies(lambda d: tf.distribute.MirroredStrategy(d))
@@ -186,7 +214,8 @@ def _needs_onednn(upstream) -> None:
 
 
 # --------------------------------------------------------------------------
-# Fix 1: several MirroredStrategy instances share collective keys.
+# Several MirroredStrategy in one process share collective keys
+# (tensorflow#61314).
 
 
 @pytest.mark.slow
@@ -206,7 +235,7 @@ def test_fix_gives_each_mirrored_strategy_its_own_keys(upstream):
 
 
 # --------------------------------------------------------------------------
-# Fix 4: SlurmClusterResolver on CPU-only nodes.
+# SlurmClusterResolver without GPUs (tensorflow#56894).
 
 
 def _fake_slurm(monkeypatch):
@@ -230,10 +259,10 @@ def test_upstream_bug_slurm_resolver_needs_gpus(monkeypatch):
 
 
 def test_fix_slurm_resolver_on_cpu_nodes(monkeypatch):
-    from tfmulti.runtime import keras_fixes as workarounds
+    from tfmulti.runtime import keras_fixes
 
     _fake_slurm(monkeypatch)
-    resolver = workarounds.slurm_cluster_resolver(port_base=7000)
+    resolver = keras_fixes.slurm_cluster_resolver(port_base=7000)
     assert resolver.cluster_spec().as_dict() == {
         "worker": ["cpu-1:7000", "cpu-2:7000", "cpu-3:7000"]}
     assert (resolver.task_type, resolver.task_id) == ("worker", 2)
@@ -241,13 +270,15 @@ def test_fix_slurm_resolver_on_cpu_nodes(monkeypatch):
 
 
 # --------------------------------------------------------------------------
-# Fixes 2 and 3: Keras fit under MultiWorkerMirroredStrategy.
+# Fit under MultiWorkerMirroredStrategy (keras#20585), and its logged scalars
+# (tensorflow#72388).
 
 
 @pytest.fixture(scope="module")
 def keras_under_multi_worker():
-    """One 2-worker cluster fitting with no fix, without fix 3, and with all
-    fixes: (exit status, {mode: [worker 0's line, worker 1's line]}, output)."""
+    """One 2-worker cluster fitting with no fix, with the symbolic build fixed
+    but not the logged scalars, and with both: (exit status, {mode: [worker
+    0's line, worker 1's line]}, output)."""
     code, output = launch_python([str(WORKERS / "keras_upstream.py"), "none", "build", "all"],
                                  startup_timeout=120, grace_period=5)
     lines = {mode: [line for rank in (0, 1) for line in output.splitlines()
@@ -285,7 +316,8 @@ def test_fix_keras_fit_under_multi_worker(keras_under_multi_worker):
 
 
 # --------------------------------------------------------------------------
-# Fix 5: steps_per_execution > 1 with 2 or more replicas.
+# Several steps per call (steps_per_execution > 1) with 2 or more replicas
+# (keras#19246).
 
 
 @pytest.mark.slow
@@ -331,7 +363,7 @@ def test_fix_steps_per_execution_with_replicas_matches_one_step_per_call():
 
 
 # --------------------------------------------------------------------------
-# Fix 6: convolutions on an empty batch (oneDNN).
+# Convolutions on an empty batch under oneDNN (tensorflow#30968).
 
 
 @pytest.mark.slow
@@ -376,257 +408,57 @@ def test_fix_evaluates_conv_model_with_empty_replicas(upstream):
 
 
 # --------------------------------------------------------------------------
-# Fix 7: gradient accumulation with 2 or more replicas. The user's model
-# (functional, dict inputs, a residual, an L2 penalty, its own loss, Keras'
-# Adam) and the runs come from tests/workers/accumulate.py, which the
-# 2-worker test runs too.
+# apply_keras_fixes: the fixes for a strategy the user built.
 
 
-@pytest.fixture(scope="module")
-def big_batch():
-    """Plain Keras on one device, one update per global batch of 32 rows."""
-    return accumulate.reference()
-
-
-def test_upstream_bug_keras_gradient_accumulation_with_replicas():
-    # keras-team/keras#20582: Keras' own accumulation applies inside an
-    # ops.cond in the replica function, and the apply is a merge_call.
+def test_apply_keras_fixes_to_a_mirrored_strategy_the_user_built():
+    # A plain MirroredStrategy over 2 of the test's virtual CPUs: after
+    # apply_keras_fixes, several steps per call train (keras#19246 without it).
     import keras
     import numpy as np
+    import tensorflow as tf
 
-    from tfmulti.runtime import keras_fixes as workarounds
+    import tfmulti
 
-    strategy = workarounds.mirrored_strategy(["CPU:0", "CPU:1"])
+    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+    assert tfmulti.apply_keras_fixes(strategy) == [STEPS_PER_CALL, EMPTY_BATCH_CONV]
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
-        model.compile(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2), "mse")
-    with pytest.raises(RuntimeError, match="merge_call` called while defining a new graph"):
-        model.fit(np.ones((16, 4), "float32"), np.ones((16, 3), "float32"), batch_size=8,
-                  verbose=0)
-
-
-@pytest.mark.parametrize("replicas, steps_per_execution", [(1, 2), (2, 2), (4, 1)])
-def test_fix_accumulation_equals_the_big_batch(replicas, steps_per_execution, big_batch):
-    # 4 micro-batches per update at global batch 32: 8 rows per micro-step
-    # (over the replicas), the same weights and losses as 32-row steps; 2
-    # replicas x 2 steps per call run inside fix 5's loop.
-    import numpy as np
-
-    got = accumulate.fit(accumulate.strategy_of(replicas), accumulate.ACCUMULATE,
-                         steps_per_execution)
-    assert big_batch["rows"] == 32
-    assert got["rows"] == 32 // replicas // accumulate.ACCUMULATE  # the probe's micro-batch
-    accumulate.assert_same_training(got, big_batch)
-    np.testing.assert_allclose(got["loss"], big_batch["loss"], atol=1e-6)  # every micro-batch
-
-
-def test_fix_accumulation_keeps_the_loss_scaling(big_batch):
-    # A LossScaleOptimizer (Keras' mixed float16) scales the loss by 2**15:
-    # the summed gradients are unscaled once, so the update is the plain one.
-    import keras
-
-    strategy = accumulate.strategy_of(2)
-    with strategy.scope():  # its variables on the strategy
-        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
-    got = accumulate.fit(strategy, accumulate.ACCUMULATE, optimizer=optimizer)
-    assert got["rows"] == 4  # micro-batches of 4 rows per replica
-    assert float(optimizer.dynamic_scale.numpy()) == 2.0 ** 15  # scaled, never overflowed
-    accumulate.assert_same_training(got, big_batch)
-
-
-class _Subclassed:
-    """A subclassed Keras model (its own `call`, Keras' `train_step`)."""
-
-    def __new__(cls):
-        import keras
-
-        class Subclassed(keras.Model):
-            def __init__(self):
-                super().__init__()
-                self.probe = accumulate.RowProbe(name="probe")
-                self.hidden = keras.layers.Dense(4, activation="tanh")
-                self.out = keras.layers.Dense(2)
-
-            def call(self, x):
-                return self.out(self.hidden(self.probe(x, training=True)))
-
-        return Subclassed()
-
-
-@pytest.mark.parametrize("kind", ["sequential", "subclassed"])
-def test_fix_accumulation_equals_keras_own_on_one_device(kind):
-    # Where Keras' own accumulation works (one device), tfmulti's gives the
-    # same weights: 4 Keras steps of 8 rows = one tfmulti step of 32.
-    import keras
-    import numpy as np
-
-    from tfmulti.runtime import keras_fixes as workarounds
-
+        model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
     rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(64, 5)).astype("float32"), rng.normal(size=(64, 2)).astype("float32")
-
-    def trained(optimizer, batch_size, accumulate_steps):
-        keras.utils.set_random_seed(0)
-        model = _Subclassed() if kind == "subclassed" else keras.Sequential(
-            [keras.Input((5,)), accumulate.RowProbe(name="probe"),
-             keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
-        model.compile(optimizer, "mse")
-        if accumulate_steps:
-            workarounds.accumulate_gradients(model, accumulate_steps)
-        model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0)  # 2 updates
-        probe = model.probe if kind == "subclassed" else model.get_layer("probe")
-        assert int(probe.rows.numpy()) == 8  # both: 8-row micro-steps
-        return model.trainable_weights
-
-    keras_own = trained(keras.optimizers.Adam(0.01, gradient_accumulation_steps=4), 8, None)
-    ours = trained(keras.optimizers.Adam(0.01), 32, 4)
-    for a, b in zip(ours, keras_own):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+    x, y = rng.random((64, 4), dtype=np.float32), rng.random((64, 3), dtype=np.float32)
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)  # 2 calls of 2 steps each
+    assert int(model.optimizer.iterations.numpy()) == 8
+    assert np.all(np.isfinite(history.history["loss"]))
 
 
-def _tiny_model(optimizer="sgd", model_class=None, strategy=None):
-    import contextlib
-
-    import keras
-
-    with strategy.scope() if strategy else contextlib.nullcontext():
-        inputs = keras.Input((3,))
-        model = (model_class or keras.Model)(inputs, keras.layers.Dense(2)(inputs))
-        model.compile(optimizer, "mse")
-    return model
-
-
-@pytest.mark.parametrize("steps", [0, -1, 1.5, True, "2", None])
-def test_accumulation_refuses_a_bad_count(steps):
-    from tfmulti.runtime import keras_fixes as workarounds
-
-    with pytest.raises(ValueError, match=r"`accumulate_steps` must be an integer >= 1, got"):
-        workarounds.accumulate_gradients(_tiny_model(), steps)
-
-
-def test_accumulation_refuses_a_batch_it_cannot_split():
-    import numpy as np
+def test_apply_keras_fixes_by_strategy():
     import tensorflow as tf
 
-    from tfmulti.runtime import keras_fixes as workarounds
+    from tfmulti.runtime import keras_fixes
 
-    model = workarounds.accumulate_gradients(_tiny_model(), 3)
-    x, y = np.ones((16, 3), "float32"), np.ones((16, 2), "float32")
-    static = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
-    with pytest.raises(ValueError, match=r"batch \(8 rows\) must be divisible by "
-                                         r"accumulate_steps \(3\)"):
-        model.fit(static, shuffle=False, verbose=0)
-    model = workarounds.accumulate_gradients(_tiny_model(), 4)
-    dynamic = tf.data.Dataset.from_tensor_slices((x[:10], y[:10])).batch(8)  # 8, then 2 rows
-    with pytest.raises(tf.errors.InvalidArgumentError, match="divisible by accumulate_steps"):
-        model.fit(dynamic, shuffle=False, verbose=0)
+    keras_fixes.apply_keras_fixes()  # all of them, once
+    assert keras_fixes.apply_keras_fixes(tf.distribute.OneDeviceStrategy("CPU:0")) == []
+    assert keras_fixes.apply_keras_fixes(tf.distribute.get_strategy()) == []
+    assert keras_fixes.apply_keras_fixes() == keras_fixes.active_fixes() == [
+        FIT_MULTI_WORKER, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL, EMPTY_BATCH_CONV]
 
 
-def test_accumulation_refuses_a_synchronized_update_in_the_forward_pass():
-    # A layer that updates a variable with aggregation "mean" in its forward
-    # pass needs a merge_call, which the micro-batch loop cannot hold.
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    from tfmulti.runtime import keras_fixes as workarounds
-
-    class Counter(keras.layers.Layer):
-        def build(self, input_shape):
-            self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False,
-                                         aggregation="mean")
-
-        def call(self, x, training=False):
-            if training:
-                self.calls.assign_add(1.0)
-            return x
-
-    strategy = accumulate.strategy_of(2)
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((3,)), Counter(), keras.layers.Dense(2)])
-        model.compile("sgd", "mse")
-    workarounds.accumulate_gradients(model, 2)
-    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 3), "float32"),
-                                               np.ones((8, 2), "float32"))).batch(8)
-    with pytest.raises(ValueError, match="a layer there updates a variable synchronized"):
-        model.fit(data, shuffle=False, verbose=0)
-
-
-def test_accumulation_refuses_a_step_of_its_own():
-    import keras
-
-    from tfmulti.runtime import keras_fixes as workarounds
-
-    class OwnStep(keras.Model):
-        def train_step(self, data):
-            return super().train_step(data)
-
-    with pytest.raises(ValueError, match="OwnStep overrides `train_step`"):
-        workarounds.accumulate_gradients(_tiny_model(model_class=OwnStep), 2)
-    model = _tiny_model(model_class=OwnStep)
-    assert workarounds.accumulate_gradients(model, 1) is model  # nothing to split
-
-
-def test_accumulation_of_a_pipeline_model():
-    # PipelineModel runs its own schedule: refused with a pointer, unless its
-    # class accumulates by itself (a method `accumulate_gradients(steps)`).
-    import keras
-
-    from tfmulti.runtime import keras_fixes as workarounds
-    from tfmulti.parallel import PipelineModel
-
-    model = PipelineModel([keras.layers.Dense(4), keras.layers.Dense(2)], input_shape=(3,),
-                          devices=["CPU:0", "CPU:1"], num_microbatches=2)
-    model.compile("sgd", "mse")
-    if hasattr(PipelineModel, "accumulate_gradients"):
-        assert workarounds.accumulate_gradients(model, 2) is model
-    else:
-        with pytest.raises(ValueError, match="PipelineModel runs its own micro-batch schedule"):
-            workarounds.accumulate_gradients(model, 2)
-
-    calls = []
-
-    class Accumulating(keras.Model):
-        def accumulate_gradients(self, steps):
-            calls.append(steps)
-
-    model = _tiny_model(model_class=Accumulating)
-    assert workarounds.accumulate_gradients(model, 3) is model and calls == [3]
-
-
-def test_accumulation_refuses_keras_own_accumulation():
-    import keras
-    import numpy as np
-
-    from tfmulti.runtime import keras_fixes as workarounds
-
-    def keras_accumulating():
-        return keras.optimizers.SGD(gradient_accumulation_steps=2)
-
-    # Under 2 replicas Keras' own fails: pointed to tfmulti's, even with
-    # accumulate_steps=1 (the default compile_model passes).
-    strategy = accumulate.strategy_of(2)
-    with strategy.scope():
-        optimizer = keras_accumulating()
-    with pytest.raises(ValueError, match=r"gradient_accumulation_steps \(2\) fails with 2 "
-                                         r"replicas .* use tfmulti's accumulate_steps=2"):
-        workarounds.accumulate_gradients(_tiny_model(optimizer, strategy=strategy), 1)
-    # Both at once (one device): refused when the step is traced, for a model
-    # made to accumulate before it was compiled.
-    model = _tiny_model()
-    workarounds.accumulate_gradients(model, 2)
-    model.compile(keras_accumulating(), "mse")
-    with pytest.raises(ValueError, match="use accumulate_steps alone"):
-        model.fit(np.ones((8, 3), "float32"), np.ones((8, 2), "float32"), verbose=0)
-
-
-@pytest.mark.cluster
-def test_fix_accumulation_under_multi_worker(tmp_path, big_batch):
-    # 2 workers x 1 replica, 4 micro-batches of 4 rows each per update, 2
-    # steps per call (fix 5): the one-device big-batch training.
-    got = accumulate.on_two_workers(tmp_path, "fit")
-    assert got["rows"] == 4
-    accumulate.assert_same_training(got, big_batch)
+@pytest.mark.slow
+def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
+    # In a fresh process: quiet while nothing is patched, then one line on
+    # stderr at the first call that patches, never again (another call,
+    # get_strategy, all the fixes).
+    part = upstream["announce"]
+    assert part["error"] is None, part["error"]
+    r = part["result"]
+    assert r["active_before"] == [] and r["one_device"] == [] and r["stderr_before"] == ""
+    assert r["mirrored"] == r["again"] == [STEPS_PER_CALL, EMPTY_BATCH_CONV]
+    assert r["everything"] == [FIT_MULTI_WORKER, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
+                               EMPTY_BATCH_CONV]
+    assert r["stderr"] == ("tfmulti: Keras fixes active: several steps per call with 2+ "
+                           "replicas (keras#19246), convolutions on an empty batch under "
+                           "oneDNN (tensorflow#30968)\n")
 
 
 # --------------------------------------------------------------------------
@@ -636,25 +468,24 @@ def test_fix_accumulation_under_multi_worker(tmp_path, big_batch):
 def test_recorded_keras_functions_are_the_installed_ones():
     # Fails after a Keras upgrade that changed a function a fix replaces or
     # copies: check the fix against the new code, then record the new digest.
-    from tfmulti.runtime import keras_fixes as workarounds
+    from tfmulti.runtime import keras_fixes
 
-    assert workarounds._changed(workarounds.KERAS_ORIGINALS) == []
+    assert keras_fixes.changed_keras_functions(keras_fixes.KERAS_ORIGINALS) == []
 
 
-@pytest.mark.parametrize("apply, key, changed", [
-    ("apply_multi_worker_fixes", "symbolic_build",
+@pytest.mark.parametrize("fix, changed", [
+    (FIT_MULTI_WORKER,
      "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build"),
-    ("apply_multi_worker_fixes", "reduce_per_replica",
-     "keras.src.backend.tensorflow.trainer:reduce_per_replica"),
-    ("apply_multi_step_fix", "multi_step",
-     "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function"),
-    ("apply_empty_batch_conv_fix", "empty_batch_conv", "keras.src.backend.tensorflow.nn:conv"),
+    (SCALAR_LOGS_MULTI_WORKER, "keras.src.backend.tensorflow.trainer:reduce_per_replica"),
+    (STEPS_PER_CALL, "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function"),
+    (EMPTY_BATCH_CONV, "keras.src.backend.tensorflow.nn:conv"),
 ])
-def test_guard_leaves_a_fix_off_where_keras_changed(apply, key, changed, monkeypatch):
+def test_guard_leaves_a_fix_off_where_keras_changed(fix, changed, monkeypatch):
     import importlib
+    import re
     import warnings
 
-    from tfmulti.runtime import keras_fixes as workarounds
+    from tfmulti.runtime import keras_fixes
 
     def target(name):
         module, _, path = name.partition(":")
@@ -662,9 +493,10 @@ def test_guard_leaves_a_fix_off_where_keras_changed(apply, key, changed, monkeyp
         owner = importlib.import_module(module)
         return (getattr(owner, holder) if holder else owner), attribute
 
-    monkeypatch.setattr(workarounds, "_applied", set())
-    monkeypatch.setattr(workarounds, "_off", set())
-    for name in workarounds.KERAS_ORIGINALS:  # whatever the fix patches is put back after
+    monkeypatch.setattr(keras_fixes, "_applied", set())
+    monkeypatch.setattr(keras_fixes, "_off", set())
+    monkeypatch.setattr(keras_fixes, "_announced", True)  # this process printed its line
+    for name in keras_fixes.KERAS_ORIGINALS:  # whatever the fixes patch is put back after
         owner, attribute = target(name)
         monkeypatch.setattr(owner, attribute, getattr(owner, attribute))
 
@@ -673,27 +505,13 @@ def test_guard_leaves_a_fix_off_where_keras_changed(apply, key, changed, monkeyp
 
     owner, attribute = target(changed)
     monkeypatch.setattr(owner, attribute, new_keras_version)
-    with pytest.warns(RuntimeWarning, match=rf"fix \d .* written for Keras 3\.15, .*"
-                                            rf"{attribute}\. The fix stays off"):
-        getattr(workarounds, apply)()
+    with pytest.warns(RuntimeWarning, match=rf"fix for {re.escape(fix)} \([a-z]+#\d+\) was "
+                                            rf"written for Keras 3\.15, .*{attribute}\. "
+                                            rf"The fix stays off"):
+        active = keras_fixes.apply_keras_fixes()
     assert getattr(owner, attribute) is new_keras_version  # not patched
-    assert key in workarounds._off and key not in workarounds._applied
+    assert fix not in active and len(active) == 3  # the others are on
+    assert fix not in keras_fixes.active_fixes()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once
-        getattr(workarounds, apply)()
-
-
-def test_guard_refuses_accumulation_where_keras_changed_its_step(monkeypatch):
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-
-    from tfmulti.runtime import keras_fixes as workarounds
-
-    def train_step(self, data):  # a Keras release changed the step fix 7 copies
-        raise NotImplementedError
-
-    monkeypatch.setattr(TensorFlowTrainer, "train_step", train_step)
-    with pytest.raises(RuntimeError, match=r"fix 7 .* written for Keras 3\.15, .*"
-                                           r"TensorFlowTrainer\.train_step: .* install keras"):
-        workarounds.accumulate_gradients(_tiny_model(), 2)
-    model = _tiny_model()
-    assert workarounds.accumulate_gradients(model, 1) is model  # Keras' own step: nothing copied
+        assert keras_fixes.apply_keras_fixes() == active
