@@ -222,7 +222,8 @@ def test_estimate_memory_and_pipeline_model_report_the_same_bytes(
         model = models.build_model(name, seed=0, dropout=dropout)
         pipeline = PipelineModel(model, num_stages=stages, num_microbatches=micro,
                                  num_replicas=replicas, remat=remat)
-        unplaced = footprint.pipeline_footprint(pipeline, batch, optimizer="adam")  # not compiled: counted
+        # Not compiled: the slots are counted.
+        unplaced = footprint.pipeline_footprint(pipeline, batch, optimizer="adam")
         models.compile_model(pipeline, task=models.model_task(name), optimizer="adam")
         pipeline.train_on_batch(*_batch(name, batch))
     measured = footprint.pipeline_footprint(pipeline, batch)  # the slots are measured now

@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 from tfmulti.utils import checks as _checks
-from tfmulti.config.train_config import (MIXED_PRECISION, MODEL_PARALLEL, MODEL_TASKS, OPTIMIZERS, TRANSFORMER, TrainConfig, check_transformer_sizes, is_hook)
+from tfmulti.config.train_config import (MIXED_PRECISION, MODEL_PARALLEL, MODEL_TASKS,
+                                         OPTIMIZERS, TRANSFORMER, TrainConfig,
+                                         check_transformer_sizes, is_hook)
 
 __all__ = ["DISTRIBUTIONS", "MODELS", "Layout", "check_estimate_arguments"]
 
