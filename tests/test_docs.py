@@ -190,11 +190,15 @@ def _recipe_name(word: str) -> str | None:
 @functools.cache
 def _recipe_defines(name: str):
     """The module-level `flags.DEFINE_*` statements of a recipe (and its
-    tfmulti imports they need), compiled to run against any FlagValues."""
+    tfmulti and benchmarks imports they need), compiled to run against any FlagValues."""
     path = RECIPES / f"{name}.py"
     keep = []
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfmulti"):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                ("tfmulti", "benchmarks")):
+            keep.append(node)
+        elif isinstance(node, ast.Import) and all(
+                a.name.split(".")[0] == "benchmarks" for a in node.names):
             keep.append(node)
         elif isinstance(node, (ast.Assign, ast.Expr)) and isinstance(node.value, ast.Call):
             func = node.value.func
