@@ -10,6 +10,7 @@ import pytest
 
 from tfmulti.memory import footprint
 from tfmulti.parallel import chain as blocks
+from tfmulti.parallel import partition
 
 
 def _side_input_model():
@@ -75,7 +76,7 @@ def test_a_stack_is_a_chain_of_its_layers():
     assert [footprint.output_bytes(b.nodes[0]) for b in chain.blocks] == [6 * 4, 4 * 4, 2 * 4]
     with pytest.raises(ValueError, match=r"^model 'stack' cannot be cut into 4 stages: it has 3 "
                                          r"layers; use at most 3 stages\.$"):
-        chain.check_num_stages(4)
+        partition.check_stage_count(4, chain=chain)
 
 
 def test_a_shared_layer_keeps_its_uses_in_one_block():
@@ -87,7 +88,7 @@ def test_a_shared_layer_keeps_its_uses_in_one_block():
     assert [b.name for b in chain.blocks] == ["shared..middle", "head"]
     with pytest.raises(ValueError, match=r"cannot be cut into 3 stages.*Layer 'shared' is used at "
                                          r"two places"):
-        chain.check_num_stages(3)
+        partition.check_stage_count(3, chain=chain)
 
 
 def test_models_that_cannot_be_chained():

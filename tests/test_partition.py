@@ -218,6 +218,12 @@ def test_plan_partition_takes_a_chain_as_it_is():
     assert partition.layer_costs(chain, "params") == partition.layer_costs(model, "params")
 
 
+class _Chain:
+    """What check_stage_count reads of a chain of blocks."""
+
+    name, unit, why_not, blocks = "m", "blocks", "Why not.", ("first", "second")
+
+
 def test_check_stage_count_is_the_one_stage_count_check():
     assert partition.check_stage_count(3, 3) == 3
     assert partition.check_stage_count(4) == 4  # no layers given: positive is enough
@@ -225,8 +231,7 @@ def test_check_stage_count_is_the_one_stage_count_check():
                                          r"\(`devices` lists 3\): it has 2 blocks \(a cut needs a "
                                          r"point crossed by a single tensor\); pass at most 2 "
                                          r"devices per replica\. Why not\.$"):
-        partition.check_stage_count(3, 2, unit="blocks", model="m", reason="Why not.",
-                                    devices=["CPU:0", "CPU:1", "CPU:2"])
+        partition.check_stage_count(3, chain=_Chain(), devices=["CPU:0", "CPU:1", "CPU:2"])
 
 
 def test_functional_models():

@@ -37,8 +37,6 @@ import math
 
 import keras
 
-from tfmulti.parallel.partition import check_stage_count
-
 __all__ = ["Block", "Chain", "chain_of", "node_of", "per_example_elements", "stack_graph",
            "stack_of"]
 
@@ -140,18 +138,6 @@ class Chain:
     def unit(self) -> str:
         """What a block is, for messages: "layers" for a stack, else "blocks"."""
         return "layers" if self.stack is not None else "blocks"
-
-    def check_num_stages(self, num_stages: int, devices=None) -> int:
-        """`tfmulti.parallel.partition.check_stage_count` for this chain: at
-        most one stage per block, the message naming the model and what
-        prevents more cuts (`devices`: the devices the count came from).
-
-        Raises:
-            ValueError: `num_stages` is not a positive integer or exceeds
-                the blocks.
-        """
-        return check_stage_count(num_stages, len(self.blocks), unit=self.unit, model=self.name,
-                                 reason=self.why_not, devices=devices)
 
 
 # ---------------------------------------------------------------------------

@@ -68,27 +68,29 @@ _REL_TOL = 1e-9  # ties in the secondary criterion, for float costs
 # ---------------------------------------------------------------------------
 
 
-def check_stage_count(num_stages, num_units: int | None = None, *, unit: str = "layers",
-                      model: str | None = None, reason: str | None = None,
-                      devices=None) -> int:
+def check_stage_count(num_stages, num_layers: int | None = None, *, chain=None,
+                      model: str | None = None, devices=None) -> int:
     """Checks a number of pipeline stages: a positive integer and, given the
-    layers (blocks) there are to cut, at most one stage per layer (block).
-    The one stage-count check: the partitioner, the chain of blocks
-    (`Chain.check_num_stages`) and `PipelineModel` all call it.
+    layers (or the chain of blocks) there are to cut, at most one stage per
+    layer (block). The one stage-count check: the partitioner and
+    `PipelineModel` both call it.
 
     Args:
         num_stages: the number of stages asked for.
-        num_units: the layers (blocks) to cut; None: check `num_stages` alone.
-        unit: what `num_units` counts, for the message: "layers" or "blocks".
-        model: the model's name, for the message.
-        reason: why the model has no more cuts (`Chain.why_not`), appended.
+        num_layers: the layers of a stack to cut; None (and no `chain`):
+            check `num_stages` alone.
+        chain: the chain of blocks to cut (`tfmulti.parallel.chain.Chain`),
+            instead of `num_layers`: the message names the model and what
+            prevents more cuts (`Chain.why_not`).
+        model: the model's name, for the message (a chain names its own).
         devices: the devices `num_stages` came from, named in the message.
 
     Returns:
         `num_stages` as an int.
 
     Raises:
-        ValueError: `num_stages` is not an integer >= 1, or exceeds `num_units`.
+        ValueError: `num_stages` is not an integer >= 1, or exceeds the
+            layers (blocks).
 
     Example:
         >>> from tfmulti.parallel.partition import check_stage_count
@@ -101,6 +103,10 @@ def check_stage_count(num_stages, num_units: int | None = None, *, unit: str = "
     """
     num_stages = _checks.positive_int(
         "num_stages", num_stages, hint="pass e.g. num_stages=2 (1: a single stage, no pipeline)")
+    unit, reason, num_units = "layers", None, num_layers
+    if chain is not None:
+        unit, reason, num_units = chain.unit, chain.why_not, len(chain.blocks)
+        model = chain.name
     if num_units is None or num_stages <= num_units:
         return num_stages
     what = "the model" if model is None else f"model {model!r}"
@@ -659,7 +665,7 @@ def plan_partition(layers, num_stages: int, method="params", input_shape=None,
                 f"unknown method {method!r}; valid methods: {', '.join(COST_METHODS)}, "
                 "or a list of stage sizes.")
         chain = _chain(layers, input_shape)
-        chain.check_num_stages(num_stages)
+        check_stage_count(num_stages, chain=chain)
         costs = _costs(chain, method, batch_size)
         sizes = partition_costs(costs, num_stages)
         name = method

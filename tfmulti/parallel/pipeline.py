@@ -260,24 +260,22 @@ class PipelineModel(keras.Model):
         _checks.positive_int("num_microbatches", num_microbatches)
         _checks.positive_int("accumulate_steps", accumulate_steps)
         functional = isinstance(layers, keras.Model) and not isinstance(layers, keras.Sequential)
+        # What there is to cut into stages, for the stage-count check.
         if functional:
-            chain, shape = blocks.chain_of(layers), None
-            check = chain.check_num_stages
+            cut, shape = {"chain": blocks.chain_of(layers)}, None
             tensor_parallel = tensor_parallel_degree(layers.layers)
         else:
             stack, stack_name, shape, _ = blocks.stack_of(layers)
+            cut = {"num_layers": len(stack), "model": stack_name}
             tensor_parallel = tensor_parallel_degree(stack)
             if input_shape is not None:
                 shape = partition_lib.per_example_shape(input_shape)
-
-            def check(count, names=None):
-                partition_lib.check_stage_count(count, len(stack), model=stack_name,
-                                                devices=names)
         if num_stages is not None:
-            check(num_stages)  # before looking for devices
+            partition_lib.check_stage_count(num_stages, **cut)  # before looking for devices
         device_names = choose_devices(devices, num_stages, num_replicas, tensor_parallel)
         num_stages = len(device_names) // (num_replicas * tensor_parallel)
-        check(num_stages, device_names)  # derived from `devices`
+        # Derived from `devices`: the message names them.
+        partition_lib.check_stage_count(num_stages, devices=device_names, **cut)
         self._source = _Source(layers)
         self._partition = partition
         self.num_stages = num_stages
@@ -330,7 +328,7 @@ class PipelineModel(keras.Model):
     def _place_stages(self, chain, deferred) -> None:
         if self.remat:
             check_remat(chain.layers)
-        chain.check_num_stages(self.num_stages)
+        partition_lib.check_stage_count(self.num_stages, chain=chain)
         if self._partition == "time":  # timing runs the layers: they need values
             placement.place(deferred.remaining(), "/CPU:0", deferred)
         self.plan = partition_lib.plan_partition(chain, self.num_stages, method=self._partition)
