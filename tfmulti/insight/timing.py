@@ -21,7 +21,7 @@ Timings are wall-clock: on a shared machine, run them when it is otherwise idle.
 Example:
     >>> import tfmulti
     >>> from tfmulti import data
-from tfmulti.models import builders as models
+    >>> from tfmulti.models import builders as models
     >>> from tfmulti.insight import timing
     >>> strategy = tfmulti.get_strategy("one_device")
     >>> train = data.distribute(data.load("synthetic", num_examples=2048), strategy, 64)
