@@ -921,7 +921,7 @@ def test_a_preemption_without_agreement_exits_76_saying_nothing_was_saved(monkey
     fake = _FakeCoordination()
     monkeypatch.setattr(_preemption, "_kv", lambda: fake)
     monkeypatch.setattr(_preemption, "_coordination_available", lambda: True)
-    watcher = _preemption._Preemption(task_index=0, num_workers=2, steps_per_execution=4,
+    watcher = _preemption.PreemptionWatcher(task_index=0, num_workers=2, steps_per_execution=4,
                                       run=7)
     watcher.own_signal = True  # what the SIGTERM handler sets
     fake.values["tfmulti/training/backup/7/ack/0"] = "12"  # worker 0's own watcher thread acks

@@ -42,7 +42,8 @@ class ResumePoint:
         return self.step % steps_per_epoch
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """Prints a backup message on its own line, `tfmulti: ...`."""
     print(f"tfmulti: {message}", flush=True)
 
 
@@ -91,7 +92,7 @@ def latest_valid(backup_dir: str) -> ResumePoint:
             message = (f"backup checkpoint {path} ({files}) cannot be restored ({e}); "
                        "falling back to the previous one")
             warnings.warn(message, RuntimeWarning, stacklevel=2)
-            _say(f"warning: {message}")
+            say(f"warning: {message}")
     return ResumePoint(0, None)
 
 
@@ -371,7 +372,7 @@ class Backup:
         if self.chief or not multi:
             try:
                 self.acquire()
-                _files.note_foreign(self.backup_dir, _say)
+                _files.note_foreign(self.backup_dir, say)
                 point = latest_valid(self.backup_dir)
             except ValueError as e:
                 if multi:

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from tfmulti.utils import checks as _checks
 from tfmulti.utils.failpoints import failpoint
-from tfmulti.training.backup._checkpoint import Backup, ResumePoint, _say, delete
-from tfmulti.training.backup._preemption import Preempted, _Preemption
+from tfmulti.training.backup._checkpoint import Backup, ResumePoint, say, delete
+from tfmulti.training.backup._preemption import Preempted, PreemptionWatcher
 from tfmulti.cluster import exit_codes
 
 _runs = itertools.count()
@@ -57,7 +57,7 @@ def _callback_class():
         """
 
         def __init__(self, backup: Backup, point: ResumePoint, steps_per_epoch: int,
-                     every_steps: int | None, every_epoch: bool, preemption: _Preemption,
+                     every_steps: int | None, every_epoch: bool, preemption: PreemptionWatcher,
                      offset: int, restore: bool, start_step: int, quiet: bool):
             super().__init__()
             self.backup, self.point = backup, point
@@ -70,7 +70,7 @@ def _callback_class():
         def on_train_begin(self, logs=None):
             if self.restore and self.point.path:
                 self.backup.restore(self.point)
-                _say(f"restored {self.point.path} (global step {self.point.step})")
+                say(f"restored {self.point.path} (global step {self.point.step})")
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
@@ -103,7 +103,7 @@ def _callback_class():
             path = self.backup.save(step)
             self.last_saved = step
             if path and not self.quiet:
-                _say(f"backup at global step {step} ({why}): {path}")
+                say(f"backup at global step {step} ({why}): {path}")
 
     return BackupCallback
 
@@ -228,13 +228,13 @@ def _fit(model, backup: Backup, dataset_from, epochs: int, steps_per_epoch: int,
                          f"multiple of the steps per execution ({steps_per_execution}); resume "
                          "with the steps per execution it was saved with.")
     if point.path and point.step == total:
-        _say(f"resuming from {point.path}: global step {point.step}, the end of the run; "
+        say(f"resuming from {point.path}: global step {point.step}, the end of the run; "
              "restoring its weights, optimizer and last epoch's metrics, nothing left to train")
     elif point.path:
-        _say(f"resuming from {point.path}: global step {point.step} = epoch "
+        say(f"resuming from {point.path}: global step {point.step} = epoch "
              f"{point.epoch(steps_per_epoch) + 1}, step {point.step_in_epoch(steps_per_epoch)}"
              f" of {steps_per_epoch}; the input skips {point.step} batches")
-    watcher = _Preemption(backup.task_index, backup.num_workers, steps_per_execution,
+    watcher = PreemptionWatcher(backup.task_index, backup.num_workers, steps_per_execution,
                           backup.run)
     callback_cls = _callback_class()
     history: dict[str, list] = {}

@@ -40,7 +40,7 @@ class PreemptedUnsaved(Preempted):
     code_on_exit = exit_codes.PREEMPTED_UNSAVED
 
 
-class _Preemption:
+class PreemptionWatcher:
     """SIGTERM on any worker -> all workers save at one agreed step boundary.
 
     The worker that gets the signal publishes `target = its boundary + one
