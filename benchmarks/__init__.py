@@ -70,7 +70,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.utils.atomic import write_json_atomic
 from benchmarks import (_harness, baseline, overhead, own, pipeline, scaling, streaming, tensor)
 
@@ -90,8 +90,8 @@ def run_suite(name: str, repeats: int, **options) -> dict:
         **options: the suite's own options (see its `run`), e.g.
             `run_suite("baseline", 5, steps_per_execution=125)`.
     """
-    _checks.one_of("suite", name, SUITES)
-    _checks.positive_int("repeats", repeats)
+    checks.one_of("suite", name, SUITES)
+    checks.positive_int("repeats", repeats)
     return SUITES[name].run(repeats, **options)
 
 
@@ -120,11 +120,11 @@ def run_benchmark(names: Sequence[str], repeats: int, output: str, *,
         raise ValueError("`names` is empty; pass one or more of "
                          f"{list(SUITES)}.")
     for name in names:
-        _checks.one_of("suite", name, SUITES)
+        checks.one_of("suite", name, SUITES)
     options = {name: dict(o) for name, o in (options or {}).items()}
     for name in options:
-        _checks.one_of("options", name, SUITES, hint="its keys are suite names")
-    _checks.positive_int("repeats", repeats)
+        checks.one_of("options", name, SUITES, hint="its keys are suite names")
+    checks.positive_int("repeats", repeats)
     for name in names:  # every suite's options, before the first one runs
         SUITES[name].check(**options.get(name, {}))
     start = time.monotonic()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from benchmarks import _harness
 from tfmulti.config.train_config import TrainConfig
 
@@ -178,7 +178,7 @@ def check(*, steps_per_execution: int = 125) -> None:
         ValueError: `steps_per_execution` does not divide a third of an epoch
             at batch 32.
     """
-    _checks.positive_int("steps_per_execution", steps_per_execution)
+    checks.positive_int("steps_per_execution", steps_per_execution)
     third = _TRAIN_EXAMPLES // BATCH // 3
     if third % steps_per_execution:
         raise ValueError(f"the baseline suite's steps per execution ({steps_per_execution}; "
@@ -195,7 +195,7 @@ def run(repeats: int, steps_per_execution: int = 125) -> dict:
         steps_per_execution: tfmulti's steps per call at batch 32; must divide
             625 (a third of the 1875 steps of an epoch).
     """
-    _checks.positive_int("repeats", repeats)
+    checks.positive_int("repeats", repeats)
     check(steps_per_execution=steps_per_execution)
     seed_rate, ours_rate, speedups = [], [], []
     seed_tta, ours_tta, tta_speedups = [], [], []

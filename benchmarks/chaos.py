@@ -72,7 +72,7 @@ import tempfile
 import threading
 import time
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.utils.atomic import write_json_atomic
 from benchmarks import _harness, chaos_checks
 from benchmarks import failpoints as _faults
@@ -123,9 +123,9 @@ class Setup:
     def __post_init__(self):
         for name in ("epochs", "num_examples", "global_batch_size", "backup_every_steps",
                      "max_restarts", "max_launches"):
-            _checks.positive_int(name, getattr(self, name))
-        _checks.positive_number("grace_period", self.grace_period)
-        _checks.positive_number("launch_timeout", self.launch_timeout)
+            checks.positive_int(name, getattr(self, name))
+        checks.positive_number("grace_period", self.grace_period)
+        checks.positive_number("launch_timeout", self.launch_timeout)
         if self.num_examples // self.global_batch_size * self.epochs \
                 < 2 * self.backup_every_steps:
             raise ValueError(
@@ -217,7 +217,7 @@ def plan_trial(phase: str, rng: random.Random, setup: Setup, windows: Windows,
     Raises:
         ValueError: an unknown phase.
     """
-    _checks.one_of("phase", phase, PHASES)
+    checks.one_of("phase", phase, PHASES)
     sig = rng.choice(("KILL", "TERM"))
     worker = rng.randrange(2)
     total, every = setup.total_steps, setup.backup_every_steps
@@ -610,7 +610,7 @@ def run_campaign(kills: int, output: str, *, phases: tuple[str, ...] = PHASES, s
         ValueError: bad arguments.
         RuntimeError: the reference run failed.
     """
-    _checks.positive_int("kills", kills)
+    checks.positive_int("kills", kills)
     if not phases or any(p not in PHASES for p in phases):
         raise ValueError(f"`phases` must be a non-empty subset of {list(PHASES)}, got "
                          f"{list(phases)!r}.")

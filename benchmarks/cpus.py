@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 
 __all__ = ["DeviceCore", "hardware_ceiling", "one_core"]
 
@@ -139,7 +139,7 @@ def hardware_ceiling(seconds: float = 3.0) -> float:
     Each process multiplies a 384 x 384 matrix for `seconds`, pinned to its
     core; the figure is the matmuls of 2 at once over those of 1 alone.
     """
-    _checks.positive_number("seconds", seconds)
+    checks.positive_number("seconds", seconds)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
     cores = sorted(os.sched_getaffinity(0))[:2]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from benchmarks import _harness
 from tfmulti.config.train_config import TrainConfig
 
@@ -59,7 +59,7 @@ def worker(repeats: int, global_batch_size: int, steps_per_execution: int,
 def run(repeats: int) -> dict:
     """Runs the virtual-device measurement; returns its JSON record (the
     scaling suite's "virtual_devices")."""
-    _checks.positive_int("repeats", repeats)
+    checks.positive_int("repeats", repeats)
     start = time.monotonic()
     r = _harness.run_worker("devices", repeats=repeats, **SETTINGS)["examples_per_second"]
     one = r["1"]

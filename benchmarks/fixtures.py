@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.insight.timing import EpochClock
 from tfmulti.training.callbacks import EpochTimer
 
@@ -57,8 +57,8 @@ class CustomLoop:
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy,
                  optimizer: keras.optimizers.Optimizer, global_batch_size: int,
                  steps_per_execution: int):
-        _checks.positive_int("global_batch_size", global_batch_size)
-        _checks.positive_int("steps_per_execution", steps_per_execution)
+        checks.positive_int("global_batch_size", global_batch_size)
+        checks.positive_int("steps_per_execution", steps_per_execution)
         self.model, self.strategy, self.optimizer = model, strategy, optimizer
         self.global_batch_size = global_batch_size
         self.steps_per_execution = steps_per_execution
@@ -97,7 +97,7 @@ class CustomLoop:
     def train(self, iterator, calls: int) -> float:
         """Runs `calls` calls of `steps_per_execution` steps; returns the last
         call's mean loss (a float, so the work is done when this returns)."""
-        _checks.positive_int("calls", calls)
+        checks.positive_int("calls", calls)
         loss = None
         for _ in range(calls):
             loss = self._run(iterator)
@@ -113,8 +113,8 @@ def costly_batch_map(rounds: int, width: int = 128, seed: int = 0) -> Callable:
     depends only on the input. For `data.distribute(batch_map_fn=...)`: it
     runs after the cache, every epoch, like augmentation. Rounds 0: identity.
     """
-    _checks.non_negative_int("rounds", rounds)
-    _checks.positive_int("width", width)
+    checks.non_negative_int("rounds", rounds)
+    checks.positive_int("width", width)
     rng = np.random.default_rng(seed)
     cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -165,7 +165,7 @@ class EpochStepTimer(EpochTimer):
 
     def __init__(self, steps: int, seconds_per_step: list | None = None):
         super().__init__(seconds_per_step)
-        self.steps = _checks.positive_int("steps", steps)
+        self.steps = checks.positive_int("steps", steps)
 
     @property
     def seconds_per_step(self) -> list:
@@ -209,7 +209,7 @@ class TimeToAccuracy:
     """
 
     def __init__(self, target: float):
-        self.target = _checks.finite_number("target", target, minimum=0)
+        self.target = checks.finite_number("target", target, minimum=0)
         self.t0 = None
         self.train_seconds: list[float] = []
         self.accuracy: list[float] = []

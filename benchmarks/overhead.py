@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from benchmarks import _harness
 from tfmulti.config.train_config import TrainConfig
 
@@ -84,7 +84,7 @@ def check() -> None:
 
 def run(repeats: int) -> dict:
     """Runs the suite; returns its JSON record."""
-    _checks.positive_int("repeats", repeats)
+    checks.positive_int("repeats", repeats)
     start = time.monotonic()
     r = _harness.run_worker("overhead", repeats=repeats, **SETTINGS)
     fit, loop = r["fit_seconds_per_step"], r["loop_seconds_per_step"]

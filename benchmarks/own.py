@@ -54,7 +54,7 @@ import statistics
 import tempfile
 import time
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from benchmarks import _harness, cpus
 from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution
 
@@ -356,14 +356,14 @@ class _Files:
 
 
 def _checked(epoch_seconds, num_files, examples_per_file, per_worker_batch, epochs) -> _Files:
-    _checks.finite_number("epoch_seconds", epoch_seconds, minimum=0.1,
+    checks.finite_number("epoch_seconds", epoch_seconds, minimum=0.1,
                           hint="seconds per timed epoch of the own-model measurement, e.g. 1.5")
     files = _Files(
-        num_files=_checks.integer("num_files", num_files, minimum=2,
+        num_files=checks.integer("num_files", num_files, minimum=2,
                                   hint="2 workers need a file each"),
-        examples_per_file=_checks.positive_int("examples_per_file", examples_per_file),
-        per_worker_batch=_checks.positive_int("per_worker_batch", per_worker_batch),
-        epochs=_checks.integer("epochs", epochs, minimum=2,
+        examples_per_file=checks.positive_int("examples_per_file", examples_per_file),
+        per_worker_batch=checks.positive_int("per_worker_batch", per_worker_batch),
+        epochs=checks.integer("epochs", epochs, minimum=2,
                                hint="the first epoch of a launch is a warm-up"))
     if files.num_files % 2:
         raise ValueError(f"`num_files` ({files.num_files}) must be even, so that 2 workers "
@@ -521,7 +521,7 @@ def run(repeats: int, *, epoch_seconds: float = 1.5, num_files: int = 8,
     Raises:
         ValueError: fewer than 2 cores, or a bad option (see `check`).
     """
-    _checks.positive_int("repeats", repeats)
+    checks.positive_int("repeats", repeats)
     files = _checked(epoch_seconds, num_files, examples_per_file, per_worker_batch, epochs)
     cores = len(os.sched_getaffinity(0))
     if cores < 2:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from benchmarks import _harness
 
 __all__ = ["MATMUL_ROWS", "MICROBATCHES", "SHAPE", "check", "matmul_gflops_by_rows", "plot",
@@ -133,7 +133,7 @@ def check() -> None:
 
 def run(repeats: int) -> dict:
     """Runs the suite; returns its JSON record."""
-    _checks.positive_int("repeats", repeats)
+    checks.positive_int("repeats", repeats)
     # The serial step needs inter-op threads 1, so a process of its own; the
     # others share one, interleaved within each repeat.
     start = time.monotonic()

@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from benchmarks import _harness, cpus, devices
 from benchmarks import simulated_hosts as simulated_hosts_lib
 from tfmulti.config.train_config import TrainConfig
@@ -284,10 +284,10 @@ def _back_to_back(round_: int, on_one_host, across_hosts):
 
 def _checked(per_worker_batch, num_examples, steps_per_execution, epochs) -> _Launches:
     launches = _Launches(
-        per_worker_batch=_checks.positive_int("per_worker_batch", per_worker_batch),
-        num_examples=_checks.positive_int("num_examples", num_examples),
-        steps_per_execution=_checks.positive_int("steps_per_execution", steps_per_execution),
-        epochs=_checks.integer("epochs", epochs, minimum=2,
+        per_worker_batch=checks.positive_int("per_worker_batch", per_worker_batch),
+        num_examples=checks.positive_int("num_examples", num_examples),
+        steps_per_execution=checks.positive_int("steps_per_execution", steps_per_execution),
+        epochs=checks.integer("epochs", epochs, minimum=2,
                                hint="the first epoch of a launch is a warm-up"))
     spe = launches.steps_per_execution
     steps = [launches.num_examples // (launches.per_worker_batch * n) for n in (1, 2)]
@@ -334,7 +334,7 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
         ValueError: fewer than 2 cores, or inconsistent options.
         FileNotFoundError: `TRAIN_RECIPE` is missing (not a checkout).
     """
-    _checks.positive_int("repeats", repeats)
+    checks.positive_int("repeats", repeats)
     launches = _checked(per_worker_batch, num_examples, steps_per_execution, epochs)
     cores = len(os.sched_getaffinity(0))
     if cores < 2:

@@ -38,7 +38,7 @@ import statistics
 import threading
 import time
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from benchmarks import _harness, cpus
 from tfmulti.config.train_config import TrainConfig
 
@@ -150,7 +150,7 @@ def check() -> None:
 
 def run(repeats: int) -> dict:
     """Runs the suite; returns its JSON record."""
-    _checks.positive_int("repeats", repeats)
+    checks.positive_int("repeats", repeats)
     start = time.monotonic()
     r = _harness.run_worker("streaming", repeats=repeats, **SETTINGS)
     # 2 busy single-threaded processes on the 2 cores vs 1: each runs at

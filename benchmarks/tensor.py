@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from benchmarks import _harness
 
 __all__ = ["MICROBATCHES", "SHAPE", "check", "pipeline_worker", "plot", "run", "summarize",
@@ -127,8 +127,8 @@ def check(**shape) -> None:
         ValueError: an unknown key or a value that is not a positive integer.
     """
     for key, value in shape.items():
-        _checks.one_of("option", key, SHAPE, hint="the tensor suite takes sizes of SHAPE")
-        _checks.positive_int(key, value)
+        checks.one_of("option", key, SHAPE, hint="the tensor suite takes sizes of SHAPE")
+        checks.positive_int(key, value)
 
 
 def run(repeats: int, **shape) -> dict:
@@ -138,7 +138,7 @@ def run(repeats: int, **shape) -> dict:
         repeats: repeats of each measurement.
         **shape: sizes overriding `SHAPE` (see `check`).
     """
-    _checks.positive_int("repeats", repeats)
+    checks.positive_int("repeats", repeats)
     check(**shape)
     shape = {**SHAPE, **shape}
     start = time.monotonic()

@@ -19,7 +19,7 @@ import importlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 
-from tfmulti.utils import checks as _checks  # noqa: E402
+from tfmulti.utils import checks  # noqa: E402
 
 __all__ = ["WORKERS", "main", "run"]
 
@@ -44,7 +44,7 @@ WORKERS = {
 
 def run(kind: str, config: dict) -> dict:
     """Calls worker `kind` with `config` as keyword arguments, in this process."""
-    _checks.one_of("kind", kind, WORKERS)
+    checks.one_of("kind", kind, WORKERS)
     if not isinstance(config, dict):
         raise ValueError(f"the config of worker {kind!r} must be a JSON object, got "
                          f"{config!r}.")
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         config = json.loads(args[1]) if len(args) == 2 else {}
-        _checks.one_of("kind", args[0], WORKERS)
+        checks.one_of("kind", args[0], WORKERS)
         if not isinstance(config, dict):
             raise ValueError(f"CONFIG_JSON must be a JSON object, got {args[1]!r}.")
     except ValueError as e:  # json.JSONDecodeError is one

@@ -824,7 +824,7 @@ def test_an_interrupted_delete_leaves_the_newest_checkpoint_whole(tmp_path, monk
     end, not from an older checkpoint (found by recipes/chaos.py: the restarted
     run trained the last steps again). The interruption: the failpoint before
     the second checkpoint's removal, with the directory listing newest first."""
-    from tfmulti.utils import failpoints as _faults
+    from tfmulti.utils import failpoints
     from tfmulti.training.backup import _files
 
     class Killed(Exception):
@@ -838,8 +838,8 @@ def test_an_interrupted_delete_leaves_the_newest_checkpoint_whole(tmp_path, monk
         ["tfmulti-ckpt-16", "tfmulti-ckpt-12"]
     entries = _files._entries
     monkeypatch.setattr(_files, "_entries", lambda d: sorted(entries(d), reverse=True))
-    monkeypatch.setattr(_faults, "_hits", _faults.collections.Counter())
-    monkeypatch.setenv(_faults.ENV, "point=backup.delete,hit=2,signal=USR1")
+    monkeypatch.setattr(failpoints, "_hits", failpoints.collections.Counter())
+    monkeypatch.setenv(failpoints.ENV, "point=backup.delete,hit=2,signal=USR1")
     previous = signal.signal(signal.SIGUSR1, killed)
     try:
         with pytest.raises(Killed):

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 
 
 def _fails(message: str, check, *args, **kwargs) -> None:
@@ -21,14 +21,14 @@ def _fails(message: str, check, *args, **kwargs) -> None:
 
 @pytest.mark.parametrize("value", [0, 1, -7, 10**12, np.int64(3), np.int32(-2), np.uint8(9)])
 def test_integer_accepts_integers_and_returns_an_int(value):
-    result = _checks.integer("n", value)
+    result = checks.integer("n", value)
     assert result == value and type(result) is int
 
 
 @pytest.mark.parametrize("value", [True, False, 1.0, 2.5, "3", None, np.float64(2.0),
                                    np.bool_(True), [1]])
 def test_integer_refuses_everything_else(value):
-    _fails(f"`n` must be an integer, got {value!r}.", _checks.integer, "n", value)
+    _fails(f"`n` must be an integer, got {value!r}.", checks.integer, "n", value)
 
 
 @pytest.mark.parametrize("minimum, what", [
@@ -36,32 +36,32 @@ def test_integer_refuses_everything_else(value):
     (-2, "an integer >= -2"),
 ])
 def test_integer_minimum(minimum, what):
-    assert _checks.integer("n", minimum, minimum=minimum) == minimum
-    _fails(f"`n` must be {what}, got {minimum - 1}.", _checks.integer, "n", minimum - 1,
+    assert checks.integer("n", minimum, minimum=minimum) == minimum
+    _fails(f"`n` must be {what}, got {minimum - 1}.", checks.integer, "n", minimum - 1,
            minimum=minimum)
 
 
 def test_none_ok_and_hint():
-    assert _checks.integer("n", None, none_ok=True) is None
-    _fails("`n` must be an integer, got None.", _checks.integer, "n", None)
-    _fails("`n` must be a positive integer (or None), got 0; try 4.", _checks.positive_int,
+    assert checks.integer("n", None, none_ok=True) is None
+    _fails("`n` must be an integer, got None.", checks.integer, "n", None)
+    _fails("`n` must be a positive integer (or None), got 0; try 4.", checks.positive_int,
            "n", 0, none_ok=True, hint="try 4")
 
 
 @pytest.mark.parametrize("value", [0, -1, True, 1.5, "2"])
 def test_positive_int(value):
-    _fails(f"`epochs` must be a positive integer, got {value!r}.", _checks.positive_int,
+    _fails(f"`epochs` must be a positive integer, got {value!r}.", checks.positive_int,
            "epochs", value)
 
 
 def test_positive_and_non_negative_int_pass_values_through():
-    assert _checks.positive_int("epochs", 5) == 5
-    assert _checks.positive_int("epochs", np.int64(2)) == 2
-    assert _checks.positive_int("n", None, none_ok=True) is None
-    assert _checks.non_negative_int("skip", 0) == 0
+    assert checks.positive_int("epochs", 5) == 5
+    assert checks.positive_int("epochs", np.int64(2)) == 2
+    assert checks.positive_int("n", None, none_ok=True) is None
+    assert checks.non_negative_int("skip", 0) == 0
     _fails("`skip` must be an integer >= 0, got -1; 0 skips nothing.",
-           _checks.non_negative_int, "skip", -1, hint="0 skips nothing")
-    _fails("`skip` must be an integer >= 0, got False.", _checks.non_negative_int, "skip", False)
+           checks.non_negative_int, "skip", -1, hint="0 skips nothing")
+    _fails("`skip` must be an integer >= 0, got False.", checks.non_negative_int, "skip", False)
 
 
 # ------------------------------------------------------------------------------- numbers
@@ -69,14 +69,14 @@ def test_positive_and_non_negative_int_pass_values_through():
 
 @pytest.mark.parametrize("value", [0, 0.5, -3, 1e300, np.float32(0.25), np.int64(4)])
 def test_finite_number_returns_a_float(value):
-    result = _checks.finite_number("x", value)
+    result = checks.finite_number("x", value)
     assert result == pytest.approx(float(value)) and type(result) is float
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, np.float64("nan"), True,
                                    "1.0", None, 1j])
 def test_finite_number_refuses_nan_inf_bools_and_text(value):
-    _fails(f"`x` must be a finite number, got {value!r}.", _checks.finite_number, "x", value)
+    _fails(f"`x` must be a finite number, got {value!r}.", checks.finite_number, "x", value)
 
 
 @pytest.mark.parametrize("kwargs, good, bad, bound", [
@@ -86,34 +86,34 @@ def test_finite_number_refuses_nan_inf_bools_and_text(value):
     ({"minimum": 1.5, "strict": True}, 1.75, 1.5, " > 1.5"),
 ])
 def test_finite_number_bounds(kwargs, good, bad, bound):
-    assert _checks.finite_number("x", good, **kwargs) == good
-    _fails(f"`x` must be a finite number{bound}, got {bad!r}.", _checks.finite_number, "x",
+    assert checks.finite_number("x", good, **kwargs) == good
+    _fails(f"`x` must be a finite number{bound}, got {bad!r}.", checks.finite_number, "x",
            bad, **kwargs)
 
 
 def test_positive_number():
-    assert _checks.positive_number("learning_rate", 1e-3) == 1e-3
-    assert _checks.positive_number("timeout", None, none_ok=True) is None
+    assert checks.positive_number("learning_rate", 1e-3) == 1e-3
+    assert checks.positive_number("timeout", None, none_ok=True) is None
     for bad in (0, -1.0, math.nan, math.inf, False):
         _fails(f"`learning_rate` must be a finite number > 0, got {bad!r}.",
-               _checks.positive_number, "learning_rate", bad)
+               checks.positive_number, "learning_rate", bad)
     _fails("`timeout` must be a finite number > 0 (or None), got 0; in seconds.",
-           _checks.positive_number, "timeout", 0, none_ok=True, hint="in seconds")
+           checks.positive_number, "timeout", 0, none_ok=True, hint="in seconds")
 
 
 # ------------------------------------------------------------------------------- choices
 
 
 def test_one_of():
-    assert _checks.one_of("optimizer", "sgd", ("adam", "sgd")) == "sgd"
-    assert _checks.one_of("verbose", 2, ("auto", 0, 1, 2)) == 2
-    _fails("`optimizer` must be one of ['adam', 'sgd'], got 'rmsprop'.", _checks.one_of,
+    assert checks.one_of("optimizer", "sgd", ("adam", "sgd")) == "sgd"
+    assert checks.one_of("verbose", 2, ("auto", 0, 1, 2)) == 2
+    _fails("`optimizer` must be one of ['adam', 'sgd'], got 'rmsprop'.", checks.one_of,
            "optimizer", "rmsprop", ("adam", "sgd"))
     _fails("`optimizer` must be one of ['adam', 'sgd'], got 'Adam'; names are lower case.",
-           _checks.one_of, "optimizer", "Adam", ("adam", "sgd"), hint="names are lower case")
+           checks.one_of, "optimizer", "Adam", ("adam", "sgd"), hint="names are lower case")
     # A dict's keys are its choices; a bool is never one of (0, 1, ...).
-    assert _checks.one_of("model", "mlp", {"mlp": 1, "cnn": 2}) == "mlp"
-    _fails("`verbose` must be one of ['auto', 0, 1, 2], got True.", _checks.one_of,
+    assert checks.one_of("model", "mlp", {"mlp": 1, "cnn": 2}) == "mlp"
+    _fails("`verbose` must be one of ['auto', 0, 1, 2], got True.", checks.one_of,
            "verbose", True, ("auto", 0, 1, 2))
-    _fails("`verbose` must be one of [0, 1], got False.", _checks.one_of, "verbose", False,
+    _fails("`verbose` must be one of [0, 1], got False.", checks.one_of, "verbose", False,
            (0, 1))

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 from typing import Mapping, Sequence
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 
 __all__ = ["gpu_slices", "host_gpus", "parse_nvidia_smi_list", "visible_gpus"]
 
@@ -79,8 +79,8 @@ def gpu_slices(gpus: Sequence[str], num_workers: int, gpus_per_worker: int,
         ValueError: `gpus_per_worker` not a positive integer, or fewer than
             `num_workers * gpus_per_worker` GPUs (`source` says where `gpus` came from).
     """
-    _checks.positive_int("gpus_per_worker", gpus_per_worker, hint="e.g. 1")
-    _checks.positive_int("num_workers", num_workers, hint="e.g. 2")
+    checks.positive_int("gpus_per_worker", gpus_per_worker, hint="e.g. 1")
+    checks.positive_int("num_workers", num_workers, hint="e.g. 2")
     needed = num_workers * gpus_per_worker
     if len(gpus) < needed:
         found = f" ({source})" if source else ""

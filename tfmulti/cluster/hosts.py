@@ -28,7 +28,7 @@ import json
 import re
 from typing import Mapping, Sequence
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 
 __all__ = ["DEFAULT_PORT", "SLURM", "check_rank", "cluster_addresses", "expand_nodelist",
            "offset", "parse_hosts", "slurm_hosts", "view_digest", "worker_ports"]
@@ -50,7 +50,7 @@ def parse_hosts(text: str, default_workers: int) -> tuple[tuple[str, int], ...]:
             IPv4 address does not have, a worker count that is not a positive integer,
             or a host listed twice.
     """
-    _checks.positive_int("num_workers", default_workers, hint="e.g. 2")
+    checks.positive_int("num_workers", default_workers, hint="e.g. 2")
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"`hosts` must list the hosts as HOST[:N],HOST[:N],..., got "
                          f"{text!r}; {_EXAMPLE}.")
@@ -85,7 +85,7 @@ def check_rank(hosts: Sequence[tuple[str, int]], host_rank) -> int:
         raise ValueError(f"`host_rank` is missing: with `hosts`, give this host's position "
                          f"in the list, 0 to {len(hosts) - 1} for the {len(hosts)} hosts "
                          f"{[h for h, _ in hosts]}.")
-    if not _checks.is_int(host_rank) or not 0 <= host_rank < len(hosts):
+    if not checks.is_int(host_rank) or not 0 <= host_rank < len(hosts):
         raise ValueError(f"`host_rank` ({host_rank!r}) must be this host's position in "
                          f"`hosts`, an integer from 0 to {len(hosts) - 1} for the "
                          f"{len(hosts)} hosts {[h for h, _ in hosts]}.")
@@ -99,7 +99,7 @@ def worker_ports(port: int, num_workers: int) -> list[int]:
     Raises:
         ValueError: if a port would fall outside 1..65535.
     """
-    if not _checks.is_int(port) or port < 1 or port + num_workers > 65535:
+    if not checks.is_int(port) or port < 1 or port + num_workers > 65535:
         raise ValueError(f"`port` ({port!r}) must be an integer from 1 to "
                          f"{65535 - num_workers}: with --hosts it is the launchers' "
                          f"coordination port and the {num_workers} workers of a host use "

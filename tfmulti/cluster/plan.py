@@ -14,7 +14,7 @@ import dataclasses
 import json
 from typing import Iterable, Mapping, Sequence
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.cluster import gpus as gpus_lib
 from tfmulti.cluster import hosts as hosts_lib
 from tfmulti.cluster import tf_config as tf_config_lib
@@ -136,13 +136,13 @@ def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = Fal
                          "host of the launch, e.g. --hosts node1:2,node2:2 --host_rank 1.")
     elif port is not None:
         port_range(port, num_workers)
-    _checks.positive_number("startup_timeout", startup_timeout,
+    checks.positive_number("startup_timeout", startup_timeout,
                             hint=f"seconds, e.g. {DEFAULT_STARTUP_TIMEOUT:g}")
-    _checks.finite_number("grace_period", grace_period, minimum=0,
+    checks.finite_number("grace_period", grace_period, minimum=0,
                           hint=f"seconds, e.g. {DEFAULT_GRACE_PERIOD:g}")
-    _checks.non_negative_int("max_restarts", max_restarts, hint="e.g. 3 (0: never restart)")
+    checks.non_negative_int("max_restarts", max_restarts, hint="e.g. 3 (0: never restart)")
     cpu_sets = split_cpus(available_cpus, num_workers) if pin_cpus else None
-    _checks.non_negative_int("gpus_per_worker", gpus_per_worker,
+    checks.non_negative_int("gpus_per_worker", gpus_per_worker,
                              hint="e.g. 1 (0: every worker sees every GPU)")
     gpu_sets = (gpus_lib.gpu_slices(available_gpus, num_workers, gpus_per_worker,
                                     gpus_source) if gpus_per_worker else None)
@@ -152,7 +152,7 @@ def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = Fal
 
 
 def _check_num_workers(num_workers: int) -> None:
-    _checks.positive_int("num_workers", num_workers, hint="e.g. 2")
+    checks.positive_int("num_workers", num_workers, hint="e.g. 2")
 
 
 def port_range(base: int, num_workers: int) -> list[int]:
@@ -162,7 +162,7 @@ def port_range(base: int, num_workers: int) -> list[int]:
         ValueError: if a port would fall outside 1..65535.
     """
     _check_num_workers(num_workers)
-    if not _checks.is_int(base) or base < 1 or base + num_workers - 1 > 65535:
+    if not checks.is_int(base) or base < 1 or base + num_workers - 1 > 65535:
         raise ValueError(f"`port` ({base!r}) must be an integer from 1 to "
                          f"{65536 - num_workers}, so that the {num_workers} workers' ports "
                          "port..port+num_workers-1 fit in 1..65535; use e.g. 20000, or leave "

@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 
 __all__ = ["AUTO_STEPS_PER_EXECUTION", "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "HOOK_PATTERN",
            "BUILTIN_MODELS", "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS", "TRANSFORMER",
@@ -95,7 +95,7 @@ def check_transformer_sizes(*, seq_len: int, d_model: int, num_heads: int, num_l
     for name, value in (("seq_len", seq_len), ("d_model", d_model), ("num_heads", num_heads),
                         ("num_layers", num_layers), ("mlp_ratio", mlp_ratio),
                         ("vocab_size", vocab_size), ("tensor_parallel", tensor_parallel)):
-        _checks.positive_int(name, value)
+        checks.positive_int(name, value)
     if d_model % num_heads:
         raise ValueError(f"`num_heads` ({num_heads}) must divide `d_model` ({d_model}); use "
                          f"e.g. num_heads={largest_divisor(d_model, num_heads)}.")
@@ -324,7 +324,7 @@ class TrainConfig:
         Raises:
             ValueError: naming the field, the value and what is accepted.
         """
-        c = _checks
+        c = checks
         for f in dataclasses.fields(self):
             if "choices" in f.metadata:
                 c.one_of(f.name, getattr(self, f.name), f.metadata["choices"])
@@ -409,7 +409,7 @@ def validate_for_diagnose(config: TrainConfig) -> None:
             or placed stages.
     """
     config.validate()
-    _checks.one_of("distribution", config.distribution, DIAGNOSE_DISTRIBUTIONS,
+    checks.one_of("distribution", config.distribution, DIAGNOSE_DISTRIBUTIONS,
                    hint="diagnose measures one process (for multi_worker, diagnose one worker "
                         "with distribution='mirrored' on its devices)")
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 
 __all__ = ["DataNotFoundError", "check_prepared_files", "dataset_info", "default_data_dir", "find_fashion_mnist_idx",
            "load", "prepare_fashion_mnist", "read_idx", "synthetic", "synthetic_regression"]
@@ -333,7 +333,7 @@ def load(
         DataNotFoundError: the data is not available; the message names every
             source tried and how to provide the data.
     """
-    _checks.positive_int("num_examples", num_examples, none_ok=True)
+    checks.positive_int("num_examples", num_examples, none_ok=True)
     if name in SYNTHETIC_NAMES:
         maker = synthetic if name == "synthetic" else synthetic_regression
         kwargs = {"num_examples": num_examples} if num_examples else {}

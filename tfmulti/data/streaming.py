@@ -55,7 +55,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.runtime import roles
 from tfmulti.config.train_config import SHARDINGS
 from tfmulti.data.sources import FileSource, as_dataset
@@ -114,7 +114,7 @@ class DistributedInput:
 
 def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
     """global / replicas, or a ValueError naming both numbers."""
-    _checks.positive_int("global_batch_size", global_batch_size)
+    checks.positive_int("global_batch_size", global_batch_size)
     if global_batch_size % num_replicas:
         lower = max(num_replicas, global_batch_size - global_batch_size % num_replicas)
         raise ValueError(
@@ -264,7 +264,7 @@ def steps_per_epoch(dataset: tf.data.Dataset, global_batch_size: int,
 
 
 def _choose_sharding(sharding: str, source, workers: int) -> str:
-    _checks.one_of("sharding", sharding, SHARDINGS)
+    checks.one_of("sharding", sharding, SHARDINGS)
     files = len(source.files) if isinstance(source, FileSource) else 0
     if sharding == "files":
         if not isinstance(source, FileSource):
@@ -404,15 +404,15 @@ def distribute(
     """
     num_replicas = strategy.num_replicas_in_sync
     per_replica = per_replica_batch_size(global_batch_size, num_replicas)
-    _checks.positive_int("prefetch_per_replica", prefetch_per_replica)
-    _checks.non_negative_int("skip_steps", skip_steps)
+    checks.positive_int("prefetch_per_replica", prefetch_per_replica)
+    checks.non_negative_int("skip_steps", skip_steps)
     if skip_steps and not training:
         raise ValueError("`skip_steps` applies to training data only; pass training=True "
                          "or skip_steps=0.")
-    _checks.positive_int("input_threads", input_threads, none_ok=True)
-    _checks.positive_int("shuffle_buffer", shuffle_buffer, none_ok=True,
+    checks.positive_int("input_threads", input_threads, none_ok=True)
+    checks.positive_int("shuffle_buffer", shuffle_buffer, none_ok=True,
                          hint="a number of examples")
-    _checks.positive_int("steps_per_epoch", steps_per_epoch, none_ok=True)
+    checks.positive_int("steps_per_epoch", steps_per_epoch, none_ok=True)
     role = roles.cluster_role(strategy)
     if isinstance(dataset, FileSource):
         source, make = dataset, None

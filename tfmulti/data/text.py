@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.data.catalog import LOADERS, preparation_lock, check_prepared_files, default_data_dir
 
 __all__ = ["DEFAULT_SEQUENCE_LENGTH", "NAME", "SEQUENCE_LENGTHS", "byte_counts", "byte_windows",
@@ -94,7 +94,7 @@ def corpus_files(source_dir: str | None = None,
         FileNotFoundError: the folder does not exist.
         ValueError: it holds fewer than 2 usable `.py` files.
     """
-    _checks.positive_int("max_bytes", max_bytes)
+    checks.positive_int("max_bytes", max_bytes)
     root = Path(source_dir or default_source_dir())
     if not root.is_dir():
         raise FileNotFoundError(
@@ -131,7 +131,7 @@ def byte_windows(stream: bytes, sequence_length: int) -> tuple[np.ndarray, np.nd
     `sequence_length` bytes; inputs = window[:-1], targets = window[1:], as
     uint8 arrays of shape (windows, sequence_length). A tail shorter than a
     window is dropped."""
-    _checks.positive_int("sequence_length", sequence_length)
+    checks.positive_int("sequence_length", sequence_length)
     data = np.frombuffer(stream, dtype=np.uint8)
     count = max(len(data) - 1, 0) // sequence_length
     index = np.arange(count)[:, None] * sequence_length + np.arange(sequence_length + 1)
@@ -243,7 +243,7 @@ def text_windows(dataset, sequence_length: int = DEFAULT_SEQUENCE_LENGTH, text_k
     each element's text."""
     import tensorflow as tf
 
-    _checks.positive_int("sequence_length", sequence_length)
+    checks.positive_int("sequence_length", sequence_length)
 
     def windows(element):
         data = tf.cast(tf.io.decode_raw(element[text_key], tf.uint8), tf.int32)

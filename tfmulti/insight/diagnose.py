@@ -24,7 +24,7 @@ import platform
 import statistics
 import time
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.training import run as runs
 from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution, validate_for_diagnose
@@ -266,7 +266,7 @@ def diagnose(config: TrainConfig, *, prefetch: bool = True, cache: bool | None =
         RuntimeError: virtual devices requested after TensorFlow started.
     """
     validate_for_diagnose(config)
-    _checks.positive_number("seconds", seconds)
+    checks.positive_number("seconds", seconds)
     diagnoser = _Diagnoser(config, seconds, progress or (lambda line: None),
                            dict(prefetch=prefetch, cache=cache, map_fn=map_fn,
                                 batch_map_fn=batch_map_fn))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.config.train_config import (MIXED_PRECISION, MODEL_PARALLEL, MODEL_TASKS,
                                          OPTIMIZERS, TRANSFORMER, TrainConfig,
                                          check_transformer_sizes, is_hook)
@@ -32,7 +32,7 @@ _SIZES = ("seq_len", "d_model", "num_heads", "num_layers")
 def _layout(distribution, num_devices, num_stages, num_microbatches, num_replicas,
             global_batch_size, tensor_parallel=1) -> tuple[int, int, int]:
     """(replicas, stages, examples per micro-batch) of a valid layout."""
-    _checks.positive_int("num_devices", num_devices, none_ok=True)
+    checks.positive_int("num_devices", num_devices, none_ok=True)
     if distribution not in MODEL_PARALLEL:
         devices = num_devices or 1
         if distribution == "one_device" and devices != 1:
@@ -92,18 +92,18 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
     """
     own_model = callable(model) or is_hook(model)
     if not own_model:
-        _checks.one_of("model", model, MODELS,
+        checks.one_of("model", model, MODELS,
                        hint="or your own model as package.module:function")
-    _checks.one_of("distribution", distribution, DISTRIBUTIONS)
+    checks.one_of("distribution", distribution, DISTRIBUTIONS)
     if own_model and distribution in MODEL_PARALLEL:
         raise ValueError(f"estimating distribution {distribution!r} splits a built-in model "
                          "into stages; for your own model, build it as a PipelineModel and "
                          "read tfmulti.memory.footprint.pipeline_footprint(model, batch_size), "
                          "or estimate 'one_device' / 'mirrored'.")
-    _checks.one_of("optimizer", optimizer, OPTIMIZERS)
-    _checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
-    _checks.positive_int("global_batch_size", global_batch_size)
-    _checks.finite_number("dropout", dropout, minimum=0)
+    checks.one_of("optimizer", optimizer, OPTIMIZERS)
+    checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
+    checks.positive_int("global_batch_size", global_batch_size)
+    checks.finite_number("dropout", dropout, minimum=0)
     given = {"num_stages": num_stages, "num_microbatches": num_microbatches,
              "num_replicas": num_replicas, "remat": remat, "tensor_parallel": tensor_parallel}
     for name, value in given.items():
@@ -115,7 +115,7 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
     settings = {name: _PIPELINE_DEFAULTS[name] if value is None else value
                 for name, value in given.items()}
     for name in ("num_stages", "num_microbatches", "num_replicas", "tensor_parallel"):
-        _checks.positive_int(name, settings[name])
+        checks.positive_int(name, settings[name])
     T = settings["tensor_parallel"]
     if T > 1 and model != TRANSFORMER:
         raise ValueError(f"`tensor_parallel` ({T}) splits model {TRANSFORMER!r}, got model "
@@ -135,5 +135,5 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
                                       settings["num_microbatches"], settings["num_replicas"],
                                       global_batch_size, T)
     if distribution in MODEL_PARALLEL:
-        _checks.one_of("partition", partition, ("params", "flops"))
+        checks.one_of("partition", partition, ("params", "flops"))
     return Layout(settings, replicas, stages, micro, T, sizes)

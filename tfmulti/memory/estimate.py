@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import keras
 
-from tfmulti.utils import checks as _checks
-from tfmulti.utils import tables as _tables
+from tfmulti.utils import checks
+from tfmulti.utils import tables
 from tfmulti.memory import footprint
 from tfmulti.config import user_functions as hooks
 from tfmulti.models import builders as models
@@ -252,15 +252,15 @@ def check_fits(estimate: dict, device_memory_mb: float) -> None:
             ...
         ValueError: device 0 (replica 0, stage 0, shard 0) needs 7.99 MiB to train mlp ...
     """
-    budget = _checks.positive_number("device_memory_mb", device_memory_mb)
+    budget = checks.positive_number("device_memory_mb", device_memory_mb)
     row = max(estimate["devices"], key=lambda r: r["total"])
     if row["total"] <= budget * 2**20:
         return
-    parts = ", ".join(f"{k.replace('_', ' ')} {_tables.mib(row[k])}"
+    parts = ", ".join(f"{k.replace('_', ' ')} {tables.mib(row[k])}"
                       for k in footprint.COLUMNS[:-1])
     raise ValueError(
         f"device {row['device']} (replica {row['replica']}, stage {row['stage']}, shard "
-        f"{row['shard']}) needs {_tables.mib(row['total'])} to train {estimate['model']} under "
+        f"{row['shard']}) needs {tables.mib(row['total'])} to train {estimate['model']} under "
         f"{estimate['distribution']} ({parts}), over the budget of {budget:g} MiB per device; "
         f"split the model over more devices (num_stages, tensor_parallel), hold fewer "
         f"examples at once (a smaller global_batch_size, more num_microbatches, remat) or use "

@@ -20,7 +20,7 @@ import math
 import keras
 import tensorflow as tf
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.models import accumulation, optimizers
 from tfmulti.config.train_config import (LR_SCALINGS, MIXED_PRECISION, MODEL_TASKS, OPTIMIZERS, TASKS, resolve_steps_per_execution)
 
@@ -66,7 +66,7 @@ INPUT_SHAPES = {"mlp": (28, 28, 1), "regression": (1024,), "cnn": (28, 28, 1)}
 
 def model_task(name: str) -> str:
     """"classification" or "regression" for a built-in model name."""
-    _checks.one_of("model", name, MODEL_TASKS)
+    checks.one_of("model", name, MODEL_TASKS)
     return MODEL_TASKS[name]
 
 
@@ -149,8 +149,8 @@ def scaled_learning_rate(
     "linear" multiplies by global/base (Goyal et al. 2017), "sqrt" by its square
     root (for adaptive optimizers, Hoffer et al. 2017), "none" keeps it.
     """
-    _checks.one_of("lr_scaling", lr_scaling, LR_SCALINGS)
-    _checks.positive_int("base_batch_size", base_batch_size)
+    checks.one_of("lr_scaling", lr_scaling, LR_SCALINGS)
+    checks.positive_int("base_batch_size", base_batch_size)
     ratio = global_batch_size / base_batch_size
     factor = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[lr_scaling]
     return learning_rate * factor
@@ -160,7 +160,7 @@ def default_loss(task: str, model: keras.Model | None = None):
     """The loss tfmulti uses for `task` when none is given: sparse categorical
     cross-entropy for "classification" (on logits, unless `model`'s last layer
     is a softmax: then on probabilities), mean squared error for "regression"."""
-    _checks.one_of("task", task, TASKS)
+    checks.one_of("task", task, TASKS)
     if task == "classification":
         return keras.losses.SparseCategoricalCrossentropy(from_logits=not _ends_in_softmax(model))
     return keras.losses.MeanSquaredError()
@@ -168,7 +168,7 @@ def default_loss(task: str, model: keras.Model | None = None):
 
 def default_metrics(task: str) -> list:
     """Accuracy for "classification", mean absolute error for "regression"."""
-    _checks.one_of("task", task, TASKS)
+    checks.one_of("task", task, TASKS)
     if task == "classification":
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
     return [keras.metrics.MeanAbsoluteError(name="mae")]
@@ -194,7 +194,7 @@ def make_optimizer(optimizer="adam", learning_rate: float = 1e-3):
         ValueError: a name Keras does not know.
     """
     name = str(optimizer).lower()
-    _checks.one_of("optimizer", name, OPTIMIZERS)
+    checks.one_of("optimizer", name, OPTIMIZERS)
     if name == "adam":
         return optimizers.fused_adam(learning_rate)
     return keras.optimizers.get({"class_name": name, "config": {"learning_rate": learning_rate}})
@@ -324,18 +324,18 @@ def compile_model(
             replicas (Keras 3 cannot).
     """
     if task is not None:
-        _checks.one_of("task", task, TASKS)
+        checks.one_of("task", task, TASKS)
     named = isinstance(optimizer, str)
     if named:
-        _checks.one_of("optimizer", optimizer.lower(), OPTIMIZERS)
+        checks.one_of("optimizer", optimizer.lower(), OPTIMIZERS)
         learning_rate = 1e-3 if learning_rate is None else learning_rate
-        _checks.positive_number("learning_rate", learning_rate)
+        checks.positive_number("learning_rate", learning_rate)
     elif learning_rate is not None:
         raise ValueError(f"`learning_rate` ({learning_rate}) applies to an optimizer given by "
                          f"name; set the rate on your {type(optimizer).__name__} instead.")
     if lr_scaling != "none" and global_batch_size is None:
         raise ValueError(f"`lr_scaling` ({lr_scaling!r}) needs `global_batch_size`.")
-    _checks.finite_number("warmup_epochs", warmup_epochs, minimum=0)
+    checks.finite_number("warmup_epochs", warmup_epochs, minimum=0)
     if warmup_epochs > 0 and not steps_per_epoch:
         raise ValueError("`warmup_epochs` > 0 needs `steps_per_epoch` to size the warmup.")
     replicas = (strategy or tf.distribute.get_strategy()).num_replicas_in_sync
@@ -398,7 +398,7 @@ def mixed_precision_policy(mixed_precision: str):
         ValueError: an unknown name, or "float16" without a GPU (CPUs have no
             fast float16 kernels; bfloat16 instead).
     """
-    _checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
+    checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
     if mixed_precision == "float16" and not tf.config.list_physical_devices("GPU"):
         raise ValueError("`mixed_precision` 'float16' needs a GPU and none was found; use "
                          "mixed_precision='bfloat16' on CPUs.")

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 import keras
 import numpy as np
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.config.train_config import TRANSFORMER, check_transformer_sizes
 
 __all__ = ["PositionEmbedding", "ROLES", "TENSOR_PARALLEL", "assemble", "build_transformer",
@@ -63,7 +63,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, max_length: int, initializer="random_normal", **kwargs):
         super().__init__(**kwargs)
-        self.max_length = _checks.positive_int("max_length", max_length)
+        self.max_length = checks.positive_int("max_length", max_length)
         self.initializer = keras.initializers.get(
             keras.initializers.RandomNormal(stddev=0.02) if initializer == "random_normal"
             else initializer)
@@ -214,7 +214,7 @@ def build_transformer(*, vocab_size: int = 256, seq_len: int = 128, d_model: int
     """
     check_transformer_sizes(seq_len=seq_len, d_model=d_model, num_heads=num_heads,
                             num_layers=num_layers, mlp_ratio=mlp_ratio, vocab_size=vocab_size)
-    _checks.finite_number("dropout", dropout, minimum=0)
+    checks.finite_number("dropout", dropout, minimum=0)
     if not dropout < 1:
         raise ValueError(f"`dropout` must be in [0, 1), got {dropout!r}.")
     if seed is not None:
@@ -281,8 +281,8 @@ def sample(model: keras.Model, prompt: bytes, num_bytes: int, *, temperature: fl
     """
     if not prompt:
         raise ValueError("`prompt` is empty; pass at least one byte, e.g. b'The '.")
-    _checks.non_negative_int("num_bytes", num_bytes)
-    _checks.finite_number("temperature", temperature, minimum=0)
+    checks.non_negative_int("num_bytes", num_bytes)
+    checks.finite_number("temperature", temperature, minimum=0)
     inputs = model.input
     seq_len = int((inputs["tokens"] if isinstance(inputs, dict) else inputs).shape[1])
     rng = np.random.default_rng(seed)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.models import transformer
 from tfmulti.config.train_config import check_transformer_sizes
 from tfmulti.parallel.pipeline import PipelineModel, choose_devices
@@ -64,7 +64,7 @@ def build_parallel_transformer(*, num_replicas: int = 1, num_stages: int = 1,
     """
     for name, value in (("num_replicas", num_replicas), ("num_stages", num_stages),
                         ("tensor_parallel", tensor_parallel)):
-        _checks.positive_int(name, value)
+        checks.positive_int(name, value)
     # Whole in host memory first: one accelerator may not hold the model.
     with tf.device("/CPU:0"):
         model = transformer.build_transformer(seed=seed, **sizes)

@@ -44,7 +44,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.utils.tables import format_table, human_bytes
 from tfmulti.utils.sizes import variables_bytes
 
@@ -101,7 +101,7 @@ def check_stage_count(num_stages, num_layers: int | None = None, *, chain=None,
             ...
         ValueError: model 'mlp' cannot be cut into 4 stages: it has 3 layers; use at most 3 stages.
     """
-    num_stages = _checks.positive_int(
+    num_stages = checks.positive_int(
         "num_stages", num_stages, hint="pass e.g. num_stages=2 (1: a single stage, no pipeline)")
     unit, reason, num_units = "layers", None, num_layers
     if chain is not None:
@@ -273,7 +273,7 @@ def validate_sizes(sizes: Sequence[int], num_layers: int, num_stages: int,
             f"got {len(sizes)} stage sizes {tuple(sizes)} for num_stages={num_stages}; "
             "give exactly one size per stage.")
     for i, size in enumerate(sizes):
-        if not _checks.is_int(size):
+        if not checks.is_int(size):
             raise ValueError(
                 f"sizes[{i}] must be an integer number of {unit}; "
                 f"received {size!r} ({type(size).__name__}).")
@@ -316,7 +316,7 @@ def per_example_shape(input_shape) -> tuple:
     Raises:
         ValueError: not a shape, or a dimension < 1.
     """
-    if _checks.is_int(input_shape):
+    if checks.is_int(input_shape):
         input_shape = (int(input_shape),)
     try:
         shape = tuple(None if d is None else int(d) for d in input_shape)
@@ -438,7 +438,7 @@ def _sample_inputs(chain, batch_size: int) -> list:
     booleans True (valid token ids, positions and masks)."""
     import numpy as np
 
-    _checks.positive_int("batch_size", batch_size)
+    checks.positive_int("batch_size", batch_size)
     rng = np.random.default_rng(0)
     batch = []
     for tensor in chain.inputs:

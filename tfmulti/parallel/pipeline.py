@@ -71,7 +71,7 @@ import keras
 import tensorflow as tf
 from keras.src.trainers import data_adapters
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.models import optimizers
 from tfmulti.runtime import devices as devices_lib
 from tfmulti.parallel import placement
@@ -256,9 +256,9 @@ class PipelineModel(keras.Model):
                  remat: bool = False, accumulate_steps: int = 1, name: str = "pipeline",
                  **kwargs):
         super().__init__(name=name, **kwargs)
-        _checks.positive_int("num_replicas", num_replicas)
-        _checks.positive_int("num_microbatches", num_microbatches)
-        _checks.positive_int("accumulate_steps", accumulate_steps)
+        checks.positive_int("num_replicas", num_replicas)
+        checks.positive_int("num_microbatches", num_microbatches)
+        checks.positive_int("accumulate_steps", accumulate_steps)
         functional = isinstance(layers, keras.Model) and not isinstance(layers, keras.Sequential)
         # What there is to cut into stages, for the stage-count check.
         if functional:
@@ -575,7 +575,7 @@ class PipelineModel(keras.Model):
         """Sets `accumulate_steps` (`tfmulti.models.accumulation.accumulate_gradients`
         and `compile_model(accumulate_steps=...)` call this): one update per
         batch of `steps` x B rows, `steps` GPipe rounds in turn."""
-        _checks.positive_int("accumulate_steps", steps)
+        checks.positive_int("accumulate_steps", steps)
         self.accumulate_steps = steps
         self.train_function = None  # made again, with the new step, by the next fit
         return self

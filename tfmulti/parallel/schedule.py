@@ -39,7 +39,7 @@ Example:
 from __future__ import annotations
 
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 
 __all__ = ["bubble_fraction", "format_table", "gpipe", "max_in_flight", "measured_bubble",
            "one_f_one_b", "plot"]
@@ -52,7 +52,7 @@ IDLE_COLOR = "#EEEEEE"
 
 
 def _check_positive(name: str, value) -> int:
-    return _checks.positive_int(name, value, hint=f"pass e.g. {name}=4")
+    return checks.positive_int(name, value, hint=f"pass e.g. {name}=4")
 
 
 def _simulate(orders: list[list[tuple[str, int]]]) -> list[list[tuple[str, int] | None]]:

@@ -59,7 +59,7 @@ import tensorflow as tf
 from keras.src import backend as keras_backend
 from keras.src.initializers.random_initializers import compute_fans
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.runtime import devices as devices_lib
 
 __all__ = ["ColumnParallelDense", "ParallelMultiHeadAttention", "RowParallelDense",
@@ -291,7 +291,7 @@ class _ParallelDense(TensorParallelLayer, keras.layers.Layer):
     def __init__(self, units, devices, activation, use_bias, kernel_initializer,
                  bias_initializer, kernel_regularizer, bias_regularizer, **kwargs):
         super().__init__(**kwargs)
-        self.units = _checks.positive_int("units", units)
+        self.units = checks.positive_int("units", units)
         self._place(devices)
         self.activation = keras.activations.get(activation)
         self.use_bias = bool(use_bias)

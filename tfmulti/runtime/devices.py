@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 
 __all__ = ["canonical_device_name", "configure_virtual_devices", "logical_devices",
            "resolve_devices"]
@@ -65,7 +65,7 @@ def configure_virtual_devices(
         raise ValueError(
             f"`device_type` must be one of {list(_DEVICE_TYPES)}, got {device_type!r}."
         )
-    _checks.positive_int("num_devices", num_devices)
+    checks.positive_int("num_devices", num_devices)
     if device_type == "CPU" and memory_limit_mb is not None:
         raise ValueError(
             "`memory_limit_mb` applies to logical GPUs only; drop it for CPU devices."

@@ -18,7 +18,7 @@ import sys
 
 import tensorflow as tf
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.config import train_config as config
 from tfmulti.runtime import keras_fixes
 from tfmulti.runtime import devices as devices_lib
@@ -139,10 +139,10 @@ def _multi_worker(communication: str, collective_timeout: float | None,
                          f"got {communication!r}.")
     if communication == "nccl" and not tf.config.list_physical_devices("GPU"):
         raise ValueError("`communication='nccl'` needs GPUs; use 'ring' or 'auto' on CPUs.")
-    _checks.positive_number("collective_timeout", collective_timeout, none_ok=True)
+    checks.positive_number("collective_timeout", collective_timeout, none_ok=True)
     if startup_timeout is None:
         startup_timeout = _startup_timeout_from_environ()
-    _checks.positive_number("startup_timeout", startup_timeout)
+    checks.positive_number("startup_timeout", startup_timeout)
     if cluster_resolver == "auto":
         slurm_tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
         cluster_resolver = ("slurm" if tf_config.from_environ() is None

@@ -3,10 +3,10 @@
 Pure Python (no TensorFlow). Each check names the argument, the value it got
 and what would be accepted, and returns the value normalized:
 
-    >>> from tfmulti.utils import checks as _checks
-    >>> _checks.positive_int("epochs", 5)
+    >>> from tfmulti.utils import checks
+    >>> checks.positive_int("epochs", 5)
     5
-    >>> _checks.positive_int("epochs", True)
+    >>> checks.positive_int("epochs", True)
     Traceback (most recent call last):
         ...
     ValueError: `epochs` must be a positive integer, got True.

@@ -12,7 +12,7 @@ import warnings
 
 import tensorflow as tf
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.utils.failpoints import failpoint
 from tfmulti.runtime import strategy as strategy_lib
 # Module names of their own, so that a test can fake the coordination service here.
@@ -190,7 +190,7 @@ class Backup:
         if os.path.exists(backup_dir) and not os.path.isdir(backup_dir):
             raise ValueError(f"`backup_dir` {backup_dir!r} exists and is not a directory; "
                              "pass a directory path.")
-        _checks.positive_int("keep", keep, hint="use 2 so a damaged newest checkpoint has a "
+        checks.positive_int("keep", keep, hint="use 2 so a damaged newest checkpoint has a "
                              "fallback")
         self.extra_fingerprint = _json_fields(fingerprint)
         self.backup_dir = backup_dir

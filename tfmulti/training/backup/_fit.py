@@ -10,7 +10,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from tfmulti.utils import checks as _checks
+from tfmulti.utils import checks
 from tfmulti.utils.failpoints import failpoint
 from tfmulti.training.backup._checkpoint import Backup, ResumePoint, say, delete
 from tfmulti.training.backup._preemption import Preempted, PreemptionWatcher
@@ -184,9 +184,9 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         Preempted: after saving on SIGTERM.
         PreemptedUnsaved: on SIGTERM, when the workers did not agree on a step.
     """
-    _checks.positive_int("epochs", epochs)
-    _checks.positive_int("steps_per_epoch", steps_per_epoch)
-    _checks.positive_int("save_every_steps", save_every_steps, none_ok=True)
+    checks.positive_int("epochs", epochs)
+    checks.positive_int("steps_per_epoch", steps_per_epoch)
+    checks.positive_int("save_every_steps", save_every_steps, none_ok=True)
     compiled = getattr(model, "steps_per_execution", 1) or 1
     if steps_per_execution is not None and steps_per_execution != compiled:
         raise ValueError(f"`steps_per_execution` ({steps_per_execution}) differs from the "
