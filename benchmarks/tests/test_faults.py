@@ -109,7 +109,7 @@ def test_the_product_points_are_the_campaigns_points():
         for name in files:
             if name.endswith(".py"):
                 with open(os.path.join(folder, name)) as f:
-                    marked |= set(re.findall(r'\b(?:failpoint|_faults\.point)\("([^"]+)"\)',
+                    marked |= set(re.findall(r'\b(?:failpoint|failpoints\.point)\("([^"]+)"\)',
                                              f.read()))
     assert marked == set(_faults.POINTS)
 
