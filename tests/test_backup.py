@@ -830,22 +830,25 @@ def test_an_interrupted_delete_leaves_the_newest_checkpoint_whole(tmp_path, monk
     class Killed(Exception):
         pass
 
-    def killed(signum, frame):
-        raise Killed
+    deletes = []
+
+    def fire(name):  # the second pass of backup.delete stops the removal
+        if name == "backup.delete":
+            deletes.append(name)
+            if len(deletes) == 2:
+                raise Killed
 
     _fit(tmp_path)
     assert [os.path.basename(p) for p in backup.checkpoints(str(tmp_path))] == \
         ["tfmulti-ckpt-16", "tfmulti-ckpt-12"]
     entries = _files._entries
     monkeypatch.setattr(_files, "_entries", lambda d: sorted(entries(d), reverse=True))
-    monkeypatch.setattr(failpoints, "_hits", failpoints.collections.Counter())
-    monkeypatch.setenv(failpoints.ENV, "point=backup.delete,hit=2,signal=USR1")
-    previous = signal.signal(signal.SIGUSR1, killed)
+    previous = failpoints.install(fire)
     try:
         with pytest.raises(Killed):
             backup.delete(str(tmp_path))
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        failpoints.install(previous)
     assert [os.path.basename(p) for p in backup.checkpoints(str(tmp_path))] == \
         ["tfmulti-ckpt-16"]
     assert backup.latest_valid(str(tmp_path)).step == 16
