@@ -471,7 +471,7 @@ def test_train_recipe_two_workers_chief_only_writes_and_evaluates_a_partial_last
     # data, 1 epoch of 4 steps in one call (--steps_per_execution=4). The
     # test split is 1024 // 4 = 256 examples at global batch 512: worker 1's
     # share of the only test batch is empty, which crashed conv models under
-    # oneDNN (workarounds fix 6).
+    # oneDNN (the keras_fixes fix "convolutions on an empty batch under oneDNN").
     import keras
 
     from tfmulti import data

@@ -2,7 +2,7 @@
 agree on the start-up and on every restart. In this process: each "host" is a
 thread with its own loopback address (127.0.0.1, 127.0.0.2, ...) and a fake
 attempt instead of workers, so the agreement is checked without processes.
-(tests/test_simulated_hosts.py runs real launchers on simulated hosts.)"""
+(benchmarks/tests/test_simulated_hosts.py runs real launchers on simulated hosts.)"""
 
 from __future__ import annotations
 

@@ -248,7 +248,7 @@ def test_an_optimizer_object_brings_its_own_rate():
 
 def test_accumulate_steps_batches_k_micro_batches_per_update():
     """--accumulate_steps=k: each step's batch holds k x global_batch_size
-    examples, trained as k micro-steps and one update (workarounds fix 7)."""
+    examples, trained as k micro-steps and one update (tfmulti.models.accumulation)."""
     run = build_run(TrainConfig(distribution="mirrored", accumulate_steps=4, epochs=1,
                                 **SYNTHETIC))  # 1024 examples, micro-batches of 64 on 4
     assert run.examples_per_step == 256 and run.train_input.global_batch_size == 256

@@ -4,7 +4,7 @@ the epoch clock). No timing is asserted (timings go in the benchmarks).
 
 The last section holds a test of tfmulti.data (the per-batch map), to move to
 tests/test_data.py. The benchmark fixtures (CustomLoop, costly_batch_map) are
-tested in tests/test_bench.py."""
+tested in benchmarks/tests/test_bench.py."""
 
 from __future__ import annotations
 

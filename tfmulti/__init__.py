@@ -18,7 +18,7 @@ is the one description; `tests/test_layers.py` holds the code to it):
     training   a run assembled from a TrainConfig, train, loops, backup, export
     memory     the memory model and the estimate per device
     parallel   pipeline, tensor parallelism, the chain of blocks, the partitioner
-    models | data   builders, the transformer, optimizers | datasets, streaming
+    models | data   builders, transformer, optimizers, accumulation | datasets, streaming
     runtime    devices, strategies, roles, the upstream Keras fixes
     cluster    TF_CONFIG, the launcher and its supervisor (no TensorFlow)
     config     TrainConfig, its flags, the user's functions (no TensorFlow)

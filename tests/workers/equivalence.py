@@ -12,7 +12,7 @@ evaluate and predict return, for tuple and for dict inputs, on one strategy.
 
 The test compares the two: `run(strategy, use_dict)` is also called in-process
 with a MirroredStrategy over 2 devices (over 4 for 2 hosts x 2 workers,
-tests/test_simulated_hosts.py); every worker prints `total=` the sum of rank + 1.
+benchmarks/tests/test_simulated_hosts.py); every worker prints `total=` the sum of rank + 1.
 """
 
 import os

@@ -28,7 +28,7 @@ import os
 import threading
 from typing import Callable
 
-__all__ = ["ENV", "failpoint", "install", "point"]
+__all__ = ["ENV", "failpoint", "install"]
 
 ENV = "TFMULTI_FAULTS"
 """The environment variable that arms failpoints: `MODULE:SPEC`."""
@@ -63,10 +63,6 @@ def failpoint(name: str) -> None:
     """
     if _fire is not None:
         _fire(name)
-
-
-point = failpoint
-"""`failpoint`, by its earlier name."""
 
 
 def install(fire: Callable[[str], None] | None) -> Callable[[str], None] | None:

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from tfmulti.utils import failpoints
+from tfmulti.utils.failpoints import failpoint
 from tfmulti.cluster import exit_codes
 from tfmulti.cluster.plan import PREEMPTION_AGREEMENT_S
 # Module names of their own, so that a test can fake the coordination service here.
@@ -99,7 +99,7 @@ class PreemptionWatcher:
             return
         self.target = int(value)
         self._event.set()  # before the ack: the announcer resumes only after every ack
-        failpoints.point("backup.agreement")
+        failpoint("backup.agreement")
         try:
             _kv().set_config_key_value(self.ack_key(self.task_index), value)
         except Exception:  # pylint: disable=broad-except
@@ -118,7 +118,7 @@ class PreemptionWatcher:
                 # Another worker announced first (its step holds, the watcher
                 # thread has it), or training is over ("done"): nothing to add.
                 return self._due(boundary)
-            failpoints.point("backup.agreement")
+            failpoint("backup.agreement")
             deadline = time.monotonic() + PREEMPTION_AGREEMENT_S
             for index in range(self.num_workers):
                 left_ms = max(1, int((deadline - time.monotonic()) * 1000))
