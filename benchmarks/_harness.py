@@ -15,14 +15,40 @@ import subprocess
 import sys
 import time
 
-__all__ = ["REPO_ROOT", "fmt", "launch_pinned", "machine_worker", "plot_results",
-           "plot_step_seconds", "report", "run_worker", "summary", "worker_env"]
+__all__ = ["REPO_ROOT", "TOY_ENV", "ceiling_seconds", "fmt", "launch_pinned", "machine_worker",
+           "plot_results", "plot_step_seconds", "report", "run_worker", "summary", "toy",
+           "toy_sized", "worker_env"]
 
 WORKER_MODULE = "benchmarks.worker"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """The checkout holding `benchmarks` (and the `tfmulti` it runs, and `recipes/`):
 first on the workers' PYTHONPATH, so that a worker imports the same packages
 wherever the benchmark was started from."""
+
+TOY_ENV = "TFMULTI_BENCH_TOY"
+"""The toy switch (`recipes/benchmark.py --toy` sets it): when "1", every suite
+runs its whole code path at toy sizes (each suite's `TOY`, next to its real
+sizes), in seconds, for the end-to-end test; its figures mean nothing. The
+worker processes inherit it (`worker_env`)."""
+
+
+def toy() -> bool:
+    """Whether the suites run at toy size (`TOY_ENV` is "1")."""
+    return os.environ.get(TOY_ENV, "") == "1"
+
+
+def toy_sized(real: dict, toy_values: dict) -> dict:
+    """`real` with `toy_values` over it when `toy()`, else a copy of `real`."""
+    return {**real, **toy_values} if toy() else dict(real)
+
+
+TOY_CEILING_SECONDS = 0.2
+"""`cpus.hardware_ceiling`'s seconds at toy size (`ceiling_seconds`)."""
+
+
+def ceiling_seconds(seconds: float) -> float:
+    """`seconds` for `cpus.hardware_ceiling`, `TOY_CEILING_SECONDS` at toy size."""
+    return TOY_CEILING_SECONDS if toy() else seconds
 
 
 def summary(values: list[float]) -> dict:

@@ -32,7 +32,7 @@ from tfmulti.utils import checks
 from benchmarks import _harness
 from tfmulti.config.train_config import TrainConfig
 
-__all__ = ["BATCH", "MAX_EPOCHS", "TARGET_ACCURACY", "TTA_CONFIG", "TTA_TFMULTI", "check",
+__all__ = ["BATCH", "MAX_EPOCHS", "TARGET_ACCURACY", "TOY", "TTA_CONFIG", "TTA_TFMULTI", "check",
            "plot", "run", "seed_worker", "summarize", "tfmulti_worker"]
 
 TARGET_ACCURACY = 0.87
@@ -52,6 +52,21 @@ TTA_TFMULTI = {name: getattr(TTA_CONFIG, name)
                             "base_batch_size", "warmup_epochs", "steps_per_execution")}
 """The race's settings as recorded in the JSON (`tfmulti_tta_config`)."""
 MAX_EPOCHS = {"seed": 8, "tfmulti": 12}
+TOY = {"target_accuracy": 1.01, "max_epochs": {"seed": 2, "tfmulti": 1},
+       "train_examples": 960, "test_examples": 320, "steps_per_epoch": 6,
+       "steps_per_execution": 2}
+"""The toy size (`_harness.toy`: the end-to-end test): a target no run reaches (the
+race runs its epochs, the JSON records the accuracy it reached), the seed's 2 epochs
+(its throughput is epoch 2's) on 960 training and 320 test examples, tfmulti's race
+of 1 epoch and its batch-32 throughput over epochs of 6 steps (thirds of 2, 2 per
+call); overrides `steps_per_execution`."""
+
+
+def _sizes() -> dict:
+    """The real sizes, or `TOY` at toy size (`_harness.toy`)."""
+    return _harness.toy_sized({"target_accuracy": TARGET_ACCURACY, "max_epochs": MAX_EPOCHS,
+                               "train_examples": None, "test_examples": None,
+                               "steps_per_epoch": None}, TOY)
 
 
 def _fashion_mnist_arrays(split: str):
@@ -70,7 +85,9 @@ def _fashion_mnist_arrays(split: str):
     return images.reshape(-1, 28, 28), labels
 
 
-def seed_worker(seed: int) -> dict:
+def seed_worker(seed: int, target_accuracy: float = TARGET_ACCURACY,
+                max_epochs: int = MAX_EPOCHS["seed"], train_examples: int | None = None,
+                test_examples: int | None = None) -> dict:
     """Seed 000's program as written, with a per-epoch evaluation, until 0.87.
 
     Plain Keras, `MirroredStrategy()` with its default devices (2 virtual
@@ -79,6 +96,8 @@ def seed_worker(seed: int) -> dict:
     starts when the model is built (the arrays are already in memory) and
     stops at the end of the first evaluation reaching 0.87. Also returns the
     training-only examples/s of epoch 2 (the baseline throughput).
+    `train_examples` and `test_examples` (default: all) keep the first ones
+    of each split (a toy run).
     """
     import tfmulti
 
@@ -90,8 +109,10 @@ def seed_worker(seed: int) -> dict:
 
     train_images, train_labels = _fashion_mnist_arrays("train")
     test_images, test_labels = _fashion_mnist_arrays("test")
+    train_images, train_labels = train_images[:train_examples], train_labels[:train_examples]
+    test_images, test_labels = test_images[:test_examples], test_labels[:test_examples]
     keras.utils.set_random_seed(seed)
-    race = TimeToAccuracy(TARGET_ACCURACY)
+    race = TimeToAccuracy(target_accuracy)
     race.start()
     strategy = tf.distribute.MirroredStrategy()
     with strategy.scope():
@@ -106,14 +127,17 @@ def seed_worker(seed: int) -> dict:
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     model.fit(train_images, train_labels, batch_size=BATCH,
-              epochs=MAX_EPOCHS["seed"], validation_data=(test_images, test_labels),
+              epochs=max_epochs, validation_data=(test_images, test_labels),
               verbose=0, callbacks=[race.callback(lambda logs: logs["val_accuracy"])])
     return {"side": "seed", **race.result(len(train_images)),
             "num_replicas": strategy.num_replicas_in_sync,
             "devices": list(strategy.extended.worker_devices)}
 
 
-def tfmulti_worker(seed: int, steps_per_execution: int) -> dict:
+def tfmulti_worker(seed: int, steps_per_execution: int,
+                   target_accuracy: float = TARGET_ACCURACY,
+                   max_epochs: int = MAX_EPOCHS["tfmulti"], steps_per_epoch: int | None = None,
+                   test_examples: int | None = None) -> dict:
     """tfmulti's side of the baseline, in one process: first the race, then the
     throughput at seed 000's batch.
 
@@ -129,6 +153,9 @@ def tfmulti_worker(seed: int, steps_per_execution: int) -> dict:
     "mirrored" distribution, steps_per_execution=K), training examples/s
     over a full epoch's steps after a warm-up third of an epoch (K must
     divide 1875 / 3 = 625).
+
+    `steps_per_epoch` (default: a pass over the data) caps the epochs of both
+    parts and `test_examples` (default: all) the evaluation (a toy run).
     """
     import tfmulti
 
@@ -138,13 +165,14 @@ def tfmulti_worker(seed: int, steps_per_execution: int) -> dict:
     from benchmarks.fixtures import TimeToAccuracy
     from tfmulti.insight import timing
 
-    config = TTA_CONFIG.replace(seed=seed)
+    config = TTA_CONFIG.replace(seed=seed, steps_per_epoch=steps_per_epoch)
     for split in ("train", "test"):  # the TFDS import and metadata, outside the race
         data.load(config.dataset, split)
-    race = TimeToAccuracy(TARGET_ACCURACY)
+    race = TimeToAccuracy(target_accuracy)
     race.start()
     run = runs.build_run(config)
-    test_input = data.distribute(run.test_data, run.strategy, config.global_batch_size,
+    test_data = run.test_data if test_examples is None else run.test_data.take(test_examples)
+    test_input = data.distribute(test_data, run.strategy, config.global_batch_size,
                                  training=False, cache=True)
     model = run.model
 
@@ -152,7 +180,7 @@ def tfmulti_worker(seed: int, steps_per_execution: int) -> dict:
         return model.evaluate(**test_input.evaluate_kwargs(), verbose=0,
                               return_dict=True)["accuracy"]
 
-    model.fit(**run.train_input.fit_kwargs(), epochs=MAX_EPOCHS["tfmulti"], verbose=0,
+    model.fit(**run.train_input.fit_kwargs(), epochs=max_epochs, verbose=0,
               callbacks=[race.callback(test_accuracy)])
     result = {"side": "tfmulti",
               **race.result(run.steps_per_epoch * config.global_batch_size),
@@ -161,7 +189,8 @@ def tfmulti_worker(seed: int, steps_per_execution: int) -> dict:
 
     run = runs.build_run(TrainConfig(distribution="mirrored", dataset=config.dataset,
                                      model=config.model, global_batch_size=BATCH, seed=0,
-                                     steps_per_execution=steps_per_execution))
+                                     steps_per_execution=steps_per_execution,
+                                     steps_per_epoch=steps_per_epoch))
     # A warm-up third of an epoch, then three thirds: one full epoch of steps,
     # its reshuffle included, timed.
     third = run.steps_per_epoch // 3
@@ -197,15 +226,25 @@ def run(repeats: int, steps_per_execution: int = 125) -> dict:
     """
     checks.positive_int("repeats", repeats)
     check(steps_per_execution=steps_per_execution)
+    sizes = _sizes()
+    target = sizes["target_accuracy"]
+    steps_per_execution = sizes.get("steps_per_execution", steps_per_execution)
     seed_rate, ours_rate, speedups = [], [], []
     seed_tta, ours_tta, tta_speedups = [], [], []
     runs = []
     for repeat in range(repeats):
         start = time.monotonic()
         # Up to MAX_EPOCHS["seed"] epochs of about 2 minutes each on a slow CPU.
-        seed = _harness.run_worker("seed", seed=repeat, timeout=2400)
+        seed = _harness.run_worker("seed", seed=repeat, timeout=2400, target_accuracy=target,
+                                   max_epochs=sizes["max_epochs"]["seed"],
+                                   train_examples=sizes["train_examples"],
+                                   test_examples=sizes["test_examples"])
         race = _harness.run_worker("tfmulti", seed=repeat,
-                                   steps_per_execution=steps_per_execution)
+                                   steps_per_execution=steps_per_execution,
+                                   target_accuracy=target,
+                                   max_epochs=sizes["max_epochs"]["tfmulti"],
+                                   steps_per_epoch=sizes["steps_per_epoch"],
+                                   test_examples=sizes["test_examples"])
         runs.append({"seed": seed, "tfmulti": race})
         seed_rate.append(seed["examples_per_second"])
         ours_rate.append(race["examples_per_second_batch_32"])
@@ -216,16 +255,16 @@ def run(repeats: int, steps_per_execution: int = 125) -> dict:
             seed_tta.append(seed["time_to_accuracy"])
             ours_tta.append(race["time_to_accuracy"])
             tta_speedups.append(seed_tta[-1] / ours_tta[-1])
-            line += (f"; time to {TARGET_ACCURACY}: seed {seed_tta[-1]:.1f} s "
+            line += (f"; time to {target}: seed {seed_tta[-1]:.1f} s "
                      f"({seed['epochs_to_accuracy']} epochs), tfmulti {ours_tta[-1]:.1f} s "
                      f"({race['epochs_to_accuracy']} epochs), {tta_speedups[-1]:.2f}x")
         else:
-            line += (f"; {TARGET_ACCURACY} not reached (seed {seed['accuracy_per_epoch']}, "
+            line += (f"; {target} not reached (seed {seed['accuracy_per_epoch']}, "
                      f"tfmulti {race['accuracy_per_epoch']})")
         print(f"{line} ({time.monotonic() - start:.0f} s)", flush=True)
     if len(tta_speedups) < repeats:
         print(f"baseline: WARNING: only {len(tta_speedups)} of {repeats} repeats reached "
-              f"{TARGET_ACCURACY} on both sides; time_to_accuracy_speedup summarizes those "
+              f"{target} on both sides; time_to_accuracy_speedup summarizes those "
               f"(see runs[*].seed/tfmulti.accuracy_per_epoch)", flush=True)
     summary = _harness.summary
     return {
@@ -239,7 +278,8 @@ def run(repeats: int, steps_per_execution: int = 125) -> dict:
         "examples_per_second_seed_summary": summary(seed_rate),
         "examples_per_second_tfmulti_summary": summary(ours_rate),
         "baseline_speedup": summary(speedups),
-        "target_accuracy": TARGET_ACCURACY,
+        "target_accuracy": target,
+        "toy": _harness.toy(),
         "tfmulti_tta_config": TTA_TFMULTI,
         "time_to_accuracy_seed": seed_tta,
         "time_to_accuracy_tfmulti": ours_tta,

@@ -18,11 +18,14 @@ from tfmulti.utils import checks
 from benchmarks import _harness
 from tfmulti.config.train_config import TrainConfig
 
-__all__ = ["SETTINGS", "run", "worker"]
+__all__ = ["SETTINGS", "TOY", "run", "worker"]
 
 SETTINGS = {"global_batch_size": 256, "steps_per_execution": 16, "num_examples": 16384,
             "seconds": 1.0, "device_counts": [1, 2, 4]}
 """The worker's settings, also recorded in the scaling suite's JSON."""
+TOY = {"global_batch_size": 32, "steps_per_execution": 1, "num_examples": 256,
+       "seconds": 0.02}
+"""`SETTINGS` at toy size (`_harness.toy`: the end-to-end test)."""
 
 
 def worker(repeats: int, global_batch_size: int, steps_per_execution: int,
@@ -60,8 +63,9 @@ def run(repeats: int) -> dict:
     """Runs the virtual-device measurement; returns its JSON record (the
     scaling suite's "virtual_devices")."""
     checks.positive_int("repeats", repeats)
+    settings = _harness.toy_sized(SETTINGS, TOY)
     start = time.monotonic()
-    r = _harness.run_worker("devices", repeats=repeats, **SETTINGS)["examples_per_second"]
+    r = _harness.run_worker("devices", repeats=repeats, **settings)["examples_per_second"]
     one = r["1"]
     ratios = {n: [a / b for a, b in zip(r[n], one)] for n in r if n != "1"}
     _harness.report("scaling (virtual devices)", start, [
@@ -70,7 +74,7 @@ def run(repeats: int) -> dict:
         "description": "MirroredStrategy over 1, 2 and 4 of 4 virtual CPUs (tfmulti fit, MLP, "
                        "synthetic data, global batch 256, steps_per_execution 16), interleaved "
                        "in one process",
-        **SETTINGS,
+        **settings,
         "examples_per_second": r,
         **{f"virtual_devices_{n}_vs_1": _harness.summary(v) for n, v in ratios.items()},
         "ceiling": "1.0: virtual CPU devices share the same 2 cores (1 device already uses "

@@ -25,11 +25,14 @@ from tfmulti.utils import checks
 from benchmarks import _harness
 from tfmulti.config.train_config import TrainConfig
 
-__all__ = ["SETTINGS", "check", "plot", "run", "summarize", "worker"]
+__all__ = ["SETTINGS", "TOY", "check", "plot", "run", "summarize", "worker"]
 
 SETTINGS = {"global_batch_size": 256, "steps_per_execution": 26, "calls_per_block": 4,
             "pairs_per_repeat": 3}
 """The worker's settings, also recorded in the suite's JSON."""
+TOY = {"global_batch_size": 32, "steps_per_execution": 1, "calls_per_block": 1,
+       "pairs_per_repeat": 1}
+"""`SETTINGS` at toy size (`_harness.toy`: the end-to-end test)."""
 _WARMUP_BLOCKS = 2
 
 
@@ -85,10 +88,11 @@ def check() -> None:
 def run(repeats: int) -> dict:
     """Runs the suite; returns its JSON record."""
     checks.positive_int("repeats", repeats)
+    settings = _harness.toy_sized(SETTINGS, TOY)
     start = time.monotonic()
-    r = _harness.run_worker("overhead", repeats=repeats, **SETTINGS)
+    r = _harness.run_worker("overhead", repeats=repeats, **settings)
     fit, loop = r["fit_seconds_per_step"], r["loop_seconds_per_step"]
-    n = SETTINGS["pairs_per_repeat"]
+    n = settings["pairs_per_repeat"]
     parts = [slice(n * i, n * (i + 1)) for i in range(repeats)]
     _harness.report("overhead", start, [
         f"fit {statistics.mean(fit[part]) * 1e3:.2f} ms/step, custom loop "
@@ -100,7 +104,7 @@ def run(repeats: int) -> dict:
                        "in a tf.range loop, K steps per tf.function call), same MLP, initial "
                        "weights, Adam, Fashion-MNIST pipeline; MirroredStrategy over 2 "
                        "virtual CPUs; interleaved blocks in one process",
-        **SETTINGS,
+        **settings, "toy": _harness.toy(),
         "fit_seconds_per_step": fit, "loop_seconds_per_step": loop,
         "overhead_ratio": _harness.summary(r["ratios"]),
         "goal": 1.05,

@@ -58,7 +58,7 @@ from tfmulti.utils import checks
 from benchmarks import _harness, cpus
 from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution
 
-__all__ = ["IMAGE_SHAPE", "MODEL_SETTINGS", "USER_DATA", "USER_MODEL", "check",
+__all__ = ["IMAGE_SHAPE", "MODEL_SETTINGS", "TOY", "USER_DATA", "USER_MODEL", "check",
            "model_worker", "parse_record", "plot", "run", "summarize", "train_worker",
            "user_data", "user_mlp", "write_worker"]
 
@@ -69,6 +69,12 @@ USER_DATA = "benchmarks.own:user_data"
 MODEL_SETTINGS = {"global_batch_size": 256, "steps_per_execution": 16,
                   "num_examples": 16384, "pairs_per_repeat": 2}
 """The own-model measurement's settings, also recorded in the suite's JSON."""
+TOY = {"model": {"global_batch_size": 32, "steps_per_execution": 1, "num_examples": 256,
+                 "pairs_per_repeat": 1},
+       "epoch_seconds": 0.1, "num_files": 2, "examples_per_file": 32, "per_worker_batch": 16,
+       "epochs": 2}
+"""The toy size (`_harness.toy`: the end-to-end test): `MODEL_SETTINGS` ("model") and
+`run`'s options, which it overrides."""
 IMAGE_SHAPE = (28, 28, 1)
 """The shape of each example's image in the benchmark's TFRecord files."""
 _LAUNCH_TIMEOUT = 900
@@ -428,16 +434,16 @@ def _bytes_per_worker(records: list[dict]) -> tuple[float, float]:
 
 def _model_part(repeats: int, epoch_seconds: float) -> dict:
     """The own-model measurement's record."""
+    settings = _harness.toy_sized(MODEL_SETTINGS, TOY["model"])
     start = time.monotonic()
-    m = _harness.run_worker("own_model", repeats=repeats, seconds=epoch_seconds,
-                            **MODEL_SETTINGS)
-    n = MODEL_SETTINGS["pairs_per_repeat"]
+    m = _harness.run_worker("own_model", repeats=repeats, seconds=epoch_seconds, **settings)
+    n = settings["pairs_per_repeat"]
     mean = statistics.mean
     _harness.report("own (model)", start, [
         f"built-in {mean(m['builtin_seconds_per_step'][n * i:n * (i + 1)]) * 1e3:.2f} ms/step, "
         f"own {mean(m['own_seconds_per_step'][n * i:n * (i + 1)]) * 1e3:.2f} ms/step, "
         f"ratio {ratio:.3f}" for i, ratio in enumerate(m["ratios"])])
-    return {**MODEL_SETTINGS, "epoch_seconds": epoch_seconds,
+    return {**settings, "epoch_seconds": epoch_seconds,
             "own_model_steps_per_epoch": m["steps_per_epoch"], "params": m["params"],
             "same_initial_weights": m["same_initial_weights"],
             "train_step_ops": m["train_step_ops"],
@@ -471,7 +477,7 @@ def _files_part(repeats: int, files: _Files) -> dict:
                 read[name].append(bytes_read)
                 held[name].append(bytes_held)
                 opened[name] = [r["files_opened"] for r in records]
-            ceilings.append(cpus.hardware_ceiling(2.0))
+            ceilings.append(cpus.hardware_ceiling(_harness.ceiling_seconds(2.0)))
             one, by_examples, by_files = (rates[name][-timed:] for name in _LAUNCHES)
             print(f"own round {round_ + 1}/{rounds}: 2 vs 1 pinned workers by examples "
                   f"{', '.join(f'{b / a:.2f}x' for a, b in zip(one, by_examples))}; by files "
@@ -522,6 +528,11 @@ def run(repeats: int, *, epoch_seconds: float = 1.5, num_files: int = 8,
         ValueError: fewer than 2 cores, or a bad option (see `check`).
     """
     checks.positive_int("repeats", repeats)
+    _checked(epoch_seconds, num_files, examples_per_file, per_worker_batch, epochs)
+    if _harness.toy():
+        epoch_seconds, num_files, examples_per_file, per_worker_batch, epochs = (
+            TOY[k] for k in ("epoch_seconds", "num_files", "examples_per_file",
+                             "per_worker_batch", "epochs"))
     files = _checked(epoch_seconds, num_files, examples_per_file, per_worker_batch, epochs)
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
@@ -537,7 +548,7 @@ def run(repeats: int, *, epoch_seconds: float = 1.5, num_files: int = 8,
                        "sharding by examples and by files, same per-worker batch; bytes "
                        "read per pass over a worker's files (/proc/self/io rchar)",
         **_model_part(repeats, epoch_seconds),
-        **_files_part(repeats, files),
+        **_files_part(repeats, files), "toy": _harness.toy(),
         "goals": {"own_vs_builtin": 1.03, "bytes_per_worker_ratio": 0.5,
                   "files_vs_examples_scaling": 0.95},
         "ceiling": "own_vs_builtin: 1.0 (the same work). Files: 2x for 2 workers on 2 cores; "

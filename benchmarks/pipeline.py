@@ -39,7 +39,7 @@ import time
 from tfmulti.utils import checks
 from benchmarks import _harness
 
-__all__ = ["MATMUL_ROWS", "MICROBATCHES", "SHAPE", "check", "matmul_gflops_by_rows", "plot",
+__all__ = ["MATMUL_ROWS", "MICROBATCHES", "SHAPE", "TOY", "check", "matmul_gflops_by_rows", "plot",
            "run", "summarize", "worker"]
 
 MICROBATCHES = (2, 4)
@@ -52,9 +52,14 @@ MATMUL_ROWS = (64, 128, 256, 384, 512, 1024)
 _STAGES = 2
 _LAYERS = 8
 _EPOCHS = 3
+_MATMUL_SECONDS = 0.25
+TOY = {"width": 32, "batch": 64, "steps": 1, "epochs": 1, "matmul_rows": (16, 32),
+       "matmul_seconds": 0.01}
+"""`SHAPE` and the rest at toy size (`_harness.toy`: the end-to-end test)."""
 
 
-def matmul_gflops_by_rows(width: int, rows=MATMUL_ROWS) -> dict:
+def matmul_gflops_by_rows(width: int, rows=MATMUL_ROWS,
+                          seconds: float = _MATMUL_SECONDS) -> dict:
     """Single-thread rate (GFLOP/s) of `Dense(width, relu)` forward on
     rows x width inputs, as the pipeline's stages run it: shows where
     splitting a batch into micro-batches costs FLOP rate on this CPU.
@@ -73,21 +78,23 @@ def matmul_gflops_by_rows(width: int, rows=MATMUL_ROWS) -> dict:
     for n in rows:
         x = tf.random.normal((n, width))
         # Eager calls on the CPU return once computed; the first one traces.
-        seconds = timing.seconds_per_call(tf.function(lambda x=x: layer(x)), 0.25)
+        seconds = timing.seconds_per_call(tf.function(lambda x=x: layer(x)), seconds)
         rates[str(n)] = 2 * n * width * width / seconds / 1e9
     return rates
 
 
 def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: int,
-           steps: int, matmul_rows: bool = False) -> dict:
+           steps: int, matmul_rows: bool = False, epochs: int = _EPOCHS,
+           rows: list | None = None, matmul_seconds: float = _MATMUL_SECONDS) -> dict:
     """Step times of pipeline configurations sharing an inter-op setting, in
     this process: each built and warmed up once, then `repeats` rounds in
-    which every configuration trains 3 epochs in turn (interleaved); a
+    which every configuration trains `epochs` epochs in turn (interleaved); a
     repeat's figure is the median epoch's seconds per step.
 
     Args:
         microbatches: configuration name -> micro-batches (1: the naive split).
         inter_op: TensorFlow's inter-op threads (0: its default).
+        rows, matmul_seconds: `matmul_gflops_by_rows`'s (default: `MATMUL_ROWS`).
 
     Returns:
         {"step_seconds": name -> seconds per step, one per repeat}, and
@@ -116,15 +123,28 @@ def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: i
                               num_microbatches=m, partition=[_LAYERS // 2, _LAYERS // 2])
         model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
         models[name] = model
-    out = {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, _EPOCHS)}
+    out = {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, epochs)}
     if matmul_rows:
-        out["matmul_gflops_by_rows"] = matmul_gflops_by_rows(width)
+        out["matmul_gflops_by_rows"] = matmul_gflops_by_rows(
+            width, MATMUL_ROWS if rows is None else rows, matmul_seconds)
     return out
 
 
-def _run_configs(microbatches: dict, inter_op: int, repeats: int, **extra) -> dict:
-    return _harness.run_worker("pipeline", timeout=600, microbatches=microbatches,
-                               inter_op=inter_op, repeats=repeats, **SHAPE, **extra)
+def _sizes() -> dict:
+    """`SHAPE`, the epochs per repeat and the matmul probe's rows and seconds; `TOY`'s
+    at toy size."""
+    return _harness.toy_sized({**SHAPE, "epochs": _EPOCHS, "matmul_rows": MATMUL_ROWS,
+                               "matmul_seconds": _MATMUL_SECONDS}, TOY)
+
+
+def _run_configs(microbatches: dict, inter_op: int, repeats: int, matmul_rows: bool = False
+                 ) -> dict:
+    sizes = _sizes()
+    return _harness.run_worker(
+        "pipeline", timeout=600, microbatches=microbatches, inter_op=inter_op,
+        repeats=repeats, **{k: sizes[k] for k in SHAPE}, epochs=sizes["epochs"],
+        matmul_rows=matmul_rows, rows=list(sizes["matmul_rows"]),
+        matmul_seconds=sizes["matmul_seconds"])
 
 
 def check() -> None:
@@ -134,6 +154,7 @@ def check() -> None:
 def run(repeats: int) -> dict:
     """Runs the suite; returns its JSON record."""
     checks.positive_int("repeats", repeats)
+    shape = _sizes()
     # The serial step needs inter-op threads 1, so a process of its own; the
     # others share one, interleaved within each repeat.
     start = time.monotonic()
@@ -152,13 +173,14 @@ def run(repeats: int) -> dict:
         ", ".join(f"{n} {t[i] * 1000:.0f} ms" for n, t in times.items())
         + f"; speedup {speedups[i]:.2f}x, efficiency {efficiencies[i]:.2f}"
         for i in range(repeats)])
-    print(f"pipeline: single-thread Dense({SHAPE['width']}) forward by rows: "
+    print(f"pipeline: single-thread Dense({shape['width']}) forward by rows: "
           + ", ".join(f"{n} rows {r:.0f}" for n, r in rates.items()) + " GFLOP/s", flush=True)
     summary = _harness.summary
     return {
         "description": f"2-stage pipeline, 2 virtual CPUs, intra-op threads 1, "
-                       f"8 x Dense({SHAPE['width']}), batch {SHAPE['batch']}, SGD training "
-                       f"step; per repeat the median of 3 epochs of {SHAPE['steps']} steps",
+                       f"8 x Dense({shape['width']}), batch {shape['batch']}, SGD training "
+                       f"step; per repeat the median of {shape['epochs']} epochs of "
+                       f"{shape['steps']} steps" + (" (toy size)" if _harness.toy() else ""),
         "matmul_gflops_by_rows": rates,
         "step_seconds_per_repeat": times,
         "step_seconds": {n: summary(t) for n, t in times.items()},

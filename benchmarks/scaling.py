@@ -65,6 +65,11 @@ TRAIN_RECIPE = os.path.join(_harness.REPO_ROOT, "recipes", "train.py")
 _LAUNCH_FIELDS = ("distribution", "model", "dataset", "num_examples", "epochs",
                   "global_batch_size", "steps_per_execution", "model_dir")
 _LAUNCH_TIMEOUT = 900
+TOY = {"per_worker_batch": 32, "num_examples": 64, "steps_per_execution": 1, "epochs": 2,
+       "simulated_hosts": False, "all_reduce_iterations": 2, "all_reduce_repeats": 1}
+"""The toy size (`_harness.toy`: the end-to-end test), overriding `run`'s options: one
+round (epochs 2 and 1 repeat), launches of 2 and 1 steps per epoch, no simulated hosts,
+2 all-reduces timed once; the virtual devices at `devices.TOY`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +340,14 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
         FileNotFoundError: `TRAIN_RECIPE` is missing (not a checkout).
     """
     checks.positive_int("repeats", repeats)
+    _checked(per_worker_batch, num_examples, steps_per_execution, epochs)
+    reduce_options = {}
+    if _harness.toy():
+        per_worker_batch, num_examples, steps_per_execution, epochs, simulated_hosts = (
+            TOY[k] for k in ("per_worker_batch", "num_examples", "steps_per_execution",
+                             "epochs", "simulated_hosts"))
+        reduce_options = {"iterations": TOY["all_reduce_iterations"],
+                          "repeats": TOY["all_reduce_repeats"]}
     launches = _checked(per_worker_batch, num_examples, steps_per_execution, epochs)
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
@@ -368,7 +381,7 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
                 if simulated_hosts else None)
             reduce_in = {where: functools.partial(
                 all_reduce_milliseconds, os.path.join(tmp, f"all-reduce-{where}-{round_}"),
-                across_hosts=where == "hosts") for where in ("one", "hosts")}
+                across_hosts=where == "hosts", **reduce_options) for where in ("one", "hosts")}
             (milliseconds, reduced_bytes), across = _back_to_back(
                 round_, reduce_in["one"], reduce_in["hosts"] if simulated_hosts else None)
             reduce_one += milliseconds
@@ -379,7 +392,7 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
             c = [sum(rates) for rates in zip(*cores_rates)]
             for rates, core in zip(cores_rates, per_core):
                 core += rates
-            ceiling = cpus.hardware_ceiling(2.0)
+            ceiling = cpus.hardware_ceiling(_harness.ceiling_seconds(2.0))
             one += a
             two += b
             pair += c
@@ -414,7 +427,7 @@ def run(repeats: int, *, per_worker_batch: int = 512, num_examples: int = 12288,
         "steps_per_execution": steps_per_execution,
         "examples_per_epoch": num_examples,
         "epochs_per_launch": epochs,
-        "rounds": rounds,
+        "rounds": rounds, "toy": _harness.toy(),
         "examples_per_second_1_worker": one,
         "examples_per_second_2_workers": two,
         "multi_worker_scaling": summary(ratios),

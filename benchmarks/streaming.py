@@ -42,11 +42,14 @@ from tfmulti.utils import checks
 from benchmarks import _harness, cpus
 from tfmulti.config.train_config import TrainConfig
 
-__all__ = ["SETTINGS", "check", "plot", "run", "summarize", "worker"]
+__all__ = ["SETTINGS", "TOY", "check", "plot", "run", "summarize", "worker"]
 
 SETTINGS = {"global_batch_size": 256, "steps_per_execution": 16, "num_examples": 16384,
             "cycles": 3, "seconds": 0.5, "inter_op": 2, "prefetch_per_replica": 32}
 """The worker's settings, also recorded in the suite's JSON."""
+TOY = {"global_batch_size": 32, "steps_per_execution": 1, "num_examples": 256, "cycles": 1,
+       "seconds": 0.02, "prefetch_per_replica": 2}
+"""`SETTINGS` at toy size (`_harness.toy`: the end-to-end test)."""
 _PROBE_ROUNDS = 4
 
 
@@ -151,11 +154,12 @@ def check() -> None:
 def run(repeats: int) -> dict:
     """Runs the suite; returns its JSON record."""
     checks.positive_int("repeats", repeats)
+    settings = _harness.toy_sized(SETTINGS, TOY)
     start = time.monotonic()
-    r = _harness.run_worker("streaming", repeats=repeats, **SETTINGS)
+    r = _harness.run_worker("streaming", repeats=repeats, **settings)
     # 2 busy single-threaded processes on the 2 cores vs 1: each runs at
     # ceiling / 2 of its speed alone, so together / max >= 2 / ceiling.
-    floors = [2 / cpus.hardware_ceiling(2.0) for _ in range(2)]
+    floors = [2 / cpus.hardware_ceiling(_harness.ceiling_seconds(2.0)) for _ in range(2)]
     _harness.report("streaming", start, [
         f"input {r['input_seconds_per_step'][i] * 1e3:.2f} ms, compute "
         f"{r['compute_seconds_per_step'][i] * 1e3:.2f} ms, together "
@@ -166,16 +170,16 @@ def run(repeats: int) -> dict:
     summary = _harness.summary
     return {
         "description": "MLP, batch 256, one device (intra-op threads 1: the step on 1 core; "
-                       f"inter-op threads {SETTINGS['inter_op']}); "
+                       f"inter-op threads {settings['inter_op']}); "
                        "input: cached synthetic data + a deterministic CPU-heavy per-batch map "
                        f"({r['rounds']} rounds, calibrated to the step's cost) in a private "
                        "1-thread pool; input alone and compute alone timed with the process "
                        "confined to 1 core; together: the step's threads on one core, the "
                        "input's on the other (streaming_ratio; _os_scheduled: threads left "
                        "to the OS), fit with prefetch to the device "
-                       f"({SETTINGS['prefetch_per_replica']} batches buffered), "
-                       f"steps_per_execution {SETTINGS['steps_per_execution']}, on the 2 cores",
-        **SETTINGS, "map_rounds": r["rounds"],
+                       f"({settings['prefetch_per_replica']} batches buffered), "
+                       f"steps_per_execution {settings['steps_per_execution']}, on the 2 cores",
+        **settings, "toy": _harness.toy(), "map_rounds": r["rounds"],
         "input_seconds_per_step": r["input_seconds_per_step"],
         "compute_seconds_per_step": r["compute_seconds_per_step"],
         "fit_seconds_per_step": r["fit_seconds_per_step"],

@@ -31,7 +31,7 @@ import time
 from tfmulti.utils import checks
 from benchmarks import _harness
 
-__all__ = ["MICROBATCHES", "SHAPE", "check", "pipeline_worker", "plot", "run", "summarize",
+__all__ = ["MICROBATCHES", "SHAPE", "TOY", "check", "pipeline_worker", "plot", "run", "summarize",
            "tensor_worker"]
 
 SHAPE = {"seq_len": 128, "d_model": 256, "num_heads": 4, "num_layers": 4, "batch": 32,
@@ -41,6 +41,10 @@ MICROBATCHES = (2, 4)
 """The pipelined configurations' micro-batch counts (GPipe, 2 stages)."""
 _DEVICES = 2
 _EPOCHS = 3
+TOY = {"seq_len": 16, "d_model": 16, "num_heads": 2, "num_layers": 2, "batch": 8, "steps": 1,
+       "epochs": 1}
+"""`SHAPE` (and the epochs per repeat, 3) at toy size (`_harness.toy`: the end-to-end
+test); sizes given to `run` still override it."""
 
 
 def _setup(intra_op: int | None, seq_len: int, batch: int):
@@ -78,7 +82,7 @@ def _compile(model):
 
 
 def tensor_worker(repeats: int, seq_len: int, d_model: int, num_heads: int, num_layers: int,
-                  batch: int, steps: int) -> dict:
+                  batch: int, steps: int, epochs: int = _EPOCHS) -> dict:
     """Step times of the transformer unsplit and split T=2, interleaved, in
     this process (TensorFlow's default threading).
 
@@ -92,11 +96,12 @@ def tensor_worker(repeats: int, seq_len: int, d_model: int, num_heads: int, num_
     plain = _transformer(seq_len, d_model, num_heads, num_layers)
     split = split_transformer(plain, [f"CPU:{i}" for i in range(_DEVICES)])
     models = {"unsplit": _compile(plain), f"T={_DEVICES}": _compile(split)}
-    return {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, _EPOCHS)}
+    return {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, epochs)}
 
 
 def pipeline_worker(repeats: int, microbatches: dict, seq_len: int, d_model: int,
-                    num_heads: int, num_layers: int, batch: int, steps: int) -> dict:
+                    num_heads: int, num_layers: int, batch: int, steps: int,
+                    epochs: int = _EPOCHS) -> dict:
     """Step times of the transformer as a 2-stage pipeline (half the blocks
     per stage) for each micro-batch count, interleaved, intra-op threads 1.
 
@@ -116,7 +121,7 @@ def pipeline_worker(repeats: int, microbatches: dict, seq_len: int, d_model: int
                               devices=[f"CPU:{i}" for i in range(_DEVICES)],
                               num_microbatches=m)
         models[name] = _compile(model)
-    return {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, _EPOCHS)}
+    return {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, epochs)}
 
 
 def check(**shape) -> None:
@@ -140,12 +145,13 @@ def run(repeats: int, **shape) -> dict:
     """
     checks.positive_int("repeats", repeats)
     check(**shape)
-    shape = {**SHAPE, **shape}
+    shape = {**_harness.toy_sized(SHAPE, TOY), **shape}
+    epochs = shape.pop("epochs", _EPOCHS)
     start = time.monotonic()
-    tensor = _harness.run_worker("tensor", timeout=900, repeats=repeats, **shape)
+    tensor = _harness.run_worker("tensor", timeout=900, repeats=repeats, epochs=epochs, **shape)
     pipelined = {"naive": 1, **{f"M={m}": m for m in MICROBATCHES}}
     pipeline = _harness.run_worker("tensor_pipeline", timeout=900, repeats=repeats,
-                                   microbatches=pipelined, **shape)
+                                   microbatches=pipelined, epochs=epochs, **shape)
     times = {**tensor["step_seconds"], **pipeline["step_seconds"]}
     overheads = [s / u for s, u in zip(times[f"T={_DEVICES}"], times["unsplit"])]
     best_m = min(MICROBATCHES, key=lambda m: statistics.median(times[f"M={m}"]))
@@ -161,7 +167,8 @@ def run(repeats: int, **shape) -> dict:
                        f"of {shape['seq_len']}), batch {shape['batch']}, Adam training step "
                        f"on 2 virtual CPUs: unsplit vs tensor-parallel T=2 (default "
                        f"threading); a 2-stage pipeline naive vs GPipe (intra-op threads 1); "
-                       f"per repeat the median of 3 epochs of {shape['steps']} steps",
+                       f"per repeat the median of {epochs} epochs of {shape['steps']} steps"
+                       + (" (toy size)" if _harness.toy() else ""),
         "shape": shape,
         "step_seconds_per_repeat": times,
         "step_seconds": {n: summary(t) for n, t in times.items()},

@@ -16,6 +16,10 @@ Suites (`benchmarks`; each suite module's docstring explains its method):
   tensor     the transformer: tensor-parallel T=2 vs unsplit, pipeline vs naive
   all        every suite above.
 
+--toy runs every suite's whole code path at toy size (each suite's `TOY`; it
+overrides the size flags), in seconds: what the end-to-end test runs
+(benchmarks/tests/test_end_to_end.py); its figures mean nothing.
+
 Writes FILE.json after every suite (every measurement, median/min/max of each
 ratio, the machine: CPU model and count, whether TensorFlow runs oneDNN,
 versions; `complete` once all have run) and FILE.png (a plot).
@@ -62,12 +66,19 @@ _OWN_EPOCH_SECONDS = flags.DEFINE_float(
 _OWN_EXAMPLES_PER_FILE = flags.DEFINE_integer(
     "own_examples_per_file", 2048, "Own: examples in each of the 8 TFRecord files (about "
     "3.2 kB each) that the pinned workers read.", lower_bound=1)
+_TOY = flags.DEFINE_boolean(
+    "toy", False, "Run every suite's whole code path at toy size (tiny models, few "
+    "examples and steps, one round; each suite's TOY, overriding the size flags above), "
+    "in seconds: a smoke test, its figures mean nothing. Sets TFMULTI_BENCH_TOY=1 for "
+    "the suites and their workers.")
 _OWN_EPOCHS = flags.DEFINE_integer("own_epochs", 4, "Own: epochs per launch of the file "
                                    "workers (the first is a warm-up; each later one is a "
                                    "repeat).", lower_bound=2)
 
 
 def main(argv):
+    if _TOY.value:  # the suites and their worker processes (which inherit it) read it
+        os.environ[bench._harness.TOY_ENV] = "1"
     names = list(bench.SUITES) if _SUITE.value == "all" else [_SUITE.value]
     options = {
         "scaling": {"per_worker_batch": _PER_WORKER_BATCH.value,

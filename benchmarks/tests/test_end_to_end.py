@@ -1,7 +1,8 @@
 """Every suite of recipes/benchmark.py, the fault campaign (recipes/chaos.py)
 and the GPU check (recipes/gpu_check.py) run end to end from the command line,
-at toy size: the smallest settings their flags allow, one repeat. A suite
-that crashes fails here; its figures are not checked (BENCHMARKS.md)."""
+at toy size: the suites with `--toy` (each suite's `TOY`: its whole code path
+in seconds), one repeat. A suite that crashes fails here; its figures are not
+checked (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -13,25 +14,10 @@ import pytest
 import benchmarks as bench
 from tests._util import run_recipe
 
-# The smallest settings each suite's flags allow (recipes/benchmark.py --help).
-TOY_FLAGS = {
-    # 1 worker: 256 / 32 = 8 steps per epoch, 2 workers: 4; the simulated hosts
-    # have tests of their own (test_simulated_hosts.py).
-    "scaling": ["--per_worker_batch=32", "--num_examples=256",
-                "--scaling_steps_per_execution=4", "--epochs=2",
-                "--noscaling_simulated_hosts"],
-    "pipeline": [],
-    # The largest steps per call (625: a third of an epoch at batch 32).
-    "baseline": ["--baseline_steps_per_execution=625"],
-    "overhead": [],
-    "streaming": [],
-    "own": ["--own_epoch_seconds=0.1", "--own_examples_per_file=64", "--own_epochs=2"],
-    "tensor": [],
-}
 
-
-def test_every_suite_has_toy_flags():
-    assert list(TOY_FLAGS) == list(bench.SUITES)
+def test_every_suite_has_a_toy_size():
+    for name, suite in bench.SUITES.items():
+        assert isinstance(getattr(suite, "TOY", None), dict) and suite.TOY, name
 
 
 @pytest.mark.slow
@@ -39,12 +25,14 @@ def test_every_suite_has_toy_flags():
 @pytest.mark.parametrize("suite", list(bench.SUITES))
 def test_each_suite_runs_end_to_end(suite, tmp_path):
     output = tmp_path / f"{suite}.json"
-    result = run_recipe("benchmark", f"--suite={suite}", "--repeats=1", *TOY_FLAGS[suite],
+    result = run_recipe("benchmark", f"--suite={suite}", "--repeats=1", "--toy",
                         f"--output={output}", timeout=840)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     record = json.loads(output.read_text())
     assert record["complete"] and list(record["suites"]) == [suite]
     assert output.with_suffix(".png").exists()
+    lines = bench.SUITES[suite].summarize(record["suites"][suite])
+    assert lines and all(line in result.stdout for line in lines), result.stdout[-3000:]
     assert f"wrote {output}" in result.stdout
 
 
