@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 
 import keras
@@ -135,10 +136,26 @@ TINY = dict(dataset="synthetic", num_examples=256, global_batch_size=64, epochs=
             verbose=0, distribution="one_device")
 
 
-def test_model_dir_belongs_to_one_run(tmp_path):
-    """Another run's outputs are refused, replaced with overwrite, kept on resume."""
-    model_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def _tiny_run(tmp_path_factory):
+    """The model_dir of one finished TINY run (no backup_dir: its outputs do not
+    name their folder), trained once for the tests that start from such a run."""
+    model_dir = tmp_path_factory.mktemp("tiny") / "run"
     train(TrainConfig(model_dir=str(model_dir), **TINY))
+    return model_dir
+
+
+@pytest.fixture
+def finished_tiny_run(_tiny_run, tmp_path):
+    """A copy, in this test's tmp_path/run, of the finished TINY run's model_dir."""
+    model_dir = tmp_path / "run"
+    shutil.copytree(_tiny_run, model_dir)
+    return model_dir
+
+
+def test_model_dir_belongs_to_one_run(tmp_path, finished_tiny_run):
+    """Another run's outputs are refused, replaced with overwrite, kept on resume."""
+    model_dir = finished_tiny_run  # train(TrainConfig(model_dir=str(model_dir), **TINY))
     (model_dir / "notes.txt").write_text("the user's own file")
     before = _tree(model_dir)
     with pytest.raises(ValueError, match=r"`model_dir` '.*run' is not empty \(.tfmulti-run.json, "
@@ -238,11 +255,10 @@ def test_a_run_resumed_at_its_end_writes_the_trained_optimizer_and_train_metrics
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
 
 
-def test_outputs_are_published_together(tmp_path, monkeypatch):
+def test_outputs_are_published_together(finished_tiny_run, monkeypatch):
     """A failure while writing the model leaves no metrics.json that belongs to
     another model, and no staging folder."""
-    model_dir = tmp_path / "run"
-    train(TrainConfig(model_dir=str(model_dir), **TINY))
+    model_dir = finished_tiny_run  # train(TrainConfig(model_dir=str(model_dir), **TINY))
 
     def full_disk(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
