@@ -375,7 +375,7 @@ def test_a_field_added_to_train_config_is_a_flag_of_train_py_and_diagnose(tmp_pa
     for folder in ("tfmulti", "recipes"):
         shutil.copytree(REPO / folder, tmp_path / folder,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    source = tmp_path / "tfmulti" / "config.py"
+    source = tmp_path / "tfmulti" / "config" / "train_config.py"
     text = source.read_text()
     anchor = "\n    @property\n    def model_parallel(self)"
     assert text.count(anchor) == 1 and "frobnicate" not in text
