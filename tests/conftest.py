@@ -23,6 +23,16 @@ NUM_TEST_DEVICES = 4
 PROCESS_MARKERS = frozenset({"cluster", "notebook", "slow"})
 tfmulti.configure_virtual_devices(NUM_TEST_DEVICES)
 
+# In the pytest processes, TensorFlow's graph optimizer (grappler) is off: the
+# tests build hundreds of small models and trace each one's first step, and
+# grappler's passes cost about half of that tracing while changing no result a
+# test checks (it rewrites graphs, not what they compute). Every process the
+# suite starts (recipes, launched workers, notebooks, the docs' commands) runs
+# with it on, as users do, so the optimized graphs are still trained end to end.
+import tensorflow as tf  # noqa: E402
+
+tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+
 
 @pytest.fixture(scope="session")
 def fashion_mnist_data_dir() -> str:
