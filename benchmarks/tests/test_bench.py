@@ -405,36 +405,6 @@ def test_machine_worker_records_the_machine():
     assert machine["cpu_model"] and machine["tensorflow"].startswith("2.21")
 
 
-@pytest.mark.slow
-def test_pipeline_worker_times_each_configuration():
-    # The pipeline suite's worker at a toy shape: every configuration timed
-    # once per repeat, and the matmul rate measured at every row count.
-    config = {"microbatches": {"naive": 1, "M=2": 2}, "inter_op": 0, "repeats": 2,
-              "width": 64, "batch": 64, "steps": 1, "matmul_rows": True}
-    out = _harness.run_worker("pipeline", timeout=300, **config)
-    assert set(out["step_seconds"]) == {"naive", "M=2"}
-    assert all(len(t) == 2 and min(t) > 0 for t in out["step_seconds"].values())
-    assert list(out["matmul_gflops_by_rows"]) == ["64", "128", "256", "384", "512", "1024"]
-    assert min(out["matmul_gflops_by_rows"].values()) > 0
-
-
-TOY_TRANSFORMER = {"seq_len": 16, "d_model": 32, "num_heads": 4, "num_layers": 2, "batch": 8,
-                   "steps": 1}
-
-
-@pytest.mark.slow
-def test_tensor_workers_time_each_configuration():
-    # The tensor suite's workers at a toy shape: the unsplit and the T=2
-    # step, the naive and a pipelined step, each timed once per repeat.
-    out = _harness.run_worker("tensor", timeout=300, repeats=2, **TOY_TRANSFORMER)
-    assert set(out["step_seconds"]) == {"unsplit", "T=2"}
-    assert all(len(t) == 2 and min(t) > 0 for t in out["step_seconds"].values())
-    out = _harness.run_worker("tensor_pipeline", timeout=300, repeats=1,
-                              microbatches={"naive": 1, "M=2": 2}, **TOY_TRANSFORMER)
-    assert set(out["step_seconds"]) == {"naive", "M=2"}
-    assert all(len(t) == 1 and min(t) > 0 for t in out["step_seconds"].values())
-
-
 def test_tensor_suite_checks_its_sizes():
     tensor = bench.SUITES["tensor"]
     tensor.check(d_model=32, batch=8)
