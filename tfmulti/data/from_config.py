@@ -22,7 +22,7 @@ from tfmulti.config.train_config import TRANSFORMER, TrainConfig
 from tfmulti.data import catalog, text
 from tfmulti.data.sources import FileSource, as_dataset
 
-__all__ = ["RunData", "features_spec", "is_text_dataset", "load_data"]
+__all__ = ["RunData", "dataset_metrics", "features_spec", "is_text_dataset", "load_data"]
 
 
 @dataclasses.dataclass
@@ -185,3 +185,21 @@ def load_data(config: TrainConfig) -> RunData:
 def is_text_dataset(dataset) -> bool:
     """Whether `dataset` names tfmulti's byte-level text data (`tfmulti.data.text`)."""
     return isinstance(dataset, str) and dataset.partition("/")[0] == text.NAME
+
+
+def dataset_metrics(config: TrainConfig, results: dict) -> tuple[dict, str | None]:
+    """What a named dataset adds to a run's metrics, and the line that says it:
+    for the byte-level text, the test loss against its unigram (byte-frequency)
+    baseline; nothing for other data.
+
+    Args:
+        config: the run's configuration.
+        results: the test split's results (`evaluate`'s dict), with "loss".
+    """
+    if not is_text_dataset(config.dataset) or "loss" not in results:
+        return {}, None
+    baseline = text.unigram_baseline(config.data_dir, sequence_length=config.seq_len)
+    loss = results["loss"]
+    return ({"unigram_baseline": baseline, "test_loss_vs_unigram": loss / baseline},
+            f"tfmulti: validation loss {loss:.3f} nats/byte; the unigram (byte-frequency) "
+            f"baseline {baseline:.3f}: {100 * (1 - loss / baseline):.0f}% below it")

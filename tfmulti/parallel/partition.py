@@ -44,6 +44,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from tfmulti.config.train_config import PARTITIONS
 from tfmulti.utils import checks
 from tfmulti.utils.tables import format_table, human_bytes
 from tfmulti.utils.sizes import variables_bytes
@@ -52,8 +53,9 @@ __all__ = ["COST_METHODS", "PartitionPlan", "StagePlan", "balance_ratio", "check
            "layer_costs", "partition_costs", "per_example_shape", "plan_partition",
            "validate_sizes"]
 
-COST_METHODS = ("params", "flops", "time")
-"""Valid string values of `method` in `layer_costs` and `plan_partition`."""
+COST_METHODS = PARTITIONS
+"""Valid string values of `method` in `layer_costs` and `plan_partition`: the
+`partition` values of `TrainConfig` (one tuple, defined there)."""
 
 EXPLICIT = "explicit"
 """`PartitionPlan.method` when the stage sizes were given explicitly."""

@@ -30,7 +30,6 @@ import sys
 
 import keras
 
-from tfmulti import data
 from tfmulti.utils.failpoints import failpoint
 from tfmulti.training import backup
 from tfmulti.memory import footprint
@@ -41,7 +40,7 @@ from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.utils.atomic import publish_staged, write_json_atomic
 from tfmulti.config.train_config import TrainConfig
 from tfmulti.training.callbacks import EpochTimer
-from tfmulti.data.from_config import is_text_dataset
+from tfmulti.data.from_config import dataset_metrics
 from tfmulti.memory import estimate as memory
 
 __all__ = ["OUTPUTS", "train"]
@@ -264,12 +263,10 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
                if run.test_input is not None else {})
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
                        last_epoch)
-    if is_text_dataset(config.dataset) and "loss" in results:
-        baseline = data.text.unigram_baseline(config.data_dir, sequence_length=config.seq_len)
-        metrics.update(unigram_baseline=baseline, test_loss_vs_unigram=results["loss"] / baseline)
-        print(f"tfmulti: validation loss {results['loss']:.3f} nats/byte; the unigram "
-              f"(byte-frequency) baseline {baseline:.3f}: "
-              f"{100 * (1 - results['loss'] / baseline):.0f}% below it", flush=True)
+    extra, line = dataset_metrics(config, results)
+    metrics.update(extra)
+    if line:
+        print(line, flush=True)
     failpoint("train.write")
     if writes:
         _write_outputs(config, model, metrics)
