@@ -10,9 +10,10 @@
     schedule       the schedule tables (GPipe, 1F1B), their bubble and memory
 
 The bytes each device needs are counted above this layer, by
-`tfmulti.memory`. `PipelineModel` and the tensor-parallel layers load lazily
-(they import TensorFlow); the schedule helpers and
-`tfmulti.parallel.partition`'s numeric core are pure Python.
+`tfmulti.memory`. `PipelineModel`, the tensor-parallel layers, `build_parallel_transformer` and
+`plan_partition` are the names re-exported here, lazily (they import
+TensorFlow); the schedule tables are `tfmulti.parallel.schedule`'s (pure
+Python, as is `tfmulti.parallel.partition`'s numeric core).
 """
 
 from __future__ import annotations
@@ -27,11 +28,6 @@ _LAZY = {
     "RowParallelDense": "tfmulti.parallel.tensor_layers",
     "ParallelMultiHeadAttention": "tfmulti.parallel.tensor_layers",
     "plan_partition": "tfmulti.parallel.partition",
-    "gpipe": "tfmulti.parallel.schedule",
-    "one_f_one_b": "tfmulti.parallel.schedule",
-    "bubble_fraction": "tfmulti.parallel.schedule",
-    "measured_bubble": "tfmulti.parallel.schedule",
-    "max_in_flight": "tfmulti.parallel.schedule",
 }
 __all__ = sorted(_LAZY)
 
@@ -39,8 +35,6 @@ if TYPE_CHECKING:
     from tfmulti.parallel.layouts import build_parallel_transformer
     from tfmulti.parallel.partition import plan_partition
     from tfmulti.parallel.pipeline import PipelineModel
-    from tfmulti.parallel.schedule import (bubble_fraction, gpipe, max_in_flight,
-                                           measured_bubble, one_f_one_b)
     from tfmulti.parallel.tensor_layers import (ColumnParallelDense, ParallelMultiHeadAttention,
                                                 RowParallelDense)
 
