@@ -2,7 +2,7 @@
 #   make demo   set up (.venv, package, data) and run the main job
 #   make test   set up, then run the whole test suite (what CI runs)
 # and the inner loop:
-#   make test-fast   the tests that start no process and run no notebook
+#   make test-fast   the tests that start no process and run no notebook (tests/unit)
 # and on a machine with NVIDIA GPUs:
 #   make gpu-check   tfmulti on the GPUs (at most 8 minutes; JSON + a table)
 PYTHON ?= python3
@@ -44,6 +44,8 @@ PYTEST := $(PY) -m pytest -q -n auto --dist loadfile
 test: data
 	$(PYTEST) --durations=15
 
+# The markers select the tiers: the unmarked tests are tests/unit (and the
+# benchmarks' in-process tests); tests/integration holds the marked ones.
 test-fast: data
 	$(PYTEST) --durations=10 -m "not cluster and not notebook and not slow"
 

@@ -19,6 +19,10 @@ import pytest  # noqa: E402
 
 import tfmulti  # noqa: E402
 
+# Fixtures that both halves (unit, integration) of a test file use: defined in
+# tests/_util.py, offered to every test from here.
+from tests._util import big_batch, fake_idx  # noqa: E402, F401
+
 NUM_TEST_DEVICES = 4
 PROCESS_MARKERS = frozenset({"cluster", "notebook", "slow"})
 tfmulti.configure_virtual_devices(NUM_TEST_DEVICES)

@@ -6,7 +6,7 @@ device's variables and optimizer slots live, against the memory estimate.
         # configures R*S*T virtual CPUs (at least 4) and prints one JSON line:
         # the figures of `compare(R, S, T)`
 
-tests/test_transformer.py calls `compare` in-process where the 4 devices of
+tests/unit/test_transformer.py calls `compare` in-process where the 4 devices of
 the test process suffice, and runs this script for 2 x 2 x 2.
 """
 

@@ -1,4 +1,4 @@
-"""A resumable training run for the fault-tolerance tests (tests/test_backup.py).
+"""A resumable training run for the fault-tolerance tests (tests/integration/test_backup.py).
 
     python resumable.py OUT_DIR DISTRIBUTION [--kill STEP:WORKER[:SIGNAL] ...]
                         [--config JSON]

@@ -1,0 +1,85 @@
+"""The `tfmulti` command (tfmulti/cli.py): bad input is one line,
+`tfmulti COMMAND: error: ...` in flag names, exit code 2, before any work
+starts. Checked in-process with `cli.main`; two subprocess cases keep the
+contract of the real command (one line, no TensorFlow log, fast).
+
+The commands' work is tested with their modules (diagnose, memory, launcher,
+data) and in tests/unit/test_recipes.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+import pytest
+
+from tests._util import run_python
+from tests._util import cli_main
+from tests.unit.test_cli import OWN_FLAGS
+
+
+# ------------------------------------------------------------------- the real command
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, line", [
+    (["diagnose", "--global_batch_size=0"],
+     "tfmulti diagnose: error: --global_batch_size must be a positive integer, got 0."),
+    (["launch", "--max_restarts=-1", "--", "python", "x.py"],
+     re.compile(r"tfmulti launch: error: --max_restarts .*-1.*")),
+])
+def test_the_command_fails_in_one_line_before_tensorflow(argv, line):
+    # TensorFlow's start-up lines come through absl even at TF_CPP_MIN_LOG_LEVEL=2
+    # (run_python's): an empty stderr besides the error means it never loaded.
+    start = time.monotonic()
+    result = run_python(["-m", "tfmulti.cli", *argv], timeout=60)
+    took = time.monotonic() - start
+    assert result.returncode == 2, result.stderr[-3000:]
+    # Nothing else: no TensorFlow log lines.
+    assert result.stderr.endswith("\n") and len(result.stderr.splitlines()) == 1, result.stderr
+    error = result.stderr.rstrip("\n")
+    assert line.fullmatch(error) if isinstance(line, re.Pattern) else error == line
+    assert result.stdout == ""
+    assert took < 1.5, f"{took:.2f} s: TensorFlow was loaded?"
+
+
+# ------------------------------------------------------------------------------- env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_env_in_a_fresh_process(onednn):
+    """`tfmulti env` splits the CPU first when asked, shows TF_CONFIG, and
+    reports oneDNN as TF_ENABLE_ONEDNN_OPTS forces it (both ways: the variable
+    acts only before TensorFlow starts, hence a fresh process each)."""
+    tf_config = {"cluster": {"worker": ["localhost:1234"]}, "task": {"type": "worker", "index": 0}}
+    result = run_python(["-m", "tfmulti.cli", "env", "--json", "--num_virtual_devices=3"],
+                        env={"TF_ENABLE_ONEDNN_OPTS": onednn, "TF_CONFIG": json.dumps(tf_config)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    for key in ("python", "tensorflow", "keras", "tensorflow_datasets", "absl_py",
+                "physical_devices", "logical_devices", "gpus", "nccl_usable", "cpu_count",
+                "cpu_model", "onednn", "ram_bytes", "tf_config"):
+        assert key in report, key
+    assert report["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert report["tensorflow"].startswith("2.21") and report["keras"].startswith("3.")
+    assert len([d for d in report["logical_devices"] if ":CPU:" in d]) == 3
+    assert report["cpu_count"] == os.cpu_count()
+    assert report["onednn"] is (onednn == "1")
+    assert report["tf_config"] == tf_config
+
+
+@pytest.mark.slow  # trains for seconds
+def test_diagnose_the_users_model(capsys):
+    code, err, out = cli_main(["diagnose", *OWN_FLAGS, "--loss=tests.own_model:smooth_loss",
+                            "--distribution=mirrored", "--global_batch_size=64",
+                            "--seconds=0.2", "--no_measure", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["config"]["model"] == "tests.own_model:build"
+    assert report["num_replicas"] == 4 and report["bottleneck"] in ("input", "compute",
+                                                                     "overhead")

@@ -1,0 +1,358 @@
+"""Tests of tfmulti.runtime.keras_fixes: each upstream bug still happens without its
+
+The tests that start processes or clusters; the in-process ones, and the
+conventions, are in tests/unit/test_keras_fixes.py."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from tests._util import WORKERS, launch_python, run_python
+from tests._util import fake_slurm
+from tests.unit.test_keras_fixes import EMPTY_BATCH_CONV, FIT_MULTI_WORKER, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL
+
+# Convolutions on an empty batch under oneDNN. The bug is in oneDNN's
+# kernels, which TensorFlow turns on by default only on x86 CPUs with AVX-512
+# neural-network features (VNNI, BF16, AMX); elsewhere (an AVX2-only CPU, say)
+# the same tests would pass without the fix. So they run in a process with
+# oneDNN switched on (TF_ENABLE_ONEDNN_OPTS=1), and mean the same on any x86
+# CPU.
+_ONEDNN_ON = {"TF_ENABLE_ONEDNN_OPTS": "1"}
+_NO_ONEDNN = "this TensorFlow build has no oneDNN (TF_ENABLE_ONEDNN_OPTS=1 did not turn it on)"
+
+_EMPTY_BATCH_LAYERS = {  # layer: (input shape without the batch, constructor args)
+    "Conv1D": ((10, 3), (5, 3)),
+    "Conv2D": ((9, 9, 3), (5, 3, 2)),
+    "Conv3D": ((6, 6, 6, 2), (4, 3)),
+    "DepthwiseConv2D": ((8, 8, 3), (3, 2)),
+    "SeparableConv2D": ((8, 8, 3), (6, 3)),
+}
+
+# One process, oneDNN on, 4 virtual CPUs. The order matters: nothing installs
+# a fix before the upstream parts that need it missing (apply_keras_fixes and
+# get_strategy install the multi-step and the empty-batch fixes, so they come
+# after them; "announce" is the first to install any), and the failed
+# all-reduce of "keys_upstream" aborts the process's collectives, so it comes
+# last. Each part
+# records {"result": ..., "error": "Type: message" or None}.
+_SINGLE_PROCESS = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.util import _pywrap_util_port
+    import tfmulti
+    from tfmulti import data
+    from tfmulti.models import builders as models
+    from tfmulti.runtime import keras_fixes
+    tfmulti.configure_virtual_devices(4)
+    import keras
+
+    out = {"onednn": _pywrap_util_port.IsMklEnabled()}
+
+    def part(function):
+        try:
+            out[function.__name__] = {"result": function(), "error": None}
+        except Exception as e:
+            out[function.__name__] = {"result": None, "error": f"{type(e).__name__}: {e}"}
+
+    # Several MirroredStrategy in one process: each its own collective keys.
+    def all_reduce(strategy):
+        value = strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+            "sum", tf.constant(1.0)))
+        return float(strategy.experimental_local_results(value)[0])
+
+    def two_strategies(make):
+        first = make([f"CPU:{i}" for i in range(2)])
+        second = make([f"CPU:{i}" for i in range(4)])
+        return [all_reduce(first), all_reduce(second)]
+
+    @part
+    def keys_fix():
+        return two_strategies(keras_fixes.mirrored_strategy)
+
+    # Several steps per call (steps_per_execution > 1) with 2 replicas, plain
+    # MirroredStrategy.
+    @part
+    def multi_step_upstream():
+        strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])  # no tfmulti fixes
+        with strategy.scope():
+            model = models.build_model("mlp", dropout=0.0, seed=0)
+        models.compile_model(model, task="classification", strategy=strategy,
+                             optimizer="sgd", steps_per_execution=4)
+        train = data.distribute(data.load("synthetic", num_examples=512), strategy, 64, seed=0)
+        model.fit(**train.fit_kwargs(), epochs=1, verbose=0)
+        return "fit ok"
+
+    # Convolutions on an empty batch.
+    def conv_model(**compile_args):
+        model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(4, 3),
+                                  keras.layers.Conv2D(8, 3), keras.layers.Flatten(),
+                                  keras.layers.Dense(10)])
+        model.compile(**compile_args)
+        return model
+
+    @part
+    def conv_upstream_op():
+        y = tf.nn.conv2d(tf.zeros((0, 14, 14, 32)), tf.zeros((3, 3, 32, 64)), 1, "VALID")
+        return list(y.shape)
+
+    @part
+    def conv_upstream():
+        # MirroredStrategy, 2 replicas, 80 test examples at global batch 64: the
+        # last batch (16) fits in replica 0's share, replica 1 gets 0 examples.
+        strategy = keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"])  # not patched yet
+        with strategy.scope():
+            model = conv_model(loss="sparse_categorical_crossentropy")
+        test = data.distribute(data.load("synthetic", "test", num_examples=80), strategy, 64,
+                               training=False)
+        model.evaluate(**test.evaluate_kwargs(), verbose=0)
+        return "evaluate ok"
+
+    # apply_keras_fixes on strategies the user built: the first call that
+    # patches prints one line to stderr, no other call does.
+    @part
+    def announce():
+        import contextlib, io
+        r, errors = {}, io.StringIO()
+        with contextlib.redirect_stderr(errors):
+            r["active_before"] = keras_fixes.active_fixes()
+            r["one_device"] = tfmulti.apply_keras_fixes(tf.distribute.OneDeviceStrategy("CPU:0"))
+            r["stderr_before"] = errors.getvalue()  # nothing patched: quiet
+            mirrored = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+            r["mirrored"] = tfmulti.apply_keras_fixes(mirrored)
+            r["again"] = tfmulti.apply_keras_fixes(mirrored)
+            tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+            r["everything"] = tfmulti.apply_keras_fixes()
+        r["stderr"] = errors.getvalue()
+        return r
+
+    @part
+    def conv_fix():
+        # The upstream evaluation through get_strategy (which installs the fix)
+        # against one device evaluating the same weights.
+        r = {}
+        strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+        r["installed_by_get_strategy"] = (
+            "convolutions on an empty batch under oneDNN" in keras_fixes.active_fixes())
+        compile_args = dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                            metrics=["accuracy"])
+        with strategy.scope():
+            model = conv_model(**compile_args)
+        test_data = data.load("synthetic", "test", num_examples=80)
+        r["last_batch"] = int(test_data.cardinality()) % 64
+        test = data.distribute(test_data, strategy, 64, training=False)
+        r["distributed"] = model.evaluate(**test.evaluate_kwargs(), return_dict=True,
+                                          verbose=0)
+        single = conv_model(**compile_args)
+        single.set_weights(model.get_weights())
+        r["one_device"] = single.evaluate(test_data.batch(64), return_dict=True, verbose=0)
+        return r
+
+    @part
+    def conv_layers_fix():
+        # Each layer on an empty batch, with the fix installed.
+        def has_cond(graph):
+            return bool({op.type for op in graph.get_operations()} & {"If", "StatelessIf"})
+
+        r = {}
+        for name, (shape, args) in json.loads(sys.argv[1]).items():
+            layer = getattr(keras.layers, name)(*args)
+            x = tf.random.uniform((3, *shape), seed=1)
+            full = layer(x)  # builds; static batch 3: the upstream op, unwrapped
+            dynamic = tf.function(layer.__call__,
+                                  input_signature=[tf.TensorSpec((None, *shape), tf.float32)])
+            # A graph with a known, positive batch (every training step): no cond.
+            static = tf.function(layer.__call__).get_concrete_function(
+                tf.TensorSpec((3, *shape), tf.float32))
+            r[name] = {
+                "expected": [0, *full.shape[1:]],
+                "eager": list(layer(x[:0]).shape),  # eager, static empty batch
+                "dynamic": list(dynamic(x[:0]).shape),
+                "max_difference": float(np.max(np.abs(dynamic(x) - full))),
+                "static_has_cond": has_cond(static.graph),
+                "dynamic_has_cond": has_cond(dynamic.get_concrete_function().graph),
+            }
+        return r
+
+    # Several MirroredStrategy's upstream bug, last: its failed all-reduce aborts
+    # the collectives.
+    @part
+    def keys_upstream():
+        return two_strategies(lambda d: tf.distribute.MirroredStrategy(d))
+
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    """What each part of `_SINGLE_PROCESS` returned or raised."""
+    result = run_python(["-c", _SINGLE_PROCESS, json.dumps(_EMPTY_BATCH_LAYERS)],
+                        timeout=240, env=_ONEDNN_ON)  # under pytest-timeout (300 s)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _needs_onednn(upstream) -> None:
+    if not upstream["onednn"]:
+        pytest.skip(_NO_ONEDNN)
+
+
+# --------------------------------------------------------------------------
+# Several MirroredStrategy in one process share collective keys
+# (tensorflow#61314).
+
+
+@pytest.mark.slow
+def test_upstream_bug_mirrored_strategies_share_collective_keys(upstream):
+    # tensorflow/tensorflow#61314: a second MirroredStrategy over other devices
+    # reuses group key 1 and its first all-reduce fails.
+    part = upstream["keys_upstream"]
+    assert part["result"] is None, part
+    assert "is joining a group with size" in part["error"], part
+
+
+@pytest.mark.slow
+def test_fix_gives_each_mirrored_strategy_its_own_keys(upstream):
+    part = upstream["keys_fix"]
+    assert part["error"] is None, part["error"][-3000:]
+    assert part["result"] == [2.0, 4.0]  # the sums
+
+
+# --------------------------------------------------------------------------
+# SlurmClusterResolver without GPUs (tensorflow#56894).
+
+
+@pytest.mark.slow  # it tries to start nvidia-smi
+def test_upstream_bug_slurm_resolver_needs_gpus(monkeypatch):
+    import tensorflow as tf
+
+    fake_slurm(monkeypatch)
+    with pytest.raises(FileNotFoundError):  # it runs nvidia-smi
+        tf.distribute.cluster_resolver.SlurmClusterResolver()
+    with pytest.raises(ValueError, match="range"):
+        tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=0).cluster_spec()
+
+
+# --------------------------------------------------------------------------
+# Fit under MultiWorkerMirroredStrategy (keras#20585), and its logged scalars
+# (tensorflow#72388).
+
+
+@pytest.fixture(scope="module")
+def keras_under_multi_worker():
+    """One 2-worker cluster fitting with no fix, with the symbolic build fixed
+    but not the logged scalars, and with both: (exit status, {mode: [worker
+    0's line, worker 1's line]}, output)."""
+    code, output = launch_python([str(WORKERS / "keras_upstream.py"), "none", "build", "all"],
+                                 startup_timeout=120, grace_period=5)
+    lines = {mode: [line for rank in (0, 1) for line in output.splitlines()
+                    if line.startswith(f"[worker {rank}] {mode}: fit ")]
+             for mode in ("none", "build", "all")}
+    return code, lines, output
+
+
+def _both_workers_failed(keras_under_multi_worker, mode: str, message: str) -> None:
+    _, lines, output = keras_under_multi_worker
+    assert len(lines[mode]) == 2, output[-3000:]
+    for line in lines[mode]:
+        assert f"{mode}: fit failed: " in line and message in line
+    assert f"{mode}: fit ok" not in output
+
+
+@pytest.mark.cluster
+def test_upstream_bug_keras_symbolic_build_under_multi_worker(keras_under_multi_worker):
+    # keras-team/keras#20585: fit reduces the whole (x, y) batch at once.
+    _both_workers_failed(keras_under_multi_worker, "none", "Attempt to convert a value (PerReplica")
+
+
+@pytest.mark.cluster
+def test_upstream_bug_keras_scalar_reduction_under_multi_worker(keras_under_multi_worker):
+    # tensorflow/tensorflow#72388: with the build fixed, scalar logs are reduced on axis 0.
+    _both_workers_failed(keras_under_multi_worker, "build",
+                         "Invalid reduction dimension 0 for input with 0 dimensions")
+
+
+@pytest.mark.cluster
+def test_fix_keras_fit_under_multi_worker(keras_under_multi_worker):
+    code, _, output = keras_under_multi_worker
+    assert code == 0, output[-3000:]
+    assert output.count("all: fit ok") == 2
+
+
+# --------------------------------------------------------------------------
+# Several steps per call (steps_per_execution > 1) with 2 or more replicas
+# (keras#19246).
+
+
+@pytest.mark.slow
+def test_upstream_bug_steps_per_execution_with_replicas(upstream):
+    # keras-team/keras#19246: steps_per_execution > 1 fails with 2+ replicas.
+    part = upstream["multi_step_upstream"]
+    assert part["result"] is None, part  # no "fit ok"
+    assert "You must feed a value for placeholder tensor" in part["error"], part
+
+
+# --------------------------------------------------------------------------
+# Convolutions on an empty batch under oneDNN (tensorflow#30968).
+
+
+@pytest.mark.slow
+def test_upstream_bug_conv_on_empty_batch(upstream):
+    # Same oneDNN conv kernel as tensorflow/tensorflow#30968 (fixed there for
+    # Conv3D only): an empty batch comes back with the input's shape.
+    _needs_onednn(upstream)
+    assert upstream["conv_upstream_op"]["result"] == [0, 14, 14, 32], upstream["conv_upstream_op"]
+    part = upstream["conv_upstream"]
+    assert part["result"] is None, part  # no "evaluate ok"
+    assert "Incompatible shapes" in part["error"] or "evenly divisible" in part["error"], part
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_EMPTY_BATCH_LAYERS))
+def test_fix_conv_layers_on_empty_batch(name, upstream):
+    _needs_onednn(upstream)
+    assert upstream["conv_layers_fix"]["error"] is None, upstream["conv_layers_fix"]
+    r = upstream["conv_layers_fix"]["result"][name]
+    assert r["eager"] == r["expected"]
+    assert r["dynamic"] == r["expected"]
+    assert r["max_difference"] <= 1e-5  # full batches: the same values
+    # Training graphs (static, full batches) are unchanged; only an unknown
+    # batch size gets the cond.
+    assert not r["static_has_cond"]
+    assert r["dynamic_has_cond"]
+
+
+@pytest.mark.slow
+def test_fix_evaluates_conv_model_with_empty_replicas(upstream):
+    # The upstream test's evaluation, through get_strategy (which installs the
+    # fix): the result equals one device evaluating the same weights.
+    _needs_onednn(upstream)
+    part = upstream["conv_fix"]
+    assert part["error"] is None, part
+    fix = part["result"]
+    assert fix["installed_by_get_strategy"]
+    assert fix["last_batch"] == 16  # replica 1 gets nothing
+    got, want = fix["distributed"], fix["one_device"]
+    assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
+    assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
+    # In a fresh process: quiet while nothing is patched, then one line on
+    # stderr at the first call that patches, never again (another call,
+    # get_strategy, all the fixes).
+    part = upstream["announce"]
+    assert part["error"] is None, part["error"]
+    r = part["result"]
+    assert r["active_before"] == [] and r["one_device"] == [] and r["stderr_before"] == ""
+    assert r["mirrored"] == r["again"] == [STEPS_PER_CALL, EMPTY_BATCH_CONV]
+    assert r["everything"] == [FIT_MULTI_WORKER, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
+                               EMPTY_BATCH_CONV]
+    assert r["stderr"] == ("tfmulti: Keras fixes active: several steps per call with 2+ "
+                           "replicas (keras#19246), convolutions on an empty batch under "
+                           "oneDNN (tensorflow#30968)\n")

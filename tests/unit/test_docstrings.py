@@ -1,0 +1,26 @@
+"""Every docstring example in the package runs as written (doctest), on the 4
+virtual CPU devices of tests/conftest.py. The examples that train for seconds
+run in the slow tier: tests/integration/test_docstrings.py."""
+
+from __future__ import annotations
+
+import pkgutil
+
+import pytest
+
+import tfmulti
+from tests._util import docstring_examples, run_docstring_examples
+
+MODULES = sorted(m.name for m in pkgutil.walk_packages(tfmulti.__path__, "tfmulti."))
+WITH_EXAMPLES = [m for m in MODULES if docstring_examples(m)]
+# Examples that train for seconds run in the slow tier.
+TRAINING_EXAMPLES = {"tfmulti.insight.diagnose", "tfmulti.training.train", "tfmulti.insight.timing"}
+
+
+def test_most_modules_have_examples():
+    assert len(WITH_EXAMPLES) >= 15, WITH_EXAMPLES
+
+
+@pytest.mark.parametrize("name", [m for m in WITH_EXAMPLES if m not in TRAINING_EXAMPLES])
+def test_docstring_examples_run(name, tmp_path, monkeypatch):
+    run_docstring_examples(name, tmp_path, monkeypatch)

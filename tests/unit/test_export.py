@@ -1,0 +1,188 @@
+"""SavedModel export (tfmulti.training.export, `tfmulti export`): a model trained under a
+strategy or as a pipeline serves on one device like the trained model.
+
+The multi-worker case is in tests/integration/test_backup.py's faked-SLURM cluster test
+(its workers export at the end of training)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests._util import file_tree
+from tests.workers import user_model
+from tfmulti import cli
+from tfmulti.training import export
+
+X, Y = user_model.examples(40, seed=2)
+
+
+def _served(path, inputs):
+    """Predictions of the SavedModel at `path`, loaded afresh, on one device."""
+    import keras
+    import tensorflow as tf
+
+    with tf.device("/CPU:0"):
+        loaded = tf.saved_model.load(path)  # kept: its variables live as long as it does
+        served = loaded.serve(inputs).numpy()
+        layer = keras.layers.TFSMLayer(path, call_endpoint="serve")(inputs).numpy()
+    np.testing.assert_array_equal(served, layer)
+    return served
+
+
+def test_a_mirrored_model_serves_on_one_device_like_the_trained_one(tmp_path):
+    import keras
+
+    import tfmulti
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    with strategy.scope():
+        model = user_model.functional_model()
+        model.compile(keras.optimizers.Adam(0.05),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    inputs = user_model.as_inputs(X)
+    model.fit(inputs, Y, batch_size=8, epochs=2, verbose=0)
+    trained = model.predict(inputs, verbose=0)
+    path = export.saved_model(model, str(tmp_path / "serving"))
+    assert path == str(tmp_path / "serving")
+    np.testing.assert_allclose(_served(path, inputs), trained, atol=1e-6, rtol=0)
+    assert sorted(os.listdir(tmp_path)) == ["serving"]  # no temporary directory left
+    with strategy.scope(), pytest.raises(RuntimeError, match=r"call it outside "
+                                                             r"`strategy.scope\(\)`"):
+        export.saved_model(model, str(tmp_path / "again"))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_pipeline_serves_as_its_unpartitioned_model(tmp_path, replicas):
+    """A PipelineModel (2 stages), and a hybrid (2 replicas x 2 stages)."""
+    import keras
+
+    from tfmulti.parallel import PipelineModel
+
+    keras.utils.set_random_seed(4)
+    layers = [keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)]
+    model = PipelineModel(layers, input_shape=(8,), num_replicas=replicas, num_microbatches=2,
+                          devices=[f"CPU:{i}" for i in range(2 * replicas)])
+    model.compile(keras.optimizers.Adam(0.05),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(X, Y, batch_size=8, epochs=2, verbose=0)
+    trained = model.predict(X, batch_size=8, verbose=0)
+    path = export.saved_model(model, str(tmp_path / "serving"))
+    np.testing.assert_allclose(_served(path, X), trained, atol=1e-6, rtol=0)
+
+
+def _dense(seed: int):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+
+
+def test_an_existing_output_is_refused_unless_overwrite_and_a_failed_export_leaves_nothing(
+        tmp_path, monkeypatch):
+    import keras
+
+    path = str(tmp_path / "serving")
+    first, second = _dense(1), _dense(2)
+    export.saved_model(first, path)
+    before = file_tree(path)
+    with pytest.raises(ValueError, match=r"serving exists; pass another output directory, or "
+                                         r"set `overwrite` to replace it"):
+        export.saved_model(second, path)
+    assert file_tree(path) == before
+
+    def broken_export(self, filepath, *args, **kwargs):
+        os.makedirs(filepath)
+        open(os.path.join(filepath, "saved_model.pb"), "w").close()  # half written
+        raise OSError("No space left on device")
+
+    real_export = keras.Model.export
+    monkeypatch.setattr(keras.Model, "export", broken_export)
+    with pytest.raises(OSError, match="No space left"):
+        export.saved_model(second, path, overwrite=True)
+    assert file_tree(path) == before  # the old export, untouched
+    with pytest.raises(OSError, match="No space left"):
+        export.saved_model(second, str(tmp_path / "new"))
+    assert sorted(os.listdir(tmp_path)) == ["serving"]  # no partial output, no temporary dir
+    monkeypatch.setattr(keras.Model, "export", real_export)
+    export.saved_model(second, path, overwrite=True)
+    np.testing.assert_allclose(_served(path, X), second.predict(X, verbose=0), atol=1e-6)
+    assert sorted(os.listdir(tmp_path)) == ["serving"]
+
+
+_USER_MODULE = '''
+import keras
+
+
+@keras.saving.register_keras_serializable(package="tfmulti_test_user")
+class Scale(keras.layers.Layer):
+    """A custom layer: x * a learned scale."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, x):
+        return x * self.scale
+
+
+def build():
+    keras.utils.set_random_seed(5)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(3), Scale()])
+'''
+
+
+def test_the_export_command(tmp_path, monkeypatch, capsys):
+    """`tfmulti export --model_dir DIR --output DIR`: a run's model.keras with a
+    custom layer, found through --model (the module on the current directory);
+    bad input is one line and exit 2, with nothing written."""
+    import sys
+
+    import keras
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "user_layers.py").write_text(_USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import user_layers  # noqa: E402  (written just above)
+
+    model = user_layers.build()
+    model.layers[-1].scale.assign(np.arange(1, 4, dtype=np.float32))
+    os.makedirs("run")
+    model.save("run/model.keras")
+    expected = model.predict(X, verbose=0)
+    # As in a fresh process: the custom layer is not registered until --model imports it.
+    keras.saving.get_custom_objects().pop("tfmulti_test_user>Scale")
+    del sys.modules["user_layers"]
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+
+    def run(*args):
+        code = cli.main(["export", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, _, err = run("--model_dir", "run", "--output", "serving")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("tfmulti export: error: cannot load run/model.keras (")
+    assert "pass --model=MODULE (the module that registers them)" in err
+    assert not os.path.exists("serving")
+    code, out, err = run("--model_dir", "run", "--output", "serving",
+                         "--model", "user_layers:build")
+    assert code == 0, err
+    assert out == "tfmulti export: wrote a SavedModel to " \
+                  f"{tmp_path / 'serving'} (signature serving_default, endpoint serve)\n"
+    np.testing.assert_allclose(_served(str(tmp_path / "serving"), X), expected, atol=1e-6)
+    for args, message in [
+        (("--model_dir", "run", "--output", "serving"),
+         "serving exists; pass another output directory, or set --overwrite to replace it."),
+        (("--model_dir", "nowhere", "--output", "other"),
+         "--model_dir 'nowhere' has no model.keras; pass the directory a training run wrote"),
+        (("--model_dir", "run", "--output", "other", "--model", "no_such_module"),
+         "--model 'no_such_module': cannot import 'no_such_module'"),
+    ]:
+        code, _, err = run(*args)
+        assert code == 2 and message in err and err.count("\n") == 1, err
+    assert {"other", "nowhere"}.isdisjoint(os.listdir(tmp_path))  # nothing written
+    code, _, err = run("--model_dir", "run", "--output", "serving", "--overwrite",
+                       "--model", "user_layers")
+    assert code == 0, err

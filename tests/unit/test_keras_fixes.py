@@ -1,0 +1,163 @@
+"""Tests of tfmulti.runtime.keras_fixes: each upstream bug still happens without its
+fix, the fix works, and `apply_keras_fixes` applies the fixes to a strategy the
+user built.
+
+When a test named `test_upstream_bug_*` starts failing after a TensorFlow or
+Keras upgrade, upstream has fixed the bug: drop the fix.
+
+The checks that need a process of their own (no fix installed yet, oneDNN on)
+share one: `_SINGLE_PROCESS` runs each part in turn and prints one JSON line
+(`upstream` fixture). The Keras-under-multi-worker checks share one 2-worker
+cluster (`keras_under_multi_worker` fixture, tests/workers/keras_upstream.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests._util import fake_slurm
+
+STEPS_PER_CALL = "several steps per call with 2+ replicas"
+EMPTY_BATCH_CONV = "convolutions on an empty batch under oneDNN"
+FIT_MULTI_WORKER = "fit under MultiWorkerMirroredStrategy"
+SCALAR_LOGS_MULTI_WORKER = "logged scalars under MultiWorkerMirroredStrategy"
+
+
+def test_fix_slurm_resolver_on_cpu_nodes(monkeypatch):
+    from tfmulti.runtime import keras_fixes
+
+    fake_slurm(monkeypatch)
+    resolver = keras_fixes.slurm_cluster_resolver(port_base=7000)
+    assert resolver.cluster_spec().as_dict() == {
+        "worker": ["cpu-1:7000", "cpu-2:7000", "cpu-3:7000"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 2)
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def _fit_and_evaluate(steps_per_execution: int):
+    import numpy as np
+
+    import tfmulti
+    from tfmulti import data
+    from tfmulti.models import builders as models
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    model = models.build_model("mlp", strategy=strategy, dropout=0.0, seed=0)
+    models.compile_model(model, task="classification", strategy=strategy, optimizer="sgd",
+                         learning_rate=0.05, steps_per_execution=steps_per_execution)
+    train = data.distribute(data.load("synthetic", num_examples=640), strategy, 64, seed=0)
+    test = data.distribute(data.load("synthetic", "test", num_examples=420), strategy, 64,
+                           training=False)  # 7 batches, the last partial: blocks of 5 + 2
+    history = model.fit(**train.fit_kwargs(), epochs=2, verbose=0)
+    evaluation = model.evaluate(**test.evaluate_kwargs(), return_dict=True, verbose=0)
+    return history.history, evaluation, [np.array(w) for w in model.get_weights()]
+
+
+def test_fix_steps_per_execution_with_replicas_matches_one_step_per_call():
+    import numpy as np
+
+    h1, e1, w1 = _fit_and_evaluate(1)
+    # 10 steps per epoch in blocks of 5 (Keras runs whole blocks of
+    # steps_per_execution, so it should divide the steps per epoch).
+    h4, e4, w4 = _fit_and_evaluate(5)
+    np.testing.assert_allclose(h4["loss"], h1["loss"], atol=1e-5)
+    np.testing.assert_allclose(h4["accuracy"], h1["accuracy"], atol=1e-6)
+    assert e4["loss"] == pytest.approx(e1["loss"], abs=1e-5)
+    assert e4["accuracy"] == pytest.approx(e1["accuracy"], abs=1e-6)
+    for a, b in zip(w4, w1):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# apply_keras_fixes: the fixes for a strategy the user built.
+
+
+def test_apply_keras_fixes_to_a_mirrored_strategy_the_user_built():
+    # A plain MirroredStrategy over 2 of the test's virtual CPUs: after
+    # apply_keras_fixes, several steps per call train (keras#19246 without it).
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tfmulti
+
+    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+    assert tfmulti.apply_keras_fixes(strategy) == [STEPS_PER_CALL, EMPTY_BATCH_CONV]
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 4), dtype=np.float32), rng.random((64, 3), dtype=np.float32)
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)  # 2 calls of 2 steps each
+    assert int(model.optimizer.iterations.numpy()) == 8
+    assert np.all(np.isfinite(history.history["loss"]))
+
+
+def test_apply_keras_fixes_by_strategy():
+    import tensorflow as tf
+
+    from tfmulti.runtime import keras_fixes
+
+    keras_fixes.apply_keras_fixes()  # all of them, once
+    assert keras_fixes.apply_keras_fixes(tf.distribute.OneDeviceStrategy("CPU:0")) == []
+    assert keras_fixes.apply_keras_fixes(tf.distribute.get_strategy()) == []
+    assert keras_fixes.apply_keras_fixes() == keras_fixes.active_fixes() == [
+        FIT_MULTI_WORKER, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL, EMPTY_BATCH_CONV]
+
+
+# --------------------------------------------------------------------------
+# The guard: a fix patches only the Keras functions it was written for.
+
+
+def test_recorded_keras_functions_are_the_installed_ones():
+    # Fails after a Keras upgrade that changed a function a fix replaces or
+    # copies: check the fix against the new code, then record the new digest.
+    from tfmulti.runtime import keras_fixes
+
+    assert keras_fixes.changed_keras_functions(keras_fixes.KERAS_ORIGINALS) == []
+
+
+@pytest.mark.parametrize("fix, changed", [
+    (FIT_MULTI_WORKER,
+     "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build"),
+    (SCALAR_LOGS_MULTI_WORKER, "keras.src.backend.tensorflow.trainer:reduce_per_replica"),
+    (STEPS_PER_CALL, "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function"),
+    (EMPTY_BATCH_CONV, "keras.src.backend.tensorflow.nn:conv"),
+])
+def test_guard_leaves_a_fix_off_where_keras_changed(fix, changed, monkeypatch):
+    import importlib
+    import re
+    import warnings
+
+    from tfmulti.runtime import keras_fixes
+
+    def target(name):
+        module, _, path = name.partition(":")
+        holder, _, attribute = path.rpartition(".")
+        owner = importlib.import_module(module)
+        return (getattr(owner, holder) if holder else owner), attribute
+
+    monkeypatch.setattr(keras_fixes, "_applied", set())
+    monkeypatch.setattr(keras_fixes, "_off", set())
+    monkeypatch.setattr(keras_fixes, "_announced", True)  # this process printed its line
+    for name in keras_fixes.KERAS_ORIGINALS:  # whatever the fixes patch is put back after
+        owner, attribute = target(name)
+        monkeypatch.setattr(owner, attribute, getattr(owner, attribute))
+
+    def new_keras_version(*args, **kwargs):  # a Keras release changed the function
+        raise NotImplementedError
+
+    owner, attribute = target(changed)
+    monkeypatch.setattr(owner, attribute, new_keras_version)
+    with pytest.warns(RuntimeWarning, match=rf"fix for {re.escape(fix)} \([a-z]+#\d+\) was "
+                                            rf"written for Keras 3\.15, .*{attribute}\. "
+                                            rf"The fix stays off"):
+        active = keras_fixes.apply_keras_fixes()
+    assert getattr(owner, attribute) is new_keras_version  # not patched
+    assert fix not in active and len(active) == 3  # the others are on
+    assert fix not in keras_fixes.active_fixes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        assert keras_fixes.apply_keras_fixes() == active

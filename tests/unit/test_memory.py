@@ -1,0 +1,315 @@
+"""The per-device memory estimate (`tfmulti.memory.estimate`, `tfmulti
+estimate-memory`). Expected bytes are worked out here from the layer shapes.
+That a placed `PipelineModel` reports the same bytes is tests/unit/test_footprint.py;
+the CLI's bad input is tests/unit/test_cli.py (in-process)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tfmulti import cli
+from tfmulti.models import builders as models
+from tfmulti.memory import estimate as memory
+from tfmulti.parallel.partition import plan_partition
+
+F32 = 4
+MLP_PARAMS = (784 * 512 + 512) + (512 * 10 + 10)  # fc1, logits
+MLP_OUTPUTS = 784 + 512 + 512 + 10  # per example: flatten, fc1, dropout, logits
+# cnn on 28x28x1: conv1 26x26x32, pool1 13x13x32, conv2 11x11x64, pool2 5x5x64,
+# flatten 1600, dropout 1600, logits 10.
+CNN_OUTPUTS = [26 * 26 * 32, 13 * 13 * 32, 11 * 11 * 64, 5 * 5 * 64, 1600, 1600, 10]
+
+
+def _one(**kwargs) -> dict:
+    return memory.estimate_memory("mlp", global_batch_size=256, **kwargs)
+
+
+def test_one_device_adam_counts():
+    estimate = _one(distribution="one_device", optimizer="adam")
+    (row,) = estimate["devices"]
+    params = models.build_model("mlp").count_params()
+    assert params == MLP_PARAMS
+    assert row["parameters"] == F32 * params
+    assert row["gradients"] == row["parameters"]
+    assert row["optimizer_slots"] == 2 * row["parameters"]
+    # flatten 784 + fc1 512 + dropout 512 + logits 10, float32, batch 256
+    assert row["activations"] == MLP_OUTPUTS * 256 * F32
+    assert row["activations_per_microbatch"] == row["activations"]  # one forward pass
+    assert row["activation_batch"] == 256
+    assert row["total"] == sum(row[k] for k in ("parameters", "gradients", "optimizer_slots",
+                                                "activations"))
+    assert (row["device"], row["replica"], row["stage"]) == (0, 0, 0)
+    assert estimate["num_devices"] == 1 and estimate["distribution"] == "one_device"
+
+
+def test_sgd_has_no_slots():
+    (row,) = _one(optimizer="sgd")["devices"]
+    assert row["optimizer_slots"] == 0
+
+
+def test_mirrored_copies_params_and_splits_activations():
+    (single,) = _one()["devices"]
+    rows = _one(distribution="mirrored", num_devices=4)["devices"]
+    assert len(rows) == 4
+    assert [r["device"] for r in rows] == [r["replica"] for r in rows] == [0, 1, 2, 3]
+    for row in rows:
+        assert row["parameters"] == single["parameters"]
+        assert row["optimizer_slots"] == single["optimizer_slots"]
+        assert row["activations"] * 4 == single["activations"]
+        assert row["activation_batch"] == 256 // 4
+
+
+@pytest.mark.parametrize("model,outputs", [("mlp", [784, 512, 512, 10]), ("cnn", CNN_OUTPUTS)],
+                         ids=["mlp", "cnn"])
+def test_pipeline_stages_split_the_parameters(model, outputs):
+    (single,) = memory.estimate_memory(model)["devices"]
+    estimate = memory.estimate_memory(model, distribution="pipeline", num_stages=2,
+                                      num_microbatches=4)
+    rows = estimate["devices"]
+    assert [r["stage"] for r in rows] == [0, 1] and estimate["num_devices"] == 2
+    assert sum(r["parameters"] for r in rows) == single["parameters"]
+    # Stage 1 receives stage 0's last output and keeps it for the backward pass.
+    first = plan_partition(models.build_model(model).layers, 2).sizes[0]
+    received = outputs[first - 1] * 256 * F32
+    # GPipe keeps all 4 micro-batches of 64 until the backward pass: the
+    # stages' activations add up to the whole batch's, plus what stage 1 received.
+    assert all(r["activation_batch"] == 256 // 4 for r in rows)
+    assert [r["activations"] for r in rows] == [
+        sum(outputs[:first]) * 256 * F32, sum(outputs[first:]) * 256 * F32 + received]
+    assert sum(r["activations"] for r in rows) == single["activations"] + received
+    for r in rows:
+        assert r["activations"] == 4 * r["activations_per_microbatch"]
+
+
+def test_pipeline_remat_keeps_the_stage_inputs():
+    # mlp in 2 stages: [flatten, fc1 | dropout, logits]; micro-batches of 64.
+    plain, remat = (memory.estimate_memory("mlp", distribution="pipeline", num_stages=2,
+                                           num_microbatches=4, remat=r, dropout=0.0)["devices"]
+                    for r in (False, True))
+    micro = 64 * F32
+    # Stage 0 keeps nothing per micro-batch (its input is the model's own),
+    # and recomputes one micro-batch's outputs at a time.
+    assert remat[0]["activations_per_microbatch"] == 0
+    assert remat[0]["activations"] == (784 + 512) * micro
+    assert plain[0]["activations"] == 4 * (784 + 512) * micro
+    # The last stage is never recomputed: the same as without remat.
+    assert remat[1] == plain[1]
+    assert remat[1]["activations"] == 4 * (512 + 512 + 10) * micro
+    assert remat[0]["parameters"] == plain[0]["parameters"]
+    # As PipelineModel, the estimate refuses remat where Dropout draws masks.
+    with pytest.raises(ValueError, match=r"`remat=True` recomputes activations.*dropout"):
+        memory.estimate_memory("mlp", distribution="pipeline", remat=True)
+
+
+def test_hybrid_repeats_the_stages_per_replica():
+    rows = _one(distribution="hybrid", num_replicas=2, num_stages=2)["devices"]
+    assert [(r["replica"], r["stage"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r["device"] for r in rows] == [0, 1, 2, 3]
+    assert rows[0]["parameters"] == rows[2]["parameters"]
+    # A replica's 128 examples in 4 micro-batches of 32.
+    assert rows[0]["activation_batch"] == 256 // 2 // 4
+    assert rows[0]["activations"] == 4 * 32 * (784 + 512) * F32
+    assert {k: v for k, v in rows[1].items() if k not in ("device", "replica")} == {
+        k: v for k, v in rows[3].items() if k not in ("device", "replica")}
+
+
+@pytest.mark.parametrize("mixed_precision", ["bfloat16", "float16"])
+def test_half_precision_halves_activations_not_parameters(mixed_precision):
+    (full,) = _one()["devices"]
+    estimate = _one(mixed_precision=mixed_precision)
+    (half,) = estimate["devices"]
+    # flatten, fc1, dropout in 16 bits; the logits stay float32 (as built).
+    assert full["activations"] == (784 + 512 + 512 + 10) * 256 * F32
+    assert half["activations"] == (784 + 512 + 512) * 256 * 2 + 10 * 256 * F32
+    assert half["parameters"] == full["parameters"]
+    assert half["optimizer_slots"] == full["optimizer_slots"]
+    assert estimate["mixed_precision"] == mixed_precision
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(distribution="bogus"), r"`distribution` must be one of \['one_device', "),
+    (dict(distribution="mirrored", num_devices=3),
+     r"`global_batch_size` \(256\) must be divisible"),
+    (dict(distribution="pipeline", num_microbatches=3), r"must split into 1 replica\(s\) x 3"),
+    (dict(distribution="one_device", num_devices=2), "distribution 'one_device' uses 1 device"),
+    (dict(distribution="pipeline", num_devices=4), "uses 1 replica"),
+    (dict(mixed_precision="int8"), "`mixed_precision` must be one of"),
+    (dict(distribution="pipeline", num_replicas=4),
+     r"`num_replicas` \(4\) does not apply to distribution 'pipeline'; leave it unset or use "
+     r"distribution='hybrid'"),
+    (dict(distribution="mirrored", num_devices=2, num_stages=2),
+     r"`num_stages` \(2\) does not apply to distribution 'mirrored'"),
+    (dict(remat=True), r"`remat` \(True\) does not apply to distribution 'one_device'"),
+    (dict(optimizer="rmsprops"), "`optimizer` must be one of"),
+    (dict(optimizer="muon"), r"estimate-memory counts the slots of \['adadelta'"),
+    (dict(distribution="pipeline", partition="time"), "`partition` must be one of"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _one(**kwargs)
+
+
+def test_bad_model():
+    with pytest.raises(ValueError, match=r"`model` must be one of"):
+        memory.estimate_memory("resnet")
+
+
+def test_table_is_aligned():
+    text = memory.format_memory_estimate(_one(distribution="mirrored", num_devices=2))
+    table = text.splitlines()[1:4]
+    assert table[0].split()[:4] == ["device", "replica", "stage", "parameters"]
+    assert len({len(line) for line in table}) == 1
+    assert "MiB" in table[1]
+    assert text.splitlines()[-1] == "activations: a per-replica batch of 128 examples per device."
+
+
+def test_pipeline_text_names_the_micro_batches_and_remat():
+    text = memory.format_memory_estimate(_one(distribution="pipeline", remat=True,
+                                              dropout=0.0))
+    assert text.splitlines()[0].startswith("mlp under pipeline: 2 device(s), global batch 256")
+    assert ("activations: a micro-batch of 64 examples x 4 (GPipe holds them all until the "
+            "backward pass; remat keeps stage inputs only) per device.") in text
+
+
+def test_cli_text_and_json(capsys):
+    assert cli.main(["estimate-memory", "--model", "mlp", "--distribution", "mirrored",
+                     "--num_devices", "2"]) == 0
+    text = capsys.readouterr().out
+    assert text.strip() == memory.format_memory_estimate(
+        _one(distribution="mirrored", num_devices=2))
+    assert cli.main(["estimate-memory", "--model", "mlp", "--distribution", "mirrored",
+                     "--num_devices", "2", "--json"]) == 0
+    estimate = json.loads(capsys.readouterr().out)
+    assert len(estimate["devices"]) == 2
+    for row in estimate["devices"]:
+        for key in ("device", "parameters", "gradients", "optimizer_slots", "activations",
+                    "activations_per_microbatch", "total"):
+            assert key in row, key
+    assert estimate["devices"][0]["activation_batch"] == 128
+    assert estimate == _one(distribution="mirrored", num_devices=2)
+
+
+# --------------------------------------------------------------------------- transformer
+
+TRANSFORMER = dict(seq_len=16, d_model=32, num_heads=4, num_layers=2)
+
+
+def _transformer(**kwargs) -> dict:
+    return memory.estimate_memory("transformer", global_batch_size=32, dropout=0.0,
+                                  **TRANSFORMER, **kwargs)
+
+
+def test_transformer_on_one_device_counts_every_weight_and_layer_output():
+    from tfmulti.models import transformer
+
+    (row,) = _transformer()["devices"]
+    model = transformer.build_transformer(**TRANSFORMER)
+    assert row["parameters"] == F32 * model.count_params()
+    assert row["optimizer_slots"] == 2 * row["parameters"]
+    # Per example: every layer's output (the embeddings, each block's 2
+    # LayerNorms, attention, 2 dropouts, 2 residuals, MLP up (4 d) and down,
+    # the final LayerNorm) and the logits, float32, for the batch of 32.
+    d, n, length = 32, 2, 16
+    per_position = 3 * d + n * (8 * d + 4 * d) + d + 256
+    assert row["activations"] == per_position * length * 32 * F32
+
+
+@pytest.mark.parametrize("replicas,stages,shards", [(1, 1, 2), (1, 2, 2), (2, 2, 2),
+                                                     (1, 2, 4)])
+def test_tensor_parallel_devices_share_each_stage(replicas, stages, shards):
+    distribution = "hybrid" if replicas > 1 else "pipeline"
+    estimate = _transformer(distribution=distribution, num_stages=stages,
+                            tensor_parallel=shards, num_microbatches=2,
+                            **({"num_replicas": replicas} if replicas > 1 else {}))
+    unsplit = _transformer(distribution=distribution, num_stages=stages, num_microbatches=2,
+                           **({"num_replicas": replicas} if replicas > 1 else {}))
+    rows = estimate["devices"]
+    assert estimate["num_devices"] == len(rows) == replicas * stages * shards
+    assert [(r["device"], r["replica"], r["stage"], r["shard"]) for r in rows] == [
+        ((r * stages + s) * shards + t, r, s, t)
+        for r in range(replicas) for s in range(stages) for t in range(shards)]
+    for s in range(stages):
+        stage = [row for row in rows if row["replica"] == 0 and row["stage"] == s]
+        whole = unsplit["devices"][s]
+        # The stage's weights, gradients and slots are shared out, none copied;
+        # the shards other than the first hold the same, 1/T of the split ones.
+        for key in ("parameters", "gradients", "optimizer_slots"):
+            assert sum(row[key] for row in stage) == whole[key], key
+        assert len({row["parameters"] for row in stage[1:]}) == 1
+        assert stage[0]["parameters"] > stage[1]["parameters"]
+        # Every device holds less than the unsplit stage; their activations
+        # add up to more: the copies of the inputs the shards take.
+        assert all(row["total"] < whole["total"] for row in stage)
+        assert sum(row["activations"] for row in stage) > whole["activations"]
+        assert stage[0]["activations"] < whole["activations"]
+    if replicas > 1:
+        strip = ("device", "replica")
+        assert [{k: v for k, v in row.items() if k not in strip} for row in rows[:len(rows) // 2]] \
+            == [{k: v for k, v in row.items() if k not in strip} for row in rows[len(rows) // 2:]]
+    assert "shard" in memory.format_memory_estimate(estimate).splitlines()[1]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(model="mlp", distribution="pipeline", tensor_parallel=2),
+     r"`tensor_parallel` \(2\) splits model 'transformer', got model 'mlp'"),
+    (dict(model="mlp", d_model=64), r"`d_model` \(64\) sizes model 'transformer', got model "
+                                    r"'mlp'; leave it unset"),
+    (dict(model="transformer", tensor_parallel=2),
+     r"`tensor_parallel` \(2\) does not apply to distribution 'one_device'"),
+    (dict(model="transformer", distribution="pipeline", tensor_parallel=3),
+     r"`tensor_parallel` \(3\) must divide num_heads \(4\)"),
+    (dict(model="transformer", distribution="pipeline", tensor_parallel=2, num_devices=2),
+     r"uses 1 replica\(s\) x 2 stages x 2 tensor-parallel = 4 devices, got `num_devices` \(2\)"),
+])
+def test_tensor_parallel_arguments_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        memory.estimate_memory(global_batch_size=32, **kwargs)
+
+
+def test_check_fits_names_the_fullest_device():
+    estimate = _transformer(distribution="pipeline", num_stages=2, tensor_parallel=2,
+                            num_microbatches=2)
+    fullest = max(estimate["devices"], key=lambda r: r["total"])
+    memory.check_fits(estimate, fullest["total"] / 2**20)  # exactly full: fits
+    with pytest.raises(ValueError, match=rf"device {fullest['device']} \(replica 0, stage "
+                                         rf"{fullest['stage']}, shard {fullest['shard']}\) "
+                                         r"needs .* MiB to train transformer under pipeline .*"
+                                         r"over the budget of 0.5 MiB per device; split the "
+                                         r"model over more devices"):
+        memory.check_fits(estimate, 0.5)
+    with pytest.raises(ValueError, match=r"`device_memory_mb` must be a finite number > 0"):
+        memory.check_fits(estimate, 0)
+
+
+def test_cli_takes_the_tensor_parallel_flags(capsys):
+    assert {"tensor_parallel", "seq_len", "d_model", "num_heads", "num_layers"} <= set(
+        cli.ESTIMATE_FIELDS)
+    assert cli.main(["estimate-memory", "--model", "mlp", "--distribution", "pipeline",
+                     "--tensor_parallel", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "tfmulti estimate-memory: error: --tensor_parallel (2) splits model 'transformer', got "
+        "model 'mlp'; set --model='transformer' or --tensor_parallel=1.\n")
+
+
+def test_a_training_configuration_is_checked_against_its_budget():
+    from tfmulti.config.train_config import TrainConfig
+
+    config = TrainConfig(distribution="hybrid", num_replicas=2, num_stages=2,
+                         num_microbatches=2, global_batch_size=32, dropout=0.0)
+    estimate = memory.estimate_for_config(config)
+    assert estimate == memory.estimate_memory(
+        "mlp", distribution="hybrid", num_replicas=2, num_stages=2, num_microbatches=2,
+        global_batch_size=32, dropout=0.0)
+    memory.check_config(config)  # no budget: nothing to check
+    fullest = max(row["total"] for row in estimate["devices"]) / 2**20
+    memory.check_config(config.replace(device_memory_mb=fullest))
+    with pytest.raises(ValueError, match=r"over the budget of 0.1 MiB per device"):
+        memory.check_config(config.replace(device_memory_mb=0.1))
+    assert memory.estimate_for_config(TrainConfig(distribution="mirrored", devices=(
+        "CPU:0", "CPU:1")))["num_devices"] == 2
+    with pytest.raises(ValueError, match="distribution 'auto' decides them when it runs"):
+        memory.estimate_for_config(TrainConfig())
+    with pytest.raises(ValueError, match="cannot cut stages by measured time"):
+        memory.estimate_for_config(TrainConfig(distribution="pipeline", partition="time"))
