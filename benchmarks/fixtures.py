@@ -44,7 +44,7 @@ class CustomLoop:
     `steps_per_execution` steps per `tf.function` call over a distributed
     iterator (a `tf.range` loop, no Python between steps). It does the work
     of `fit` on a model compiled by `tfmulti.models.builders.compile_model` for
-    classification: with SGD both reach the same weights (tests/test_bench.py).
+    classification: with SGD both reach the same weights (benchmarks/tests/test_bench.py).
 
     Args:
         model: a classifier built under `strategy` (logits out).

@@ -11,7 +11,7 @@ needed:
 
 The package's folders are its layers, top to bottom; each imports only from
 the layers below it (the import contract in `setup.cfg`, `[importlinter]`,
-is the one description; `tests/test_layers.py` holds the code to it):
+is the one description; `tests/integration/test_layers.py` holds the code to it):
 
     cli        the `tfmulti` command
     insight    diagnose, environment, timing

@@ -5,7 +5,7 @@ each. Traffic stays inside those namespaces; they, their interfaces and every
 process in them are removed after each test, also after a failure.
 
 - 2 hosts x 2 workers train exactly as MirroredStrategy over 4 devices in
-  this process (tests/workers/equivalence.py, as tests/test_strategy.py does
+  this process (tests/workers/equivalence.py, as tests/integration/test_strategy.py does
   for one host);
 - 2 hosts x 1 worker: worker 1, on host B, is SIGKILLed at step 10; with
   --max_restarts 1 on both, both hosts restart and resume from the backup
@@ -192,7 +192,7 @@ def test_two_hosts_with_two_workers_each_train_as_mirrored_over_four_devices(
     import tfmulti
 
     # The dict-input model (a functional model with 2 named inputs); tuple inputs and
-    # both kinds on one host: tests/test_strategy.py.
+    # both kinds on one host: tests/integration/test_strategy.py.
     launch = launchers([sys.executable, str(WORKERS / "equivalence.py"), str(tmp_path),
                         "dict"], "--startup_timeout", "300", workers=2)
     codes = launch.wait()

@@ -26,8 +26,9 @@ checks that every function it replaces is the one it was written for (the
 SHA-256 of its source, `KERAS_ORIGINALS`); otherwise the fix stays off with a
 warning naming the upstream issue and the Keras versions.
 
-Each fix has a test in tests/test_keras_fixes.py that shows the upstream bug
-still happens without it on the pinned versions, so a fix can be dropped as
+Each fix has a test (tests/unit/test_keras_fixes.py, and
+tests/integration/test_keras_fixes.py for those that start processes) that
+shows the upstream bug still happens without it on the pinned versions, so a fix can be dropped as
 soon as upstream mends it. Gradient accumulation, which Keras' own fails at
 with 2+ replicas (keras#20582), is a feature of its own:
 `tfmulti.models.accumulation`.
