@@ -1,4 +1,5 @@
-"""Tests of tfmulti.models.accumulation: gradient accumulation through `fit`
+"""Gradient accumulation through `fit` (tfmulti.models.accumulation) in processes: under
+MultiWorkerMirroredStrategy and the recipes.
 
 The tests that start processes or clusters; the in-process ones, and the
 conventions, are in tests/unit/test_accumulation.py."""

@@ -1,4 +1,5 @@
-"""Fault tolerance: backup and restore (tfmulti.training.backup), preemption, restarts,
+"""Fault tolerance in processes and clusters: backup and restore
+(tfmulti.training.backup), preemption, restarts, kills.
 
 The tests that start processes or clusters; the in-process ones, and the
 conventions, are in tests/unit/test_backup.py."""

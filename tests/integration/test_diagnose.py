@@ -1,4 +1,5 @@
-"""Tests for `tfmulti diagnose` (tfmulti.insight.diagnose and the CLI) on virtual
+"""`tfmulti diagnose` (tfmulti.insight.diagnose and the CLI) in processes: the command
+line, its JSON, and the seeds' configuration.
 
 The tests that start processes or clusters; the in-process ones, and the
 conventions, are in tests/unit/test_diagnose.py."""

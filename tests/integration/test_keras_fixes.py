@@ -1,4 +1,5 @@
-"""Tests of tfmulti.runtime.keras_fixes: each upstream bug still happens without its
+"""The upstream Keras fixes (tfmulti.runtime.keras_fixes) in processes: each upstream bug
+still happens without its fix, in a fresh process, and the fix mends it.
 
 The tests that start processes or clusters; the in-process ones, and the
 conventions, are in tests/unit/test_keras_fixes.py."""

@@ -1,4 +1,5 @@
-"""Tests of tfmulti.training.loops: the custom-loop step trains a user's model exactly
+"""Custom loops (tfmulti.training.loops) in processes and clusters: the custom-loop step
+trains a user's model exactly like `fit`, on one worker and on two.
 
 The tests that start processes or clusters; the in-process ones, and the
 conventions, are in tests/unit/test_loops.py."""
