@@ -1,5 +1,5 @@
-"""Gradient accumulation through `fit` (tfmulti.models.accumulation) in processes: under
-MultiWorkerMirroredStrategy and the recipes.
+"""Gradient accumulation through `fit` (tfmulti.models.accumulation) under
+MultiWorkerMirroredStrategy: a 2-worker cluster.
 
 The tests that start processes or clusters; the in-process ones, and the
 conventions, are in tests/unit/test_accumulation.py."""

@@ -1,5 +1,5 @@
-"""`tfmulti diagnose` (tfmulti.insight.diagnose and the CLI) in processes: the command
-line, its JSON, and the seeds' configuration.
+"""`tfmulti diagnose` (tfmulti.insight.diagnose and the CLI) that train for long or
+start the CLI: the seeds' overhead-bound configuration, a slow input, the JSON.
 
 The tests that start processes or clusters; the in-process ones, and the
 conventions, are in tests/unit/test_diagnose.py."""

@@ -1,5 +1,5 @@
-"""Custom loops (tfmulti.training.loops) in processes and clusters: the custom-loop step
-trains a user's model exactly like `fit`, on one worker and on two.
+"""Custom loops (tfmulti.training.loops) under
+MultiWorkerMirroredStrategy: a 2-worker cluster.
 
 The tests that start processes or clusters; the in-process ones, and the
 conventions, are in tests/unit/test_loops.py."""
