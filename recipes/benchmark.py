@@ -39,7 +39,8 @@ from absl import flags  # noqa: E402
 
 import benchmarks as bench  # noqa: E402  (no TensorFlow: the suites run it in workers)
 
-_SUITE = flags.DEFINE_enum("suite", "all", [*bench.SUITES, "all"], "Which benchmarks to run.")
+_SUITE = flags.DEFINE_multi_enum("suite", ["all"], [*bench.SUITES, "all"],
+                                "Which benchmarks to run (repeat the flag for several).")
 _OUTPUT = flags.DEFINE_string("output", "runs/benchmark.json", "Where to write the JSON.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Repeats of each measurement.", lower_bound=1)
 _PER_WORKER_BATCH = flags.DEFINE_integer(
@@ -79,7 +80,7 @@ _OWN_EPOCHS = flags.DEFINE_integer("own_epochs", 4, "Own: epochs per launch of t
 def main(argv):
     if _TOY.value:  # the suites and their worker processes (which inherit it) read it
         os.environ[bench._harness.TOY_ENV] = "1"
-    names = list(bench.SUITES) if _SUITE.value == "all" else [_SUITE.value]
+    names = list(bench.SUITES) if "all" in _SUITE.value else list(dict.fromkeys(_SUITE.value))
     options = {
         "scaling": {"per_worker_batch": _PER_WORKER_BATCH.value,
                     "num_examples": _NUM_EXAMPLES.value,
