@@ -394,17 +394,6 @@ def test_importing_the_package_starts_no_tensorflow():
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.slow
-def test_machine_worker_records_the_machine():
-    # BENCHMARKS.md compares runs across machines: each run's JSON says which.
-    result = run_python(["-m", "benchmarks.worker", "machine"], timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    machine = json.loads(result.stdout.strip().splitlines()[-1])
-    assert machine["cpu_count"] == os.cpu_count()
-    assert machine["onednn"] in (True, False)
-    assert machine["cpu_model"] and machine["tensorflow"].startswith("2.21")
-
-
 def test_tensor_suite_checks_its_sizes():
     tensor = bench.SUITES["tensor"]
     tensor.check(d_model=32, batch=8)

@@ -7,6 +7,7 @@ recipe run. A suite that crashes fails here; its figures are not checked
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -40,6 +41,11 @@ def test_every_suite_runs_end_to_end(tmp_path):
     assert "\nmachine: " in "\n" + result.stdout, result.stdout[:500]
     record = json.loads(output.read_text())
     assert record["complete"] and list(record["suites"]) == SUITES
+    # BENCHMARKS.md compares runs across machines: each run's JSON says which
+    # (the machine worker's record).
+    machine = record["machine"]
+    assert machine["cpu_count"] == os.cpu_count() and machine["onednn"] in (True, False)
+    assert machine["cpu_model"] and machine["tensorflow"].startswith("2.21")
     assert output.with_suffix(".png").exists()
     for suite in SUITES:
         lines = bench.SUITES[suite].summarize(record["suites"][suite])
