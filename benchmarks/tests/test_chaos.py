@@ -338,4 +338,5 @@ def test_an_anytime_kill_lands_after_the_chosen_progress_line(tmp_path):
                      f"worker exit {-signal.SIGTERM}"], lines
     assert launch.wall_kill["signal"] == "TERM" and launch.wall_kill["worker"] == 0
     line_1_at = launch.lines[1][0]
-    assert 0.3 <= launch.wall_kill["time"] - line_1_at < 1.9
+    # The kill's time is recorded rounded to 10 ms (chaos.py), the line's exactly.
+    assert 0.3 - 0.005 <= launch.wall_kill["time"] - line_1_at < 1.9
