@@ -1,8 +1,9 @@
-"""Gradient accumulation through `fit` (tfmulti.models.accumulation) under
-MultiWorkerMirroredStrategy: a 2-worker cluster.
+"""Gradient accumulation under MultiWorkerMirroredStrategy, on a 2-worker
+cluster: through `fit` (tfmulti.models.accumulation) and through the custom
+loop (tfmulti.training.loops); each equals the one-device big-batch training.
 
-The tests that start processes or clusters; the in-process ones, and the
-conventions, are in tests/unit/test_accumulation.py."""
+The in-process tests are in tests/unit/test_accumulation.py and
+tests/unit/test_loops.py."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from tests.workers import accumulate
 
 
 @pytest.mark.cluster
-def test_fix_accumulation_under_multi_worker(tmp_path, big_batch):
+@pytest.mark.parametrize("how", ["fit", "loop"])
+def test_accumulation_under_multi_worker(tmp_path, big_batch, how):
     # 2 workers x 1 replica, 4 micro-batches of 4 rows each per update, 2
     # steps per call: the one-device big-batch training.
-    got = accumulate.on_two_workers(tmp_path, "fit")
+    got = accumulate.on_two_workers(tmp_path, how)
     assert got["rows"] == 4
+    if how == "loop":
+        assert got["iterations"] == accumulate.STEPS
     accumulate.assert_same_training(got, big_batch)
