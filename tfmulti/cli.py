@@ -39,7 +39,7 @@ __all__ = ["build_parser", "main"]
 
 # TrainConfig fields that `diagnose` does not take: it trains no epochs and writes nothing.
 DIAGNOSE_EXCLUDES = ("epochs", "steps_per_epoch", "backup_dir", "backup_every_steps",
-                     "keep_backup", "model_dir", "verbose")
+                     "keep_backup", "discard_unreadable_backup", "model_dir", "verbose")
 ESTIMATE_FIELDS = ("model", "dataset", "distribution", "num_stages", "num_microbatches",
                    "num_replicas", "remat", "tensor_parallel", "global_batch_size", "optimizer",
                    "mixed_precision", "partition", "dropout", "seq_len", "d_model", "num_heads",

@@ -106,8 +106,8 @@ def test_diagnose_takes_the_training_flags_but_not_the_run_ones():
     assert (args.distribution, args.global_batch_size, args.devices, args.no_measure) == \
         ("mirrored", 64, ("CPU:0", "CPU:1"), True)
     assert set(cli.DIAGNOSE_EXCLUDES) == {"epochs", "steps_per_epoch", "backup_dir",
-                                          "backup_every_steps", "keep_backup", "model_dir",
-                                          "verbose"}
+                                          "backup_every_steps", "keep_backup",
+                                          "discard_unreadable_backup", "model_dir", "verbose"}
     for name in cli.DIAGNOSE_EXCLUDES:
         assert not hasattr(args, name), name
 

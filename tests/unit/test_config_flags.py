@@ -40,7 +40,8 @@ SAMPLE = TrainConfig(
     num_microbatches=2, num_replicas=4, partition="flops", remat=True, tensor_parallel=2,
     seq_len=64, d_model=96, num_heads=6, num_layers=3, device_memory_mb=512.5,
     mixed_precision="bfloat16", jit_compile=True, backup_dir="/tmp/backup",
-    backup_every_steps=4, keep_backup=True, model_dir="/tmp/model", verbose=2)
+    backup_every_steps=4, keep_backup=True, discard_unreadable_backup=True, model_dir="/tmp/model",
+    verbose=2)
 
 
 def _flags_for(config, *, absl_bools: bool) -> list[str]:

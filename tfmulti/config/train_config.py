@@ -276,6 +276,10 @@ class TrainConfig:
     backup_every_steps: int | None = _field(
         None, "Also back up every this many global steps (needs backup_dir).")
     keep_backup: bool = _field(False, "Keep backup_dir after the run ends normally.")
+    discard_unreadable_backup: bool = _field(
+        False, "Start from step 0 when backup_dir holds a backup that cannot be read "
+        "(permissions, an I/O error, a missing mount), discarding it (default: stop, naming "
+        "the file and the error, and touch nothing).")
     model_dir: str | None = _field(
         None, "Where to write metrics.json, model.keras and TensorBoard logs; a folder that "
         "holds another run's outputs is refused unless overwrite.")

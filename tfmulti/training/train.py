@@ -52,7 +52,7 @@ _RUN_FILE = ".tfmulti-run.json"
 # (it reads its metrics.json; the workers start together).
 _FINISHED_WAIT_S = 300.0
 # Fields that may differ between a run and its resumption.
-_RESUMABLE_CHANGES = ("verbose", "overwrite", "keep_backup")
+_RESUMABLE_CHANGES = ("verbose", "overwrite", "keep_backup", "discard_unreadable_backup")
 
 
 def _plain(value):
