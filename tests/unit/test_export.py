@@ -186,3 +186,23 @@ def test_the_export_command(tmp_path, monkeypatch, capsys):
     code, _, err = run("--model_dir", "run", "--output", "serving", "--overwrite",
                        "--model", "user_layers")
     assert code == 0, err
+
+
+def test_the_model_module_is_found_without_shadowing_the_standard_library(tmp_path, monkeypatch):
+    """Issue 27: `--model=MODULE` for export put the current directory first on sys.path
+    for the rest of the process; a `configparser.py` there then replaced the standard
+    library's. The user's module is still found in the current directory."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configparser.py").write_text("RAN = True\n")
+    (tmp_path / "export_layers.py").write_text("import configparser\nPARSER = configparser\n")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    for name in ("configparser", "export_layers"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    export.import_model_module("export_layers:build")
+    standard = os.path.dirname(os.__file__)
+    assert os.path.dirname(sys.modules["export_layers"].PARSER.__file__) == standard
+    monkeypatch.delitem(sys.modules, "configparser")
+    import configparser  # any later import in the process
+    assert not hasattr(configparser, "RAN") and hasattr(configparser, "ConfigParser")

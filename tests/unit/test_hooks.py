@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -71,3 +72,30 @@ def test_call_refuses_a_required_argument_it_cannot_give(user_module):
                                          r"which tfmulti does not provide; it may take any of "
                                          r"\['seed'\]"):
         hooks.call(hooks.resolve("userhooks:needs", "dataset"), {"seed": 0}, "dataset")
+
+
+def test_the_current_directory_never_shadows_the_standard_library(user_module, monkeypatch):
+    """Issue 27: a `configparser.py` in the current directory ran once a hook had put the
+    directory first on sys.path. Now the directory goes after the standard library: the
+    user's module is found, and `configparser` (imported by that module, or later) is the
+    standard library's."""
+    ran = user_module / "shadow-ran"
+    (user_module / "configparser.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    (user_module / "usesstdlib.py").write_text(
+        "import configparser\n"
+        "import userhooks\n"  # a sibling module in the same folder is found too
+        "def build():\n"
+        "    return configparser.ConfigParser, userhooks.VALUE\n")
+    for name in ("configparser", "usesstdlib"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    standard = os.path.dirname(os.__file__)
+    fn = hooks.resolve("usesstdlib:build", "model")
+    parser, value = fn()
+    assert value == 3  # the user's modules in the current directory are found
+    assert os.path.dirname(sys.modules["configparser"].__file__) == standard
+    monkeypatch.delitem(sys.modules, "configparser")
+    import configparser  # after the hook, as any later import in the process
+    assert os.path.dirname(configparser.__file__) == standard
+    assert parser.__module__ == "configparser" and not ran.exists()
+    assert str(user_module) in sys.path  # found there, after the standard library's entries
+    assert sys.path.index(str(user_module)) > sys.path.index(standard)

@@ -3,8 +3,11 @@
 here; what they return is checked by the callers).
 
 A hook is named `package.module:function`; the module is imported from
-`sys.path` with the current directory first, as `python -m` would find it. A
-function takes whichever of the keyword arguments tfmulti offers it names
+`sys.path`, where the current directory is added after the standard library
+(`import_user_module`): a user's module there is found, but a file there named
+like a standard module (`configparser.py`) never replaces it. Resolving a hook
+imports and runs code, as `python -m` does: `--model=os:abort` calls
+`os.abort`. A function takes whichever of the keyword arguments tfmulti offers it names
 (`call`), so `def build(input_shape, num_classes):` and `def build():` both
 work.
 
@@ -20,10 +23,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import re
 import sys
+import types
 from typing import Callable
 
-__all__ = ["call", "parameters", "resolve"]
+__all__ = ["call", "import_user_module", "parameters", "resolve"]
 
 
 def resolve(value, what: str) -> Callable:
@@ -42,10 +47,8 @@ def resolve(value, what: str) -> Callable:
         return value
     module_name, _, attr = str(value).partition(":")
     cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
             raise ValueError(
@@ -68,6 +71,41 @@ def resolve(value, what: str) -> Callable:
         raise ValueError(f"`{what}` {value!r} names an object of type {type(fn).__name__}, "
                          f"not a function; name a function that returns the {what}.")
     return fn
+
+
+def _is_standard_library(entry: str, stdlib: str) -> bool:
+    """Whether the `sys.path` entry `entry` holds the standard library (its
+    folder, lib-dynload, its zip), not a site folder inside it."""
+    path = os.path.realpath(entry or os.curdir)
+    parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    if path == stdlib or path.startswith(stdlib + os.sep):
+        return True
+    return (os.path.dirname(path) == os.path.dirname(stdlib)
+            and re.fullmatch(r"python\d+\.zip", os.path.basename(path)) is not None)
+
+
+def import_user_module(name: str) -> types.ModuleType:
+    """Imports the module `name` of a hook, finding it in the current directory too.
+
+    The current directory goes on `sys.path` right after the standard
+    library's entries (unless it is there already, or `""` is), never ahead
+    of them: a file there named like a standard module (`configparser.py`)
+    never shadows it, during this import or later in the process, while the
+    user's own modules there (and their sibling modules) are found. Importing
+    runs the module's code.
+
+    Raises:
+        whatever the import raises (ImportError, or the module's own error).
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        stdlib = os.path.realpath(os.path.dirname(os.__file__))
+        after = [i + 1 for i, entry in enumerate(sys.path)
+                 if isinstance(entry, str) and _is_standard_library(entry, stdlib)]
+        sys.path.insert(max(after, default=len(sys.path)), cwd)
+    return importlib.import_module(name)
 
 
 def parameters(fn: Callable) -> set[str] | None:

@@ -28,15 +28,14 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
-import sys
 import tempfile
 
 import keras
 import tensorflow as tf
 
+from tfmulti.config import user_functions
 from tfmulti.runtime import strategy as strategy_lib
 
 __all__ = ["from_model_dir", "import_model_module", "saved_model"]
@@ -121,7 +120,8 @@ def saved_model(model, path: str, *, overwrite: bool = False,
 
 def import_model_module(spec: str) -> None:
     """Imports the module of a `--model=package.module[:function]` hook (found on
-    `sys.path`, the current directory first), so that the custom layers, losses
+    `sys.path` or in the current directory, which goes after the standard library:
+    `tfmulti.config.user_functions.import_user_module`), so that the custom layers, losses
     and models it registers (`keras.saving.register_keras_serializable`) load.
 
     Raises:
@@ -131,10 +131,8 @@ def import_model_module(spec: str) -> None:
     if not module:
         raise ValueError(f"`model` must name a module (package.module[:function]), got "
                          f"{spec!r}.")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        importlib.import_module(module)
+        user_functions.import_user_module(module)
     except ImportError as e:
         raise ValueError(f"`model` {spec!r}: cannot import {module!r} ({e}); pass a module on "
                          "sys.path or in the current directory.") from e
