@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -63,18 +64,32 @@ def publish_staged(folder: str, write: Callable[[str], None], order: Sequence[st
         shutil.rmtree(stage, ignore_errors=True)
 
 
+def _finite_or_none(value):
+    """`value` with every NaN or infinite float (in lists, tuples and dicts) as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
 def write_json_atomic(path: str, payload: dict, *, sort_keys: bool = False) -> None:
     """Writes `payload` as JSON to `path` through a uniquely named temporary
     file in the same folder and a rename: a reader, or a later crash, sees the
-    old file or the new one, never a torn one. Creates the folder."""
+    old file or the new one, never a torn one. Creates the folder.
+
+    The file is strict JSON: a NaN or infinite float is written as `null`
+    (Python's `json` would write bare `NaN`, which strict parsers reject)."""
+    text = json.dumps(_finite_or_none(payload), indent=2, sort_keys=sort_keys, allow_nan=False)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
     try:
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=sort_keys)
-            f.write("\n")
+            f.write(text + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
