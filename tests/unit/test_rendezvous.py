@@ -6,6 +6,8 @@ attempt instead of workers, so the agreement is checked without processes.
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import threading
 import time
@@ -19,6 +21,7 @@ from tfmulti.cluster._process import Outcome, Output
 
 JOIN_TIMEOUT_S = 10.0
 THREAD_TIMEOUT_S = 30.0
+SECRET = b"the job's secret: 0123456789abcdef"
 
 
 class _Lines(list):
@@ -34,7 +37,8 @@ class _Host:
     workers."""
 
     def __init__(self, cluster, rank, port, attempts, max_restarts=0, view=None,
-                 claim=None, after_join=None, interrupted=lambda: None):
+                 claim=None, after_join=None, interrupted=lambda: None, secret=SECRET,
+                 timeout_s=JOIN_TIMEOUT_S):
         self.rank, self.attempts, self.calls = rank, attempts, []
         self.lines = _Lines()
         self.result = self.error = None
@@ -44,8 +48,8 @@ class _Host:
                 view_hosts = view or cluster
                 digest = hosts_lib.view_digest(view_hosts, port, max_restarts)
                 link = rendezvous.join(view_hosts, rank if claim is None else claim, port,
-                                       digest, JOIN_TIMEOUT_S,
-                                       listen_address=cluster[rank][0])
+                                       digest, timeout_s, listen_address=cluster[rank][0],
+                                       secret=secret, say=Output(self.lines).say)
                 if after_join:
                     after_join(link)
                 with link:
@@ -250,11 +254,13 @@ def test_a_host_that_never_joins_fails_the_start_up_after_the_timeout(monkeypatc
     port, cluster = free_port(), _cluster(2)
     start = time.monotonic()
     with pytest.raises(ValueError, match=r"host 1 \(127.0.0.2\) did not join within 1 s"):
-        rendezvous.join(cluster, 0, port, "view", 1.0, listen_address="127.0.0.1")
+        rendezvous.join(cluster, 0, port, "view", 1.0, listen_address="127.0.0.1",
+                        secret=SECRET)
     assert time.monotonic() - start < 5
     with pytest.raises(ValueError, match=r"the launcher of host 0 \(127.0.0.1:\d+\) did not "
                                          r"accept within 1 s"):
-        rendezvous.join(cluster, 1, port, "view", 1.0, listen_address="127.0.0.2")
+        rendezvous.join(cluster, 1, port, "view", 1.0, listen_address="127.0.0.2",
+                        secret=SECRET)
 
 
 def test_a_launcher_that_failed_its_own_checks_stops_the_others_at_once():
@@ -262,7 +268,7 @@ def test_a_launcher_that_failed_its_own_checks_stops_the_others_at_once():
     coordinator = _Host(cluster, 0, port, [_exits(0)])
     coordinator.thread.start()
     time.sleep(0.5)
-    rendezvous.notify_abort(cluster, port, "host 1: port 2223 is already in use")
+    rendezvous.notify_abort(cluster, port, "host 1: port 2223 is already in use", SECRET)
     coordinator.thread.join(THREAD_TIMEOUT_S)
     assert str(coordinator.error).endswith("stopped the start-up: host 1: port 2223 is "
                                            "already in use")
@@ -278,17 +284,142 @@ def test_a_launcher_taken_for_host_0_refuses():
            "launchers' views of the cluster differ" in str(follower.error)
 
 
-def test_channel_messages_and_a_peer_that_is_not_a_launcher():
+def _socket_pair() -> tuple[socket.socket, socket.socket]:
+    """Both ends of a TCP connection on 127.0.0.1: (the connecting one, the accepted one)."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
         a = socket.create_connection(server.getsockname(), timeout=5)
         b, _ = server.accept()
-    left, right = rendezvous.Channel(a, "a"), rendezvous.Channel(b, "b")
+    return a, b
+
+
+def _channels(left_secret=SECRET, right_secret=SECRET):
+    """(initiator, acceptor, the peers the acceptor dropped, the initiator's)."""
+    a, b = _socket_pair()
+    dropped_by_right, dropped_by_left = [], []
+    left = rendezvous.Channel(a, "a", left_secret, initiator=True,
+                              on_failure=dropped_by_left.append)
+    right = rendezvous.Channel(b, "b", right_secret, initiator=False,
+                               on_failure=dropped_by_right.append)
+    return left, right, dropped_by_right, dropped_by_left
+
+
+def _exchange(*channels, rounds: int = 6) -> list[list[dict]]:
+    """What each channel received over a few rounds of the handshake."""
+    got = [[] for _ in channels]
+    for _ in range(rounds):
+        for i, channel in enumerate(channels):
+            got[i] += channel.receive(0.1)
+    return got
+
+
+def test_channel_messages_wait_for_both_proofs_then_arrive_in_order():
+    left, right, dropped, _ = _channels()
     assert left.send({"type": "start", "attempt": 0}) and left.send({"type": "go"})
-    assert right.receive(1.0) == [{"type": "start", "attempt": 0}, {"type": "go"}]
-    a.sendall(b"GET / HTTP/1.1\n")  # something else on the port
-    assert right.receive(1.0) == [] and right.closed
+    assert not left.authenticated  # queued until both sides proved the secret
+    got_left, got_right = _exchange(left, right)
+    assert left.authenticated and right.authenticated and dropped == []
+    assert got_right == [{"type": "start", "attempt": 0}, {"type": "go"}]
+    assert right.send({"type": "end", "status": 0}) and left.receive(1.0) == [
+        {"type": "end", "status": 0}]
     left.close()
     right.close()
     assert not right.send({"type": "go"})
+
+
+def test_a_peer_with_another_secret_is_dropped_on_both_sides():
+    left, right, dropped, _ = _channels(left_secret=b"another job's secret, 32 bytes..")
+    left.send({"type": "hello", "rank": 1})
+    got = _exchange(left, right)
+    assert got == [[], []] and right.closed and right.failed and dropped == ["b"]
+    assert left.closed and left.refused and not left.authenticated  # told, not trusted
+
+
+def test_a_peer_without_a_secret_is_dropped():
+    # The attack of issue 27: a plain hello (the view digest is public) with no proof.
+    a, b = _socket_pair()
+    dropped = []
+    right = rendezvous.Channel(b, "b", SECRET, initiator=False, on_failure=dropped.append)
+    a.sendall(json.dumps({"type": "hello", "rank": 1, "view": "v"}).encode() + b"\n")
+    assert right.receive(1.0) == [] and right.closed and right.failed and dropped == ["b"]
+    a.close()
+    a, b = _socket_pair()  # something else on the port
+    right = rendezvous.Channel(b, "b", SECRET, initiator=False, on_failure=dropped.append)
+    a.sendall(b"GET / HTTP/1.1\n")
+    assert right.receive(1.0) == [] and right.failed
+    a.close()
+
+
+def _recording_pair():
+    """An authenticated pair whose initiator's socket records every line it sends."""
+    left, right, dropped, _ = _channels()
+    sent = []
+    real_sendall = left.sock.sendall
+
+    class Recorder:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def sendall(self, data):
+            sent.append(data)
+            return real_sendall(data)
+
+    real, left.sock = left.sock, Recorder()
+    left.send({"type": "result", "attempt": 0, "status": 0})
+    _exchange(left, right)
+    return left, right, dropped, sent, real
+
+
+def test_a_replayed_message_is_refused():
+    # Within the connection: the recorded result sent again.
+    left, right, dropped, sent, real = _recording_pair()
+    real.sendall(sent[-1])
+    assert right.receive(1.0) == [] and right.failed and dropped == ["b"]
+    # On a new connection: the whole recorded conversation of the initiator, replayed
+    # (fresh nonces: its proof and its tags do not fit).
+    a, b = _socket_pair()
+    again = []
+    other = rendezvous.Channel(b, "b", SECRET, initiator=False, on_failure=again.append)
+    for data in sent:
+        a.sendall(data)
+        other.receive(0.2)
+    assert other.failed and not other.authenticated and again == ["b"]
+    a.close()
+
+
+def test_a_tampered_message_is_refused():
+    left, right, dropped, sent, real = _recording_pair()
+    tag, _, payload = sent[-1].partition(b" ")
+    left._sent -= 1  # the same position: only the content differs
+    real.sendall(tag + b" " + payload.replace(b'"status": 0', b'"status": 1'))
+    assert right.receive(1.0) == [] and right.failed and dropped == ["b"]
+
+
+def test_join_needs_a_secret(monkeypatch):
+    monkeypatch.delenv("TFMULTI_LAUNCH_SECRET", raising=False)
+    with pytest.raises(ValueError, match=r"needs the launchers' shared secret.*"
+                                         r"TFMULTI_LAUNCH_SECRET is not set"):
+        rendezvous.join(_cluster(2), 0, free_port(), "view", 1.0,
+                        listen_address="127.0.0.1")
+
+
+def test_an_impostor_is_dropped_and_the_real_host_still_joins():
+    # A third launcher with another secret says it is host 1 before host 1 starts.
+    port, cluster = free_port(), _cluster(3)[:2]
+    coordinator = _Host(cluster, 0, port, [_exits(0)])
+    impostor = _Host((cluster[0], ("127.0.0.3", 1)), 1, port, [_exits(0)], view=cluster,
+                     secret=b"an impostor's own secret, 32 b..", timeout_s=2.0)
+    coordinator.thread.start()
+    _run([impostor])
+    assert "failed to authenticate each other within 2 s" in str(impostor.error)
+    real = _Host(cluster, 1, port, [_exits(0)])
+    _run([real])
+    coordinator.thread.join(THREAD_TIMEOUT_S)
+    assert [(h.error, h.result, h.calls) for h in (coordinator, real)] == [(None, 0, [0])] * 2
+    assert impostor.calls == []
+    dropped = [line for line in coordinator.lines if "failed authentication" in line]
+    # Once, though the impostor tried again and again (its connections come from
+    # 127.0.0.1 here: one machine).
+    assert len(dropped) == 1 and re.match(r"tfmulti launch: 127\.0\.0\.1:\d+ failed "
+                                          r"authentication: dropped it", dropped[0])

@@ -13,7 +13,11 @@ the others when one fails, and decides: restart everywhere, or end with one
 status everywhere. Training itself never passes through here: the workers
 talk through TensorFlow's MultiWorkerMirroredStrategy.
 
-Messages are JSON objects, one per line:
+Every connection between two launchers starts with a challenge and response
+that proves both hold the job's shared secret, and carries each message with
+an HMAC tag (`tfmulti.cluster.auth`: fresh nonces from both sides, so nothing
+recorded can be replayed); a peer that fails is dropped and named in one line,
+and the start-up goes on without it. Messages are JSON objects, one per line:
 
     follower -> coordinator   {"type": "hello", "rank": R, "view": DIGEST, "hosts": ...}
     coordinator -> follower   {"type": "go"}
@@ -31,12 +35,14 @@ host gone in about 25 s) fails the launch on the others.
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
+import sys
 import time
 from typing import Callable, Iterable, Sequence
 
-from tfmulti.cluster import exit_codes
+from tfmulti.cluster import auth, exit_codes
 from tfmulti.cluster._process import Outcome, Output
 
 __all__ = ["Channel", "LOST", "Link", "Remote", "coordinate", "follow", "join",
@@ -54,17 +60,34 @@ _SEND_TIMEOUT_S = 10.0
 _POLL_S = 0.5
 _RESULTS_EXTRA_S = 30.0  # after a stop: a host's own stop time on top of the grace period
 _MAX_LINE = 1 << 20
+_MAX_HANDSHAKE_LINE = 1024
+_MAX_PENDING = 64  # connections that have not authenticated yet, at host 0
 # A peer host that vanished without closing its connection is found in about
 # IDLE + INTERVAL * COUNT seconds.
 _KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
 
 
 class Channel:
-    """One TCP connection that carries JSON messages, one per line."""
+    """One TCP connection between two launchers that carries JSON messages, one per line,
+    each authenticated with the job's `secret` (`tfmulti.cluster.auth`): the side that
+    connected is the `initiator`. Messages sent before both sides proved that they hold the
+    secret wait until they have; a peer that fails a proof or a tag, or sends anything
+    else, is dropped: the channel closes, `failed` is set and `on_failure(peer)` is
+    called."""
 
-    def __init__(self, sock: socket.socket, peer: str):
+    def __init__(self, sock: socket.socket, peer: str, secret: bytes, initiator: bool,
+                 on_failure: Callable[[str], None] = lambda peer: None):
         self.sock, self.peer = sock, peer
         self.closed = False
+        self.failed = False  # the peer failed authentication
+        self.refused = False  # the peer refused this launcher's proof
+        self._secret, self._on_failure = secret, on_failure
+        self._me, self._them = (("initiator", "acceptor") if initiator
+                                else ("acceptor", "initiator"))
+        self._nonces: dict[str, str] = {}
+        self._key: bytes | None = None  # once both proofs passed
+        self._sent = self._received = 0  # messages tagged each way
+        self._outbox: list[dict] = []
         self._buffer = b""
         self.unread: list[dict] = []  # received, to be returned by the next `receive`
         sock.settimeout(_SEND_TIMEOUT_S)
@@ -72,24 +95,101 @@ class Channel:
         for name, value in _KEEPALIVE.items():
             if hasattr(socket, name):
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        if initiator:
+            self._nonces["initiator"] = auth.nonce()
+            self._send_line(json.dumps({"type": "auth", "nonce": self._nonces["initiator"]}))
+
+    @property
+    def authenticated(self) -> bool:
+        return self._key is not None
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, message: dict) -> bool:
-        """Sends `message`; False when the peer is gone."""
-        if self.closed:
-            return False
+    def _send_line(self, line: str) -> bool:
         try:
-            self.sock.sendall(json.dumps(message).encode() + b"\n")
+            self.sock.sendall(line.encode() + b"\n")
             return True
         except OSError:
             self.closed = True
             return False
 
+    def send(self, message: dict) -> bool:
+        """Sends `message` (once the peer is authenticated); False when the peer is gone."""
+        if self.closed:
+            return False
+        if not self.authenticated:
+            self._outbox.append(message)
+            return True
+        payload = json.dumps(message)
+        tag = auth.tag(self._key, self._me, self._sent, payload.encode())
+        self._sent += 1
+        return self._send_line(f"{tag} {payload}")
+
+    def _fail(self) -> None:
+        if not self.failed:
+            self.failed = True
+            self.close()
+            self._on_failure(self.peer)
+
+    def _handshake(self, line: bytes) -> None:
+        """One line of the challenge and response (`tfmulti.cluster.auth`)."""
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict) or message.get("type") != "auth":
+            return self._fail()  # not a launcher of this job, or one without a secret
+        if "refused" in message and self._me == "initiator":
+            self.refused = True
+            return self.close()
+        nonce, proof = message.get("nonce"), message.get("proof")
+        if self._them not in self._nonces:
+            if not auth.is_nonce(nonce):
+                return self._fail()
+            self._nonces[self._them] = nonce
+            if self._me == "acceptor":
+                self._nonces["acceptor"] = auth.nonce()
+                self._send_line(json.dumps({"type": "auth", "nonce": self._nonces["acceptor"]}))
+            else:
+                self._send_line(json.dumps({"type": "auth", "proof": self._proof("initiator")}))
+            return None
+        nonces = (self._nonces["initiator"], self._nonces["acceptor"])
+        if not auth.proof_ok(self._secret, self._them, *nonces, proof):
+            if self._me == "acceptor":
+                self._send_line(json.dumps({"type": "auth", "refused": "failed authentication"}))
+            return self._fail()
+        if self._me == "acceptor":
+            self._send_line(json.dumps({"type": "auth", "proof": self._proof("acceptor")}))
+        self._key = auth.session_key(self._secret, *nonces)
+        waiting, self._outbox = self._outbox, []
+        for queued in waiting:
+            self.send(queued)
+        return None
+
+    def _proof(self, role: str) -> str:
+        return auth.proof(self._secret, role, self._nonces["initiator"],
+                          self._nonces["acceptor"])
+
+    def _open(self, line: bytes) -> dict | None:
+        """The message of an authenticated line, or None (and the peer dropped)."""
+        tag, _, payload = line.partition(b" ")
+        if not auth.tag_ok(self._key, self._them, self._received, payload, tag):
+            self._fail()
+            return None
+        self._received += 1
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            self._fail()
+            return None
+        return message
+
     def receive(self, timeout_s: float = 0.0) -> list[dict]:
         """The messages that arrived, waiting up to `timeout_s` for the first; sets
-        `closed` when the peer closed the connection or sent garbage."""
+        `closed` when the peer closed the connection or failed authentication."""
         messages, self.unread = self.unread, []
         if self.closed:
             return messages
@@ -105,15 +205,16 @@ class Channel:
             self._buffer += data
             ready, _, _ = select.select([self.sock], [], [], 0)
         *lines, self._buffer = self._buffer.split(b"\n")
-        if len(self._buffer) > _MAX_LINE:
-            self.closed = True
+        if len(self._buffer) > (_MAX_LINE if self.authenticated else _MAX_HANDSHAKE_LINE):
+            self._fail()
         for line in lines:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                message = None
-            if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-                self.closed = True  # not a tfmulti launcher
+            if self.failed or self.refused:
+                break
+            if not self.authenticated:
+                self._handshake(line)
+                continue
+            message = self._open(line)
+            if message is None:
                 break
             messages.append(message)
         return messages
@@ -147,15 +248,53 @@ def _listen(port: int, address: str | None = None) -> socket.socket:
     return sock
 
 
-def notify_abort(hosts: Sequence[tuple[str, int]], port: int, why: str) -> None:
-    """Best effort, a few seconds at most: tells the other hosts' launchers that this one
-    failed at start-up, so that they fail now instead of at their startup timeout."""
-    for host, _ in hosts:  # itself too: its own host may be wrong in a list gone wrong
+def notify_abort(hosts: Sequence[tuple[str, int]], port: int, why: str,
+                 secret: bytes | None = None) -> None:
+    """Best effort, a few seconds a host at most: tells the other hosts' launchers that
+    this one failed at start-up, so that they fail now instead of at their startup timeout.
+    Without the job's `secret` (by default `auth.SECRET_ENV` of the environment) nothing
+    is sent: the others would drop the message."""
+    if secret is None:
         try:
-            with socket.create_connection((host, port), timeout=_ABORT_TIMEOUT_S) as sock:
-                sock.sendall(json.dumps({"type": "abort", "why": why}).encode() + b"\n")
+            secret = auth.load_secret(os.environ)
+        except ValueError:
+            return
+    for host, _ in hosts:  # itself too: its own host may be wrong in a list gone wrong
+        deadline = time.monotonic() + _ABORT_TIMEOUT_S
+        try:
+            sock = socket.create_connection((host, port), timeout=_ABORT_TIMEOUT_S)
         except OSError:
-            pass
+            continue
+        channel = Channel(sock, f"{host}:{port}", secret, initiator=True)
+        try:
+            channel.send({"type": "abort", "why": why})  # sent once both are authenticated
+            while not (channel.authenticated or channel.closed) \
+                    and (left := deadline - time.monotonic()) > 0:
+                channel.receive(left)
+        finally:
+            channel.close()
+
+
+class _Dropped:
+    """Says once per host that a peer there failed authentication and was dropped."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say, self.hosts = say, []
+
+    def __call__(self, peer: str) -> None:
+        host = peer.rsplit(":", 1)[0]
+        if host not in self.hosts:
+            self.hosts.append(host)
+            self.say(f"{peer} failed authentication: dropped it (a launcher without this "
+                     f"job's secret; every host needs the same {auth.SECRET_ENV} or "
+                     "--secret_file)")
+
+    def hint(self) -> str:
+        """For a start-up that failed: the hosts whose launchers were dropped, if any."""
+        if not self.hosts:
+            return ""
+        return (f" (launchers at {', '.join(self.hosts)} failed authentication: every host "
+                f"needs the same {auth.SECRET_ENV} or --secret_file)")
 
 
 class Link:
@@ -239,21 +378,27 @@ def _hello_error(message: dict, hosts: Sequence[tuple[str, int]], digest: str,
     return None
 
 
-def _serve_listener(listener: socket.socket, pending: list[Channel]) -> None:
-    """Accepts the connections that are waiting on `listener`."""
+def _serve_listener(listener: socket.socket, pending: list[Channel], secret: bytes,
+                    dropped: _Dropped) -> None:
+    """Accepts the connections that are waiting on `listener` (at most
+    `_MAX_PENDING` waiting to authenticate: the oldest goes first)."""
     while select.select([listener], [], [], 0)[0]:
         try:
             sock, address = listener.accept()
         except OSError:
             return
-        pending.append(Channel(sock, f"{address[0].removeprefix('::ffff:')}:{address[1]}"))
+        pending.append(Channel(sock, f"{address[0].removeprefix('::ffff:')}:{address[1]}",
+                               secret, initiator=False, on_failure=dropped))
+        if len(pending) > _MAX_PENDING:
+            pending.pop(0).close()
 
 
 class _Interrupted(Exception):
     """The launcher got SIGINT or SIGTERM during the start-up."""
 
 
-def _coordinate_start(hosts, digest, listener, timeout_s, interrupted) -> dict[int, Channel]:
+def _coordinate_start(hosts, digest, listener, timeout_s, interrupted, secret,
+                      dropped) -> dict[int, Channel]:
     deadline = time.monotonic() + timeout_s
     pending: list[Channel] = []
     joined: dict[int, Channel] = {}
@@ -271,11 +416,12 @@ def _coordinate_start(hosts, digest, listener, timeout_s, interrupted) -> dict[i
         if remaining <= 0:
             missing = [f"host {r} ({hosts[r][0]})" for r in range(1, len(hosts))
                        if r not in joined]
-            raise fail(f"{', '.join(missing)} did not join within {timeout_s:g} s; start "
-                       "`tfmulti launch` on every host, with the same --hosts everywhere "
-                       "and each host's own --host_rank, or raise --startup_timeout")
+            raise fail(f"{', '.join(missing)} did not join within {timeout_s:g} s"
+                       f"{dropped.hint()}; start `tfmulti launch` on every host, with the "
+                       "same --hosts everywhere and each host's own --host_rank, or raise "
+                       "--startup_timeout")
         select.select([listener, *pending, *joined.values()], [], [], min(remaining, 0.5))
-        _serve_listener(listener, pending)
+        _serve_listener(listener, pending, secret, dropped)
         for channel in list(pending):
             for message in channel.receive():
                 if message["type"] == "abort":
@@ -302,8 +448,10 @@ def _coordinate_start(hosts, digest, listener, timeout_s, interrupted) -> dict[i
     return joined
 
 
-def _follow_start(hosts, host_rank, port, digest, listener, timeout_s, interrupted) -> Channel:
+def _follow_start(hosts, host_rank, port, digest, listener, timeout_s, interrupted, secret,
+                  dropped) -> Channel:
     deadline = time.monotonic() + timeout_s
+    refused = False  # host 0's launcher refused this one's proof
     coordinator: Channel | None = None
     strangers: list[Channel] = []
     hello = {"type": "hello", "rank": host_rank, "view": digest,
@@ -317,6 +465,11 @@ def _follow_start(hosts, host_rank, port, digest, listener, timeout_s, interrupt
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             where = f"host 0 ({hosts[0][0]}:{port})"
+            if refused or dropped.hosts:
+                raise ValueError(
+                    f"the launcher of {where} and this one failed to authenticate each "
+                    f"other within {timeout_s:g} s: they hold different secrets; give "
+                    f"every host the same {auth.SECRET_ENV} or --secret_file")
             raise ValueError(
                 f"the launcher of {where} did not {'answer' if coordinator else 'accept'} "
                 f"within {timeout_s:g} s; start `tfmulti launch` with the same --hosts on "
@@ -326,12 +479,13 @@ def _follow_start(hosts, host_rank, port, digest, listener, timeout_s, interrupt
             try:
                 sock = socket.create_connection((hosts[0][0], port),
                                                 timeout=min(remaining, _CONNECT_RETRY_S * 4))
-                coordinator = Channel(sock, f"{hosts[0][0]}:{port}")
+                coordinator = Channel(sock, f"{hosts[0][0]}:{port}", secret, initiator=True,
+                                      on_failure=dropped)
                 coordinator.send(hello)
             except OSError:
                 coordinator = None
         # Launchers that think this host is host 0, or that failed their own checks.
-        _serve_listener(listener, strangers)
+        _serve_listener(listener, strangers, secret, dropped)
         for channel in list(strangers):
             for message in channel.receive(0.05):
                 if message["type"] == "abort":
@@ -356,6 +510,7 @@ def _follow_start(hosts, host_rank, port, digest, listener, timeout_s, interrupt
                 if message["type"] == "abort":
                     raise _abort_message(message, f"host 0 ({hosts[0][0]})")
             if coordinator.closed:
+                refused = refused or coordinator.refused
                 coordinator = None  # e.g. host 0 was still starting: try again
                 time.sleep(_CONNECT_RETRY_S)
         else:
@@ -364,8 +519,12 @@ def _follow_start(hosts, host_rank, port, digest, listener, timeout_s, interrupt
 
 def join(hosts: Sequence[tuple[str, int]], host_rank: int, port: int, digest: str,
          timeout_s: float, interrupted: Callable[[], bool] = lambda: False,
-         listen_address: str | None = None) -> Link | None:
-    """The start-up handshake of host `host_rank`'s launcher with the others.
+         listen_address: str | None = None, secret: bytes | None = None,
+         say: Callable[[str], None] | None = None) -> Link | None:
+    """The start-up handshake of host `host_rank`'s launcher with the others. Every
+    connection between the launchers proves first that both sides hold the job's `secret`
+    (`tfmulti.cluster.auth`); a peer that does not is dropped and named in one line
+    (`say`), and the others go on.
 
     Args:
         hosts: ((host, workers), ...), the same list on every host.
@@ -376,24 +535,31 @@ def join(hosts: Sequence[tuple[str, int]], host_rank: int, port: int, digest: st
         interrupted: polled; True (the launcher got a signal) ends the wait.
         listen_address: the address this launcher listens on; every address of this host
             by default (an IPv4 address: several launchers on one machine, for tests).
+        secret: the job's shared secret; by default `auth.SECRET_ENV` of the environment
+            (where `tfmulti launch` puts it for its supervisor).
+        say: where the dropped peers are named; by default this process's stdout, as
+            "tfmulti launch: ..." lines.
 
     Returns:
         The `Link` to the other launchers, or None when `interrupted`.
 
     Raises:
-        ValueError: the port cannot be opened, the views differ, a rank is taken twice, a
-            launcher aborted, or a host did not join within `timeout_s`: on every host
-            that takes part.
+        ValueError: no secret, the port cannot be opened, the views differ, a rank is
+            taken twice, a launcher aborted, or a host did not join within `timeout_s`: on
+            every host that takes part.
     """
+    if secret is None:
+        secret = auth.load_secret(os.environ)
+    dropped = _Dropped(say or Output(sys.stdout).say)
     listener = _listen(port, listen_address)
     try:
         if len(hosts) == 1:
             return Link(hosts, host_rank, {})
         if host_rank == 0:
             return Link(hosts, 0, _coordinate_start(hosts, digest, listener, timeout_s,
-                                                    interrupted))
+                                                    interrupted, secret, dropped))
         channel = _follow_start(hosts, host_rank, port, digest, listener, timeout_s,
-                                interrupted)
+                                interrupted, secret, dropped)
         return Link(hosts, host_rank, {0: channel})
     except _Interrupted:
         return None
