@@ -64,6 +64,29 @@ def test_positive_and_non_negative_int_pass_values_through():
     _fails("`skip` must be an integer >= 0, got False.", checks.non_negative_int, "skip", False)
 
 
+@pytest.mark.parametrize("minimum, maximum, bad, what", [
+    (0, 2**32 - 1, -5, "an integer from 0 to 4294967295"),
+    (0, 2**32 - 1, 2**32, "an integer from 0 to 4294967295"),
+    (1, 1024, 1025, "an integer from 1 to 1024"),
+    (1, 1024, 0, "an integer from 1 to 1024"),
+    (1, 1024, 2.0, "an integer from 1 to 1024"),
+    (None, 10, 11, "an integer <= 10"),
+])
+def test_integer_maximum_states_the_range(minimum, maximum, bad, what):
+    assert checks.integer("n", maximum, minimum=minimum, maximum=maximum) == maximum
+    _fails(f"`n` must be {what}, got {bad!r}.", checks.integer, "n", bad, minimum=minimum,
+           maximum=maximum)
+
+
+def test_positive_and_non_negative_int_maximum():
+    assert checks.positive_int("n", 8, maximum=8) == 8
+    assert checks.non_negative_int("n", 0, maximum=8) == 0
+    _fails("`n` must be an integer from 1 to 8 (or None), got 9; fewer.", checks.positive_int,
+           "n", 9, maximum=8, none_ok=True, hint="fewer")
+    _fails("`n` must be an integer from 0 to 8, got -1.", checks.non_negative_int, "n", -1,
+           maximum=8)
+
+
 # ------------------------------------------------------------------------------- numbers
 
 
@@ -84,6 +107,8 @@ def test_finite_number_refuses_nan_inf_bools_and_text(value):
     ({"minimum": 0, "strict": True}, 1e-9, 0.0, " > 0"),
     ({"minimum": 1.5}, 1.5, 1.25, " >= 1.5"),
     ({"minimum": 1.5, "strict": True}, 1.75, 1.5, " > 1.5"),
+    ({"minimum": 0, "strict": True, "maximum": 3600}, 3600, 3601, " > 0 and <= 3600"),
+    ({"maximum": 2.5}, -7.0, 2.75, " <= 2.5"),
 ])
 def test_finite_number_bounds(kwargs, good, bad, bound):
     assert checks.finite_number("x", good, **kwargs) == good

@@ -119,11 +119,74 @@ def test_num_virtual_devices(value):
     TrainConfig(num_virtual_devices=4).validate()
 
 
-@pytest.mark.parametrize("value", [True, 1.5, "0"])
-def test_seed_is_an_integer_or_none(value):
-    _refused(rf"`seed` must be an integer \(or None\), got {re.escape(repr(value))}", seed=value)
+@pytest.mark.parametrize("value", [True, 1.5, "0", -5, -1, 2**32, 10**30])
+def test_seed_is_an_integer_from_0_to_2_32_or_none(value):
+    # NumPy's range, which keras.utils.set_random_seed needs: -5 used to pass here and fail
+    # only once TensorFlow had started.
+    _refused(rf"`seed` must be an integer from 0 to 4294967295 \(or None\), got "
+             rf"{re.escape(repr(value))}\.$", seed=value)
     TrainConfig(seed=None).validate()
-    TrainConfig(seed=-3).validate()
+    TrainConfig(seed=0).validate()
+    TrainConfig(seed=config_lib.MAX_SEED).validate()
+
+
+def test_max_seed_is_numpys():
+    import numpy as np
+
+    np.random.default_rng(config_lib.MAX_SEED)
+    with pytest.raises(ValueError):
+        np.random.seed(config_lib.MAX_SEED + 1)
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"num_virtual_devices": 100000},
+     r"`num_virtual_devices` must be an integer from 0 to 256, got 100000; 0 leaves"),
+    ({"epochs": 2**31}, r"`epochs` must be an integer from 1 to 2147483647, got 2147483648\.$"),
+    ({"global_batch_size": 10**12}, r"`global_batch_size` must be an integer from 1 to "),
+    ({"base_batch_size": 2**31}, r"`base_batch_size` must be an integer from 1 to 2147483647"),
+    ({"steps_per_epoch": 2**40}, r"`steps_per_epoch` must be an integer from 1 to 2147483647 "
+                                 r"\(or None\)"),
+    ({"accumulate_steps": 2**31}, r"`accumulate_steps` must be an integer from 1 to "),
+    ({"steps_per_execution": 2**31}, r"`steps_per_execution` must be an integer from 1 to "),
+    ({"steps_per_execution": str(2**31)}, r"`steps_per_execution` must be an integer from 1 "),
+    ({"dataset": "synthetic", "num_examples": 10**9},
+     r"`num_examples` must be an integer from 1 to 1000000 \(or None\), got 1000000000; "
+     r"synthetic data is made in memory"),
+    ({"distribution": "pipeline", "num_stages": 100000},
+     r"`num_stages` must be an integer from 1 to 256, got 100000\.$"),
+    ({"distribution": "hybrid", "num_replicas": 3000},
+     r"`num_replicas` must be an integer from 1 to 256, got 3000\.$"),
+    ({"distribution": "pipeline", "num_microbatches": 2**31},
+     r"`num_microbatches` must be an integer from 1 to 2147483647"),
+    ({"distribution": "hybrid", "num_replicas": 64, "num_stages": 8, "num_microbatches": 1},
+     r"^`num_replicas` \(64\) x `num_stages` \(8\) x `tensor_parallel` \(1\) = 512 devices, "
+     r"more than the 256 one process trains on"),
+    ({"distribution": "pipeline", "tensor_parallel": 1000, "model": "transformer"},
+     r"`tensor_parallel` must be an integer from 1 to 256, got 1000\.$"),
+    ({"model": "transformer", "d_model": 10**6}, r"`d_model` must be an integer from 1 to 32768"),
+    ({"model": "transformer", "seq_len": 10**6}, r"`seq_len` must be an integer from 1 to 65536"),
+    ({"model": "transformer", "num_layers": 10**5},
+     r"`num_layers` must be an integer from 1 to 1024"),
+])
+def test_counts_have_upper_bounds_that_state_the_range(fields, match):
+    # A huge count used to pass here and then hang (devices traced one by one) or exhaust
+    # memory (synthetic data, a transformer's weights) once TensorFlow had started.
+    _refused(match, **fields)
+
+
+def test_counts_at_their_bounds_are_accepted():
+    TrainConfig(num_virtual_devices=256, epochs=2**31 - 1, steps_per_execution=2**31 - 1,
+                dataset="synthetic", num_examples=10**6).validate()
+    TrainConfig(distribution="hybrid", num_replicas=128, num_stages=2,
+                global_batch_size=1024).validate()
+
+
+def test_check_limits_bounds_only_the_count_fields_given():
+    config_lib.check_limits(num_stages=256, d_model=32768, optimizer="adam", num_devices=10**9)
+    with pytest.raises(ValueError, match=r"^`num_microbatches` must be an integer from 1 to "
+                                         r"2147483647, got 2147483648\.$"):
+        config_lib.check_limits(num_microbatches=2**31)
+    assert set(config_lib.COUNT_LIMITS) <= set(FIELDS)
 
 
 @pytest.mark.parametrize("value", [0.0, -1e-3, math.nan, math.inf, -math.inf, True, "0.1",

@@ -34,8 +34,9 @@ from typing import Any
 from tfmulti.utils import checks
 
 __all__ = ["AUTO_STEPS_PER_EXECUTION", "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "HOOK_PATTERN",
-           "BUILTIN_MODELS", "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS", "TRANSFORMER",
-           "TrainConfig", "check_transformer_sizes", "is_hook", "largest_divisor",
+           "BUILTIN_MODELS", "MAX_COUNT", "MAX_DEVICES", "MAX_SEED", "MAX_SYNTHETIC_EXAMPLES",
+           "MODEL_PARALLEL", "TRANSFORMER_LIMITS", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS", "TRANSFORMER",
+           "COUNT_LIMITS", "TrainConfig", "check_limits", "check_transformer_sizes", "is_hook", "largest_divisor",
            "parse_steps_per_execution", "resolve_steps_per_execution", "validate_for_diagnose"]
 
 DISTRIBUTIONS = ("auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid")
@@ -67,6 +68,27 @@ PARTITIONS = ("params", "flops", "time")
 MIXED_PRECISION = ("none", "bfloat16", "float16")
 VERBOSITY = ("auto", 0, 1, 2)
 
+MAX_SEED = 2**32 - 1
+"""The largest seed: seeds are 0 to 2**32 - 1, NumPy's range (`keras.utils.set_random_seed`
+seeds NumPy, and the synthetic data draws from `numpy.random.default_rng(seed)`)."""
+MAX_DEVICES = 256
+"""The most devices one process trains on: `num_virtual_devices`, and a pipeline's
+replicas x stages x tensor_parallel. Far above a host's GPUs; each device holds a
+copy of the model (or a stage), traced once per device, so a typo such as
+`num_virtual_devices=100000` would spend its time tracing, not fail."""
+MAX_COUNT = 2**31 - 1
+"""The largest count (epochs, steps, batch sizes, micro-batches, accumulated steps):
+the largest 32-bit integer, a bound against typos that keeps every product of counts
+TensorFlow computes within its int64 step counters."""
+MAX_SYNTHETIC_EXAMPLES = 1_000_000
+"""The most synthetic examples (`num_examples`): the data is generated in memory, 3-4
+KiB an example (28 x 28 or 1,024 float32 features), so 10**6 take 3-4 GiB (and a quarter
+as many test examples); a larger count would exhaust memory before training."""
+TRANSFORMER_LIMITS = {"seq_len": 65536, "d_model": 32768, "num_heads": 32768, "num_layers": 1024}
+"""The largest transformer sizes, above any published dense model's (PaLM 540B: d_model
+18,432, 118 layers): each size alone past these exhausts memory before training (one
+head's attention scores of a 65,536-byte sequence are 16 GiB an example)."""
+
 AUTO_STEPS_PER_EXECUTION = 32
 """The most training steps `steps_per_execution="auto"` puts in one `tf.function`
 call: enough to amortize the per-call cost, few enough that progress output,
@@ -96,6 +118,9 @@ def check_transformer_sizes(*, seq_len: int, d_model: int, num_heads: int, num_l
                         ("num_layers", num_layers), ("mlp_ratio", mlp_ratio),
                         ("vocab_size", vocab_size), ("tensor_parallel", tensor_parallel)):
         checks.positive_int(name, value)
+        if name in TRANSFORMER_LIMITS:
+            checks.positive_int(name, value, maximum=TRANSFORMER_LIMITS[name])
+    checks.positive_int("tensor_parallel", tensor_parallel, maximum=MAX_DEVICES)
     if d_model % num_heads:
         raise ValueError(f"`num_heads` ({num_heads}) must divide `d_model` ({d_model}); use "
                          f"e.g. num_heads={largest_divisor(d_model, num_heads)}.")
@@ -333,14 +358,17 @@ class TrainConfig:
             if "choices" in f.metadata:
                 c.one_of(f.name, getattr(self, f.name), f.metadata["choices"])
         for name in ("epochs", "global_batch_size", "base_batch_size"):
-            c.positive_int(name, getattr(self, name))
-        for name in ("num_examples", "steps_per_epoch", "backup_every_steps"):
-            c.positive_int(name, getattr(self, name), none_ok=True)
+            _count(name, getattr(self, name))
+        for name in ("steps_per_epoch", "backup_every_steps"):
+            _count(name, getattr(self, name), none_ok=True)
+        _count("num_examples", self.num_examples, MAX_SYNTHETIC_EXAMPLES, none_ok=True,
+               hint="synthetic data is made in memory, 3-4 KiB an example")
+        devices_hint = "0 leaves the devices as they are"
+        c.non_negative_int("num_virtual_devices", self.num_virtual_devices, hint=devices_hint)
         c.non_negative_int("num_virtual_devices", self.num_virtual_devices,
-                           hint="0 leaves the devices as they are")
-        c.integer("seed", self.seed, none_ok=True)
-        c.positive_int("accumulate_steps", self.accumulate_steps,
-                       hint="1 updates at every step")
+                           maximum=MAX_DEVICES, hint=devices_hint)
+        c.integer("seed", self.seed, minimum=0, maximum=MAX_SEED, none_ok=True)
+        _count("accumulate_steps", self.accumulate_steps, hint="1 updates at every step")
         _check_hook("model", self.model, tuple(BUILTIN_MODELS))
         _check_hook("dataset", self.dataset, None)
         if self.loss is not None:
@@ -353,7 +381,9 @@ class TrainConfig:
         if isinstance(self.metrics, str):
             raise ValueError(f"`metrics` must be a list of metric names, got the string "
                              f"{self.metrics!r}; e.g. ({self.metrics!r},).")
-        parse_steps_per_execution(self.steps_per_execution)
+        steps_per_execution = parse_steps_per_execution(self.steps_per_execution)
+        if steps_per_execution != "auto":
+            _count("steps_per_execution", steps_per_execution)
         c.positive_number("learning_rate", self.learning_rate)
         c.finite_number("warmup_epochs", self.warmup_epochs, minimum=0)
         c.finite_number("dropout", self.dropout, minimum=0)
@@ -362,10 +392,20 @@ class TrainConfig:
         if self.devices is not None and (isinstance(self.devices, str) or not self.devices):
             raise ValueError(f"`devices` must be a non-empty tuple of device names (or None), "
                              f"got {self.devices!r}; e.g. ('CPU:0', 'CPU:1').")
+        _count("tensor_parallel", self.tensor_parallel, MAX_DEVICES)
         if self.model_parallel:
-            for name in ("num_stages", "num_microbatches", "num_replicas"):
-                c.positive_int(name, getattr(self, name))
+            for name, most in (("num_stages", MAX_DEVICES), ("num_microbatches", MAX_COUNT),
+                               ("num_replicas", MAX_DEVICES)):
+                _count(name, getattr(self, name), most)
             replicas = self.num_replicas if self.distribution == "hybrid" else 1
+            used = replicas * self.num_stages * self.tensor_parallel
+            if used > MAX_DEVICES:
+                shown = (f"`num_replicas` ({replicas})" if self.distribution == "hybrid"
+                         else "1 replica")
+                raise ValueError(
+                    f"{shown} x `num_stages` ({self.num_stages}) x "
+                    f"`tensor_parallel` ({self.tensor_parallel}) = {used} devices, more than "
+                    f"the {MAX_DEVICES} one process trains on; use fewer stages or replicas.")
             if self.global_batch_size % (replicas * self.num_microbatches):
                 raise ValueError(
                     f"`global_batch_size` ({self.global_batch_size}) must split into "
@@ -377,7 +417,6 @@ class TrainConfig:
                     f"XLA would compile the step as one cluster and collapse the per-stage "
                     f"device placement; set jit_compile=False or use one_device/mirrored.")
         c.positive_number("device_memory_mb", self.device_memory_mb, none_ok=True)
-        c.positive_int("tensor_parallel", self.tensor_parallel)
         if self.tensor_parallel > 1 and not self.model_parallel:
             raise ValueError(
                 f"`tensor_parallel` ({self.tensor_parallel}) needs distribution 'pipeline' or "
@@ -403,6 +442,42 @@ class TrainConfig:
                                  "order; set `seed`.")
         if self.model_dir:
             _check_directory("model_dir", self.model_dir)
+
+
+COUNT_LIMITS = {**{name: MAX_COUNT for name in (
+    "epochs", "steps_per_epoch", "global_batch_size", "base_batch_size", "backup_every_steps",
+    "accumulate_steps", "num_microbatches")}, "num_examples": MAX_SYNTHETIC_EXAMPLES,
+    **{name: MAX_DEVICES for name in ("num_virtual_devices", "num_stages", "num_replicas",
+                                      "tensor_parallel")}, **TRANSFORMER_LIMITS}
+"""The largest value of each count field (`TrainConfig.validate` and `check_limits`)."""
+
+
+def check_limits(**values) -> None:
+    """Checks the upper bounds of the count fields among `values` (others pass):
+    for callers that take a few of `TrainConfig`'s fields, such as `tfmulti
+    estimate-memory`, before their own checks.
+
+    Raises:
+        ValueError: an integer above its field's `COUNT_LIMITS`, stating the range.
+
+    Example:
+        >>> check_limits(num_stages=4, optimizer="adam")
+        >>> check_limits(num_stages=100000)
+        Traceback (most recent call last):
+            ...
+        ValueError: `num_stages` must be an integer from 1 to 256, got 100000.
+    """
+    for name, value in values.items():
+        if name in COUNT_LIMITS and checks.is_int(value) and value > COUNT_LIMITS[name]:
+            checks.positive_int(name, value, maximum=COUNT_LIMITS[name])
+
+
+def _count(name: str, value, maximum: int = MAX_COUNT, *, none_ok: bool = False,
+           hint: str = "") -> None:
+    """A positive integer up to `maximum`: below 1 or not an integer, "must be a
+    positive integer"; above `maximum`, the whole range."""
+    checks.positive_int(name, value, none_ok=none_ok, hint=hint)
+    checks.positive_int(name, value, maximum=maximum, none_ok=none_ok, hint=hint)
 
 
 def validate_for_diagnose(config: TrainConfig) -> None:
