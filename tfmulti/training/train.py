@@ -1,12 +1,13 @@
 """One training run from a config: the engine behind `recipes/train.py`.
 
 Everything that can be checked is checked before anything is written, so a bad
-configuration leaves `model_dir` untouched. `model_dir` belongs to one run: a
-folder holding another run's outputs is refused unless `overwrite` (which
-removes them first), and the outputs are written into a private staging
-folder, synced, and renamed into place with `metrics.json` last, so a crash
-never pairs new metrics with an old model (the staging folder of a killed
-attempt is removed when the run resumes).
+configuration leaves `model_dir` untouched. `model_dir` belongs to one run
+(`tfmulti.training.outputs`): a folder holding another run's outputs is refused
+unless `overwrite`, which replaces only the files a tfmulti run recorded as its
+own, and only once the new run publishes: its outputs are written into a
+private staging folder, synced, and renamed into place with `metrics.json`
+last, so a crash never pairs new metrics with an old model, and a failed or
+killed run leaves the previous outputs in place.
 
 Example:
     >>> from tfmulti.config.train_config import TrainConfig
@@ -24,7 +25,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import statistics
 import sys
 
@@ -35,9 +35,11 @@ from tfmulti.training import backup
 from tfmulti.memory import footprint
 from tfmulti.models import builders as models
 from tfmulti.runtime import roles
+from tfmulti.training import outputs
 from tfmulti.training import run as runs
 from tfmulti.runtime import strategy as strategy_lib
-from tfmulti.utils.atomic import publish_staged, write_json_atomic
+from tfmulti.training.outputs import OUTPUTS
+from tfmulti.utils.atomic import write_json_atomic
 from tfmulti.config.train_config import TrainConfig
 from tfmulti.training.callbacks import EpochTimer
 from tfmulti.data.from_config import dataset_metrics
@@ -45,9 +47,6 @@ from tfmulti.memory import estimate as memory
 
 __all__ = ["OUTPUTS", "train"]
 
-OUTPUTS = ("metrics.json", "model.keras", "logs", ".tfmulti-run.json")
-"""What a run writes in `model_dir` (and `overwrite` removes)."""
-_RUN_FILE = ".tfmulti-run.json"
 # How long the other workers wait for the chief to say whether the run has finished
 # (it reads its metrics.json; the workers start together).
 _FINISHED_WAIT_S = 300.0
@@ -71,51 +70,10 @@ def _identity(config: TrainConfig) -> dict:
 
 
 def _claim_model_dir(config: TrainConfig) -> bool:
-    """Makes `model_dir` this run's, before anything else is written there; returns
-    whether it already was (a resumed run's: its outputs so far stay).
-
-    Raises:
-        ValueError: it holds another run's outputs (or other files) and
-            `overwrite` is off; the message names them and the fixes.
-    """
-    folder = config.model_dir
-    entries = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-    staged = [e for e in entries if e.startswith(".staging-")]  # a killed attempt's
-    entries = [e for e in entries if not e.startswith(".staging-")]
-    if entries and not config.overwrite:
-        mine = _read_run_file(folder)
-        if not (config.backup_dir and mine == _identity(config)):
-            shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
-            raise ValueError(
-                f"`model_dir` {folder!r} is not empty ({shown}): it holds "
-                + ("another run's outputs" if mine is not None else "other files")
-                + "; pass overwrite=True to replace tfmulti's outputs there, or choose "
-                "another model_dir" + (" (a resumed run keeps its model_dir when its "
-                                       "configuration is unchanged)" if config.backup_dir
-                                       else "") + ".")
-        _remove(folder, staged)  # the same run, resumed: its outputs so far stay
-        return True
-    if config.overwrite:
-        _remove(folder, [*OUTPUTS, *staged])
-    write_json_atomic(os.path.join(folder, _RUN_FILE), _identity(config), sort_keys=True)
-    return False
-
-
-def _remove(folder: str, names) -> None:
-    for name in names:
-        path = os.path.join(folder, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        elif os.path.lexists(path):
-            os.remove(path)
-
-
-def _read_run_file(folder: str) -> dict | None:
-    try:
-        with open(os.path.join(folder, _RUN_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    """Makes `model_dir` this run's (`tfmulti.training.outputs.claim`); returns
+    whether this same run has published its outputs there already."""
+    return outputs.claim(config.model_dir, _identity(config), overwrite=config.overwrite,
+                         resumable=bool(config.backup_dir))
 
 
 def _published_metrics(model_dir: str) -> dict | None:
@@ -131,20 +89,20 @@ def _published_metrics(model_dir: str) -> dict | None:
     return metrics if isinstance(metrics, dict) else None
 
 
-def _finished_run(config: TrainConfig, role, resumed_dir: bool) -> dict | None:
+def _finished_run(config: TrainConfig, role, published: bool) -> dict | None:
     """The metrics of a resumable run (`backup_dir`) that has already published its
     outputs, else None: such a run is not trained again when it restarts (a launcher's
     restart after a kill at its exit, a requeued job, the same command run twice). Every
-    worker takes the chief's finding (`resumed_dir`: `_claim_model_dir` found model_dir
-    this run's); the chief finishes removing the backup, which the kill may have
-    interrupted (unless `keep_backup`).
+    worker takes the chief's finding (`published`: `_claim_model_dir` found this run's
+    outputs in model_dir); the chief finishes removing the backup, which the kill may
+    have interrupted (unless `keep_backup`).
 
     Raises:
         RuntimeError: the chief did not share its finding within `_FINISHED_WAIT_S`.
     """
     if not config.backup_dir:
         return None
-    found = _published_metrics(config.model_dir) if resumed_dir else None
+    found = _published_metrics(config.model_dir) if published else None
     metrics = json.loads(roles.all_gather_text("finished run", json.dumps(found), role,
                                                _FINISHED_WAIT_S)[0])
     if metrics is None:
@@ -152,7 +110,7 @@ def _finished_run(config: TrainConfig, role, resumed_dir: bool) -> dict | None:
     print(f"tfmulti: this run has finished already: its outputs are in {config.model_dir} "
           "(metrics.json, model.keras); nothing left to train (overwrite=True, --overwrite, "
           "trains it again)", flush=True)
-    if resumed_dir and not config.keep_backup:
+    if published and not config.keep_backup:
         backup.delete(config.backup_dir)
     return metrics
 
@@ -165,7 +123,7 @@ def _write_outputs(config: TrainConfig, model, metrics: dict) -> None:
             if config.model_parallel else model
         unpartitioned.save(os.path.join(stage, "model.keras"))
 
-    publish_staged(config.model_dir, write, order=("model.keras", "metrics.json"))
+    outputs.publish(config.model_dir, _identity(config), write)
 
 
 def train(config: TrainConfig, callbacks=()) -> dict:
@@ -200,7 +158,8 @@ def train(config: TrainConfig, callbacks=()) -> dict:
     # after the last (a second run on it fails here, having touched nothing).
     held = (backup.lock(config.backup_dir, run.strategy) if config.backup_dir
             else contextlib.nullcontext())
-    with held:
+    writes = bool(config.model_dir) and role.is_chief  # only the chief writes
+    with held, (outputs.lock(config.model_dir) if writes else contextlib.nullcontext()):
         return _train(config, run, role, callbacks)
 
 
@@ -222,15 +181,16 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     model = run.model
     chief = role.is_chief  # only the chief writes
     writes = bool(config.model_dir) and chief
-    resumed_dir = _claim_model_dir(config) if writes else False
-    finished = _finished_run(config, role, resumed_dir)
+    published = _claim_model_dir(config) if writes else False
+    finished = _finished_run(config, role, published)
     if finished is not None:
         return finished
     # All checks passed: from here on we write.
     timer = EpochTimer()
     all_callbacks = [timer, *callbacks]
     if writes:
-        all_callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.model_dir, "logs")))
+        # Published with the other outputs at the end (the old ones stay until then).
+        all_callbacks.append(keras.callbacks.TensorBoard(outputs.pending_logs(config.model_dir)))
     verbose = config.verbose
     if verbose == "auto":
         verbose = 0 if not chief else 1 if sys.stdout.isatty() else 2

@@ -1,0 +1,281 @@
+"""What a run owns in `model_dir`: its run file, its claim and its published outputs.
+
+A run's outputs are `metrics.json`, `model.keras` and TensorBoard event files
+under `logs/`. The run file, `.tfmulti-run.json`, records the configuration of
+the run that claimed the folder and every file a run published there, so
+`overwrite` replaces only those: a folder without a run file, or a file under
+`metrics.json`, `model.keras` or `logs/` that no run file records (the user's
+`logs/notes.txt`), is refused, and nothing else in the folder is touched.
+
+The old outputs stay in place until the new run publishes its own: during the
+run its TensorBoard logs go to `.tfmulti-pending/logs`, and at the end
+`metrics.json` and `model.keras` are staged and renamed into place
+(`tfmulti.utils.atomic.publish_staged`), the new event files join `logs/`,
+and only then are the old run's recorded files removed. A failed or killed
+run publishes nothing, so its rerun finds the folder as it was before.
+
+Example:
+    >>> import os, tempfile
+    >>> from tfmulti.training import outputs
+    >>> folder = os.path.join(tempfile.mkdtemp(), "run")
+    >>> outputs.claim(folder, {"epochs": 1}, overwrite=False, resumable=False)
+    False
+    >>> def write(stage):
+    ...     for name in ("metrics.json", "model.keras"):
+    ...         open(os.path.join(stage, name), "w").close()
+    >>> outputs.publish(folder, {"epochs": 1}, write)
+    >>> outputs.read_record(folder).published
+    ['metrics.json', 'model.keras']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import shutil
+from typing import Callable
+
+from tfmulti.utils.atomic import publish_staged, sync_directory, write_json_atomic
+
+__all__ = ["OUTPUTS", "PENDING", "RUN_FILE", "Record", "claim", "lock", "pending_logs",
+           "publish", "read_record"]
+
+RUN_FILE = ".tfmulti-run.json"
+PENDING = ".tfmulti-pending"
+"""The folder that holds a run's TensorBoard logs until it publishes them."""
+_PUBLISHED_NAMES = ("metrics.json", "model.keras", "logs")
+OUTPUTS = (*_PUBLISHED_NAMES, RUN_FILE)
+"""What a finished run leaves in `model_dir`."""
+_STAGING = ".staging-"  # publish_staged's folders (a killed publish leaves one)
+
+
+@dataclasses.dataclass
+class Record:
+    """A run file's content.
+
+    Attributes:
+        config: the configuration of the run that claimed the folder last.
+        finished: whether that run published the outputs listed.
+        published: the files a run published there (relative paths), which
+            `overwrite` may replace.
+    """
+
+    config: dict
+    finished: bool
+    published: list
+
+
+def read_record(folder: str) -> Record | None:
+    """The run file in `folder`, or None without a readable one."""
+    try:
+        with open(os.path.join(folder, RUN_FILE)) as f:
+            content = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(content, dict):
+        return None
+    if "published" not in content:  # an earlier tfmulti's: the configuration alone
+        return Record(content, True, _tensorboard_outputs(folder))
+    return Record(content.get("config"), bool(content.get("finished")),
+                  list(content.get("published") or []))
+
+
+def _tensorboard_outputs(folder: str) -> list:
+    """An earlier tfmulti's outputs, by name: metrics.json, model.keras and the
+    TensorBoard event files under logs/."""
+    logs = [f for f in _files_under(folder, "logs")
+            if os.path.basename(f).startswith("events.out.tfevents.")]
+    return sorted([n for n in ("metrics.json", "model.keras")
+                   if os.path.isfile(os.path.join(folder, n))] + logs)
+
+
+def _files_under(folder: str, name: str) -> list:
+    """The files (and links, and anything not a folder) at or under
+    `folder/name`, as paths relative to `folder`."""
+    top = os.path.join(folder, name)
+    if not os.path.isdir(top) or os.path.islink(top):
+        return [name] if os.path.lexists(top) else []
+    found = []
+    for root, dirs, files in os.walk(top):
+        found += [os.path.relpath(os.path.join(root, f), folder) for f in files]
+        found += [os.path.relpath(os.path.join(root, d), folder) for d in dirs
+                  if os.path.islink(os.path.join(root, d))]
+    return sorted(found)
+
+
+def _write_record(folder: str, config: dict, *, finished: bool, published) -> None:
+    write_json_atomic(os.path.join(folder, RUN_FILE),
+                      {"config": config, "finished": finished, "published": sorted(published)},
+                      sort_keys=True)
+
+
+def _shown(names) -> str:
+    return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+
+
+def claim(folder: str, config: dict, *, overwrite: bool, resumable: bool) -> bool:
+    """Makes `folder` (a `model_dir`) this run's, before anything else is written
+    there; returns whether this same run has published its outputs there already.
+
+    A folder is this run's again (a resumed run: its logs so far stay) when its
+    run file holds `config` and the run is `resumable` (it has a `backup_dir`),
+    unless `overwrite` asks to train a finished run again. Otherwise it must
+    hold nothing but tfmulti's bookkeeping (the run file of a run that failed,
+    published nothing, or whose outputs `overwrite` replaces), besides files of
+    the user's that `overwrite` leaves alone.
+
+    Args:
+        folder: the run's `model_dir` (created if needed).
+        config: the run's configuration as JSON (what a rerun must match).
+        overwrite: replace the outputs a run published there.
+        resumable: the run resumes from a backup.
+
+    Raises:
+        ValueError: the folder holds another run's outputs or other files (and
+            not `overwrite`), or files tfmulti did not write where `overwrite`
+            would replace them; the message names them and the fixes.
+    """
+    entries = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    record = read_record(folder)
+    staged = [e for e in entries if e.startswith(_STAGING)]
+    ours = {RUN_FILE, PENDING} if record is not None else set()
+    others = [e for e in entries if e not in ours and not e.startswith(_STAGING)]
+    resumed = (record is not None and resumable and record.config == config
+               and not (overwrite and record.finished))
+    if others and not resumed:
+        _check_replaceable(folder, record, others, overwrite)
+    if resumed or overwrite:
+        _remove(folder, staged)  # a killed publish's (the same run's, or replaced)
+    if resumed:
+        return record.finished
+    if record is not None:
+        _remove(folder, [PENDING])  # a failed run's unpublished logs
+    _write_record(folder, config, finished=False,
+                  published=record.published if record is not None else [])
+    return False
+
+
+def _check_replaceable(folder: str, record: Record | None, others: list,
+                       overwrite: bool) -> None:
+    if record is None:
+        raise ValueError(
+            f"`model_dir` {folder!r} holds files tfmulti did not write ({_shown(others)}; no "
+            f"{RUN_FILE} there), and overwrite=True replaces only a tfmulti run's outputs: "
+            "choose another model_dir, or move those files out of it.")
+    if not overwrite:
+        held = "another run's outputs" if record.published else "other files"
+        raise ValueError(
+            f"`model_dir` {folder!r} is not empty ({_shown(others)}): it holds {held}; pass "
+            "overwrite=True to replace the outputs of a tfmulti run there (files of yours "
+            "beside them stay), or choose another model_dir (a resumed run keeps its "
+            "model_dir when its configuration is unchanged and it has a backup_dir).")
+    published = set(record.published)
+    foreign = [f for name in _PUBLISHED_NAMES for f in _files_under(folder, name)
+               if f not in published]
+    if foreign:
+        raise ValueError(
+            f"`model_dir` {folder!r} holds {_shown(foreign)}, which no tfmulti run wrote "
+            f"(not in its {RUN_FILE}): overwrite=True replaces only a run's own outputs; "
+            "move it out of the model_dir, or choose another model_dir.")
+
+
+def _remove(folder: str, names) -> None:
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
+
+def pending_logs(folder: str) -> str:
+    """Where the run writes its TensorBoard logs until it publishes them."""
+    return os.path.join(folder, PENDING, "logs")
+
+
+def publish(folder: str, config: dict, write: Callable[[str], None]) -> None:
+    """Publishes the run's outputs in `folder`, replacing a previous run's: `write`
+    writes `metrics.json` and `model.keras` into a staging folder (its argument),
+    they are renamed into place (`metrics.json` last), the pending TensorBoard
+    event files move into `logs/`, the run file records the new set, and only
+    then are the previous run's recorded files removed (folders under `logs/`
+    only when empty: a file of the user's there stays).
+
+    Raises:
+        OSError: the outputs could not be written (a full disk, no permission);
+            the message names `folder`. Before the renames, the previous outputs
+            are untouched.
+    """
+    record = read_record(folder)
+    old = set(record.published) if record is not None else set()
+    pending = os.path.join(folder, PENDING)
+    logs = _files_under(pending, "logs")
+    new = {"metrics.json", "model.keras", *logs}
+    try:
+        # Recorded first, so a crash part-way leaves every file of tfmulti's known as such.
+        _write_record(folder, config, finished=False, published=old | new)
+        publish_staged(folder, write, order=("model.keras", "metrics.json"))
+        for name in logs:
+            target = os.path.join(folder, name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            _fsync(os.path.join(pending, name))
+            os.replace(os.path.join(pending, name), target)
+        for path in {os.path.dirname(os.path.join(folder, name)) for name in logs}:
+            sync_directory(path)
+        _write_record(folder, config, finished=True, published=new)
+    except OSError as e:
+        fix = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there",
+               errno.EACCES: "make it writable", errno.EROFS: "make it writable"}.get(
+                   e.errno, "fix that")
+        raise OSError(f"cannot write the outputs to `model_dir` {folder!r}: "
+                      f"{e.strerror or e}; {fix}, or choose another model_dir.") from e
+    for name in sorted(old - new):
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(folder, name))
+    _remove_empty_folders(os.path.join(folder, "logs"))
+    shutil.rmtree(pending, ignore_errors=True)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_empty_folders(top: str) -> None:
+    for root, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):
+        if root != top:
+            with contextlib.suppress(OSError):
+                os.rmdir(root)  # only when empty
+
+
+@contextlib.contextmanager
+def lock(folder: str):
+    """Holds `folder` for this run while it trains and publishes (a `flock` on
+    the folder, released by the kernel when the process dies, so a killed run
+    never blocks its rerun). Where the file system cannot lock a folder (some
+    network file systems), the run goes on without it.
+
+    Raises:
+        ValueError: another run holds it now.
+    """
+    os.makedirs(folder, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"`model_dir` {folder!r} is in use by another run now; wait "
+                             "for it to end, or choose another model_dir.") from None
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EBADF, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+        yield
+    finally:
+        os.close(fd)
