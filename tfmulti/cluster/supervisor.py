@@ -26,11 +26,11 @@ import tempfile
 import time
 from typing import Callable, Sequence
 
-from tfmulti.cluster import exit_codes, rendezvous
+from tfmulti.cluster import exit_codes, rendezvous, save_notice
 from tfmulti.cluster import hosts as hosts_lib
 from tfmulti.cluster._process import (ERROR_PREFIX, POLL_S, READER_JOIN_S, REAP_TIMEOUT_S,
                                       Outcome, Output, StopSignals, children, pump)
-from tfmulti.cluster.exit_codes import describe_end
+from tfmulti.cluster.exit_codes import describe_end, describe_exit
 from tfmulti.cluster.plan import LaunchPlan, port_range, worker_env
 from tfmulti.cluster.rendezvous import Remote
 
@@ -170,21 +170,36 @@ def _killpg(pid: int, sig: int) -> None:
 
 
 def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: Output,
-                  first: int = 0):
+                  first: int = 0, notices: Sequence[str | None] = ()):
     """SIGTERM to each running worker's process group; SIGKILL after `grace_period` (or a
-    second Ctrl-C); then SIGKILL to every group, so no child of a worker is left behind.
-    As the init of a PID namespace, then also SIGKILL to every other process in it (a
-    worker's child that left its process group)."""
+    second Ctrl-C) when a worker saves on SIGTERM (its `notices` file is posted,
+    `tfmulti.cluster.save_notice`), else after `save_notice.STOP_WITHOUT_SAVE_S`: a
+    MultiWorkerMirroredStrategy worker does not die of SIGTERM (TensorFlow catches it),
+    and all of them get the grace period when one saves, since they save together. A
+    worker that posts its notice after the SIGTERM (its handler came too late to see it)
+    gets SIGTERM again. Then SIGKILL to every group, so no child of a worker is left
+    behind. As the init of a PID namespace, then also SIGKILL to every other process in it
+    (a worker's child that left its process group)."""
+    notices = list(notices) or [None] * len(procs)
     running = [(i, p) for i, p in enumerate(procs) if p.poll() is None]
+    saving = {i for i, _ in running if notices[i] and save_notice.posted(notices[i])}
     for _, p in running:
         _killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_period
-    first_count = signals.count
-    while any(p.poll() is None for _, p in running) and time.monotonic() < deadline \
-            and signals.count == first_count:
+    short = min(grace_period, save_notice.STOP_WITHOUT_SAVE_S)
+    start, first_count = time.monotonic(), signals.count
+    while any(p.poll() is None for _, p in running) and signals.count == first_count:
+        for i, p in running:
+            if i not in saving and notices[i] and p.poll() is None \
+                    and save_notice.posted(notices[i]):
+                saving.add(i)
+                _killpg(p.pid, signal.SIGTERM)
+        waited = time.monotonic() - start
+        if waited >= grace_period or (not saving and waited >= short):
+            break
         time.sleep(POLL_S)
     why = ("got a second signal" if signals.count != first_count
-           else f"did not stop within {grace_period:g} s of SIGTERM")
+           else f"did not stop within {grace_period:g} s of SIGTERM" if saving
+           else f"did not exit within {short:g} s of SIGTERM and saves no backup on it")
     for i, p in running:
         if p.poll() is None:
             out.say(f"worker {first + i} is still running ({why}); sending SIGKILL")
@@ -197,6 +212,16 @@ def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: O
             out.say(f"process {p.pid} did not exit within {REAP_TIMEOUT_S:g} s of SIGKILL")
     if os.getpid() == 1:
         _kill_namespace()
+
+
+def _stopped_by_signal(outcome: Outcome, procs: list, first: int) -> str:
+    """The one-line end of an attempt stopped by a signal to the launcher: how each worker
+    ended, and the launcher's exit status."""
+    ends = ", ".join(f"worker {first + i}: " + ("still running" if p.returncode is None
+                                                else describe_exit(p.returncode))
+                     for i, p in enumerate(procs))
+    name = signal.Signals(outcome.status - 128).name
+    return f"stopped by {name} to the launcher: {ends}; exit status {outcome.status}"
 
 
 def _kill_namespace() -> None:
@@ -301,7 +326,7 @@ def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals,
     out.say(f"{where}starting {plan.num_workers} worker{'s' if plan.num_workers > 1 else ''}"
             + (f" ({first}..{first + plan.num_workers - 1} of {len(addresses)})"
                if plan.hosts else "") + ": " + ", ".join(mine))
-    procs, pumps, tmpdirs = [], [], []
+    procs, pumps, tmpdirs, notices = [], [], [], []
     try:
         for i in range(plan.num_workers):
             cpus = plan.cpu_sets[i] if plan.cpu_sets else None
@@ -309,7 +334,8 @@ def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals,
             env = worker_env(os.environ, addresses, first + i, plan.startup_timeout, cpus,
                              gpus)
             tmpdirs.append(_private_tmpdir(first + i))
-            env["TMPDIR"] = tmpdirs[-1]
+            notices.append(os.path.join(tmpdirs[-1], "tfmulti-save-notice"))
+            env["TMPDIR"], env[save_notice.ENV] = tmpdirs[-1], notices[-1]
             try:
                 procs.append(subprocess.Popen(
                     plan.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -322,14 +348,17 @@ def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals,
         for i, p in enumerate(procs):
             pumps += [pump(p.stdout, f"[worker {first + i}] ", out),
                       pump(p.stderr, f"[worker {first + i}] ", out)]
-        return _wait_workers(procs, signals, out, plan.grace_period, first, remote)
+        outcome = _wait_workers(procs, signals, out, plan.grace_period, first, remote)
     finally:
-        _stop_workers(procs, plan.grace_period, signals, out, first)
+        _stop_workers(procs, plan.grace_period, signals, out, first, notices)
         _release(reservations)
         for t in pumps:
             t.join(timeout=READER_JOIN_S)
         for folder in tmpdirs:  # after every worker's process group got SIGKILL
             shutil.rmtree(folder, ignore_errors=True)
+    if outcome.signalled:
+        out.say(_stopped_by_signal(outcome, procs, first))
+    return outcome
 
 
 def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:

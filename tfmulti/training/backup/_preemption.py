@@ -8,7 +8,7 @@ import threading
 import time
 
 from tfmulti.utils.failpoints import failpoint
-from tfmulti.cluster import exit_codes
+from tfmulti.cluster import exit_codes, save_notice
 from tfmulti.cluster.plan import PREEMPTION_AGREEMENT_S
 # Module names of their own, so that a test can fake the coordination service here.
 from tfmulti.runtime.roles import coordination_available as _coordination_available
@@ -49,6 +49,9 @@ class PreemptionWatcher:
     gradient all-reduce needs every worker, and the signalled one only starts
     its next call after the acknowledgements. Each worker watches the key
     from a thread (no per-step cost). Without a cluster the flag is local.
+    While installed, it posts the worker's save notice
+    (`tfmulti.cluster.save_notice`), so that `tfmulti launch` gives the workers
+    its grace period to save when it stops them.
     """
 
     def __init__(self, task_index: int, num_workers: int, steps_per_execution: int,
@@ -63,17 +66,22 @@ class PreemptionWatcher:
         self.target: int | None = None
         self._event = threading.Event()
         self._previous_handler = None
+        self._posted = False
         self._thread: threading.Thread | None = None
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._posted = save_notice.post()  # the launcher waits for the save
         if self.cluster:
             self._thread = threading.Thread(target=self._watch, daemon=True,
                                             name="tfmulti-preemption-watcher")
             self._thread.start()
 
     def uninstall(self) -> None:
+        if self._posted:
+            save_notice.withdraw()
+            self._posted = False
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None
