@@ -9,9 +9,9 @@
                              --num_layers N]
                             [--global_batch_size B] [--optimizer adam]
                             [--mixed_precision none] [--partition params] [--json]
-    tfmulti launch --num_workers N [--pin_cpus] [--port P] [--startup_timeout S]
-                   [--no_isolate] [--grace_period S] [--max_restarts K]
-                   [--hosts HOST[:N],... --host_rank R | --hosts slurm]
+    tfmulti launch --num_workers N [--oversubscribe] [--pin_cpus] [--port P]
+                   [--startup_timeout S] [--no_isolate] [--grace_period S] [--max_restarts K]
+                   [--hosts HOST[:N],... --host_rank R | --hosts slurm] [--secret_file PATH]
                    [--gpus_per_worker K] -- COMMAND ...
     tfmulti diagnose [recipes/train.py flags] [--no_prefetch] [--no_cache] [--seconds S]
                      [--no_measure] [--profile_dir DIR] [--plot FILE.png] [--json]
@@ -29,14 +29,20 @@ import argparse
 import json
 import os
 import sys
+import zipfile
 
 from tfmulti.config import flags as config_flags
-from tfmulti.config.train_config import validate_for_diagnose
+from tfmulti.config.train_config import (MAX_COUNT, MAX_DEVICES, check_directory, check_limits,
+                                         validate_for_diagnose)
 from tfmulti.memory.arguments import check_estimate_arguments
 from tfmulti.cluster import exit_codes
+from tfmulti.utils import checks
 
 __all__ = ["build_parser", "main"]
 
+MAX_DIAGNOSE_SECONDS = 3600.0
+"""The longest `diagnose --seconds`: each of its timings runs about this long (several
+run), so an hour each is already a long day."""
 # TrainConfig fields that `diagnose` does not take: it trains no epochs and writes nothing.
 DIAGNOSE_EXCLUDES = ("epochs", "steps_per_epoch", "backup_dir", "backup_every_steps",
                      "keep_backup", "discard_unreadable_backup", "model_dir", "verbose")
@@ -54,6 +60,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
+    checks.non_negative_int("num_virtual_devices", args.num_virtual_devices, maximum=MAX_DEVICES,
+                            hint="0 leaves the devices as they are")
+    checks.non_negative_int("gpus_per_worker", args.gpus_per_worker, maximum=MAX_DEVICES)
+    checks.positive_int("num_workers", args.num_workers, maximum=MAX_COUNT)
     from tfmulti.runtime import devices
     from tfmulti.insight import environment
 
@@ -87,7 +97,9 @@ def _cmd_estimate_memory(args: argparse.Namespace) -> int:
     given = {k: v for k, v in vars(args).items() if k in ESTIMATE_FIELDS}
     if given.get("remat") is False:
         given.pop("remat")  # --remat=false: the default, applies to any distribution
-    check_estimate_arguments(num_devices=args.num_devices, **given)  # before TensorFlow
+    checks.positive_int("num_devices", args.num_devices, maximum=MAX_DEVICES, none_ok=True)
+    check_limits(**given)  # before TensorFlow, as the train flags' bounds
+    check_estimate_arguments(num_devices=args.num_devices, **given)
     from tfmulti.memory import estimate as memory
 
     estimate = memory.estimate_memory(num_devices=args.num_devices, **given)
@@ -120,6 +132,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         startup_timeout=args.startup_timeout, isolate=not args.no_isolate,
         grace_period=args.grace_period, max_restarts=args.max_restarts, hosts=args.hosts,
         host_rank=args.host_rank, gpus_per_worker=args.gpus_per_worker,
+        secret_file=args.secret_file, oversubscribe=args.oversubscribe,
     )
 
 
@@ -132,13 +145,16 @@ def _add_launch_parser(sub) -> None:
         description="Runs COMMAND as N workers with TF_CONFIG set (worker 0 is the chief), "
                     "prefixes their output with [worker I], stops all when one fails or on "
                     "Ctrl-C, and exits with the chief's status. With --hosts, run the same "
-                    "line on every host (its own --host_rank): the launchers check that "
-                    "they see the same cluster, then start and restart their workers "
-                    "together.",
+                    "line on every host (its own --host_rank) with the job's shared secret "
+                    "(TFMULTI_LAUNCH_SECRET or --secret_file): the launchers authenticate "
+                    "each other, check that they see the same cluster, then start and "
+                    "restart their workers together.",
     )
     p.add_argument("--num_workers", type=int, default=2,
-                   help="number of workers (default 2; with --hosts: on each host listed "
-                        "without :N)")
+                   help="number of workers, 1 to 1024 (default 2; with --hosts: on each host "
+                        "listed without :N); more than 4 per core need --oversubscribe")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="start more than 4 workers per core of this host")
     p.add_argument("--pin_cpus", action="store_true",
                    help="give each worker its own contiguous share of the cores")
     p.add_argument("--port", type=int, default=None,
@@ -166,6 +182,11 @@ def _add_launch_parser(sub) -> None:
                         "SLURM job step (srun --ntasks-per-node=1)")
     p.add_argument("--host_rank", type=int, default=None,
                    help="with --hosts: this host's position in the list (0 coordinates)")
+    p.add_argument("--secret_file", default=None, metavar="PATH",
+                   help="with --hosts: a file readable only by its owner (chmod 600) that "
+                        "holds the job's shared secret, at least 16 bytes, the same on every "
+                        "host; by default the secret is $TFMULTI_LAUNCH_SECRET (make one: "
+                        "python -c \"import secrets; print(secrets.token_hex(32))\")")
     p.add_argument("--gpus_per_worker", type=int, default=0,
                    help="give each local worker its own K GPUs (CUDA_VISIBLE_DEVICES) of "
                         "the GPUs this host has (default 0: every worker sees every GPU)")
@@ -177,8 +198,15 @@ def _add_launch_parser(sub) -> None:
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     config = config_flags.config_from_args(args)
     validate_for_diagnose(config)  # before TensorFlow loads: bad flags fail at once
-    if args.plot and not args.plot.lower().endswith(".png"):
-        raise ValueError(f"`plot` takes a .png file name, got {args.plot!r}.")
+    checks.positive_number("seconds", args.seconds, maximum=MAX_DIAGNOSE_SECONDS)
+    if args.plot is not None:
+        if not args.plot.lower().endswith(".png") or os.path.isdir(args.plot):
+            raise ValueError(f"`plot` takes a .png file name, got {args.plot!r}.")
+        check_directory("plot", os.path.dirname(os.path.abspath(args.plot)))
+    if args.profile_dir is not None:
+        if not args.profile_dir:
+            raise ValueError("`profile_dir` is empty; pass a directory path.")
+        check_directory("profile_dir", args.profile_dir)
     from tfmulti.insight.diagnose import diagnose
 
     report = diagnose(
@@ -217,7 +245,28 @@ def _add_diagnose_parser(sub) -> None:
     p.set_defaults(func=_cmd_diagnose, parser=p)
 
 
+def _check_export_paths(model_dir: str, output: str, overwrite: bool) -> None:
+    """What `tfmulti export` needs, checked before TensorFlow starts: a readable
+    model.keras (a zip archive) in `model_dir`, and an `output` it may create."""
+    source = os.path.join(model_dir, "model.keras")
+    if not model_dir or not os.path.isfile(source):
+        raise ValueError(f"`model_dir` {model_dir!r} has no model.keras; pass the directory "
+                         "a training run wrote (recipes/train.py --model_dir).")
+    with open(source, "rb"):  # unreadable: the OSError names the file
+        pass
+    if not zipfile.is_zipfile(source):
+        raise ValueError(f"{source} is not a Keras model file (not a .keras zip archive); "
+                         "pass the directory a training run wrote.")
+    if not output:
+        raise ValueError("`output` is empty; pass the SavedModel directory to create.")
+    if os.path.lexists(output) and not overwrite:
+        raise ValueError(f"{os.path.abspath(output)} exists; pass another output directory, "
+                         "or set `overwrite` to replace it.")
+    check_directory("output", output)
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
+    _check_export_paths(args.model_dir, args.output, args.overwrite)
     from tfmulti.training import export
 
     path = export.from_model_dir(args.model_dir, args.output, overwrite=args.overwrite,

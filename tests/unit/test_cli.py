@@ -200,11 +200,43 @@ def test_prepare_data_without_the_idx_files(capsys, tmp_path):
     (["--", "no-such-program-tfmulti"],
      "command 'no-such-program-tfmulti' is not found or not executable"),
     (["--num_workers=two", "--", "python"], "argument --num_workers: invalid int value: 'two'"),
+    # Issue 27: every number in its range, the range in the message.
+    (["--num_workers=100000", "--", "python"],
+     "--num_workers (100000) must be an integer from 1 to 1024; e.g. 2."),
+    (["--hosts=127.0.0.1:99999999999", "--host_rank=0", "--", "python"],
+     "host 0 of --hosts ('127.0.0.1:99999999999'): N must be a number of workers from 1 to "
+     "1024"),
+    (["--port=99999999999", "--", "python"],
+     "--port (99999999999) must be an integer from 1 to 65535; e.g. 2222."),
+    (["--startup_timeout=1e9", "--", "python"],
+     "--startup_timeout (1000000000.0) must be a number from above 0 to 86400; seconds"),
+    (["--startup_timeout=nan", "--", "python"], "--startup_timeout (nan) must be a number"),
+    (["--grace_period=-1", "--", "python"],
+     "--grace_period (-1.0) must be a number from 0 to 86400; seconds"),
+    (["--max_restarts=1000000", "--", "python"],
+     "--max_restarts (1000000) must be an integer from 0 to 1000"),
+    (["--gpus_per_worker=-1", "--", "python"],
+     "--gpus_per_worker (-1) must be an integer from 0 to 256"),
 ])
 def test_launch_bad_input_starts_nothing(args, message, capsys):
     # An unmarked test: a started process would fail it (tests/conftest.py). (The
     # messages themselves are the launcher's: tests/integration/test_launcher.py.)
     assert message in _one_error(["launch", *args], capsys, "tfmulti launch: error: ")
+
+
+def test_launch_more_than_four_workers_per_core_needs_oversubscribe(monkeypatch, capsys):
+    # Issue 27: --num_workers 3000 started 3,000 processes on 2 cores.
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert _one_error(["launch", "--num_workers=9", "--", "python"], capsys,
+                      "tfmulti launch: error: ") == (
+        "--num_workers (9) is more than 4 workers per core for the 2 core(s) of this host: "
+        "use 1 to 8, or pass --oversubscribe to start them anyway.")
+    # With it, the launch goes on to its next check (and starts nothing here).
+    assert _one_error(["launch", "--num_workers=9", "--oversubscribe", "--",
+                       "no-such-program-tfmulti"], capsys, "tfmulti launch: error: ") \
+        .startswith("command 'no-such-program-tfmulti' is not found")
 
 
 def test_env_bad_input(capsys):

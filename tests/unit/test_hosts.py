@@ -16,9 +16,11 @@ def test_parse_hosts_with_and_without_counts():
         ("node1", 2), ("node2", 3), ("10.0.0.3", 1))
     for bad, match in [("", r"must list the hosts as HOST\[:N\]"),
                        ("node1,,node2", r"host 1 of `hosts` \(''\) is not HOST or HOST:N"),
-                       ("node1:0", r"host 0 of `hosts` \('node1:0'\): N must be a positive"),
-                       ("node1:２", r"N must be a positive number of workers"),
-                       ("node1:x", r"N must be a positive number of workers"),
+                       ("node1:0", r"host 0 of `hosts` \('node1:0'\): N must be a number of "
+                                   r"workers from 1 to 1024"),
+                       ("node1:99999999999", r"N must be a number of workers from 1 to 1024"),
+                       ("node1:２", r"N must be a number of workers"),
+                       ("node1:x", r"N must be a number of workers"),
                        ("node_1;rm", r"is not HOST or HOST:N"),
                        ("[::1]:2", r"is not HOST or HOST:N"),
                        ("a:1,b:2,a:1", r"host 'a' appears twice in `hosts`")]:
@@ -139,5 +141,75 @@ def test_launch_across_hosts_refuses_bad_arguments_before_starting_anything(
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TFMULTI_LAUNCH_SECRET", SECRET)
     assert cli.main(["launch", *argv, "--", sys.executable, "-c", "pass"]) == 2
     assert capsys.readouterr().err == f"tfmulti launch: error: {line}\n"
+
+
+SECRET = "0123456789abcdef0123456789abcdef"
+HOW_TO = ("make one and give every host the same: export TFMULTI_LAUNCH_SECRET=$(python -c "
+          "\"import secrets; print(secrets.token_hex(32))\") (under SLURM: export it in the "
+          "batch script before `srun`), or write it to a file only you can read and pass "
+          "--secret_file PATH.")
+
+
+@pytest.mark.parametrize("env, mode, options, line", [
+    (None, None, [],
+     "a launch across hosts needs the launchers' shared secret, so that no other machine can "
+     "join the job or steer it: TFMULTI_LAUNCH_SECRET is not set and no --secret_file was "
+     f"given; {HOW_TO}"),
+    ("too short", None, [],
+     f"the launchers' secret from TFMULTI_LAUNCH_SECRET has 9 bytes, fewer than 16: too easy "
+     f"to guess; {HOW_TO}"),
+    ("   ", None, [], f"the launchers' secret from TFMULTI_LAUNCH_SECRET is empty; {HOW_TO}"),
+    (None, 0o644, ["--secret_file", "{file}"],
+     "--secret_file {file} can be read or written by others (mode 0644); make it readable "
+     "only by its owner: chmod 600 {file}"),
+    (None, 0o620, ["--secret_file", "{file}"],
+     "--secret_file {file} can be read or written by others (mode 0620); make it readable "
+     "only by its owner: chmod 600 {file}"),
+    (None, None, ["--secret_file", "{file}.missing"],
+     f"cannot read --secret_file {{file}}.missing (No such file or directory); give the path "
+     f"of a file that holds the secret; {HOW_TO}"),
+    (SECRET, 0o600, ["--secret_file", "{dir}"],
+     f"--secret_file {{dir}} is not a regular file; {HOW_TO}"),
+])
+def test_a_launch_across_hosts_needs_a_good_secret(monkeypatch, capsys, tmp_path, env, mode,
+                                                   options, line):
+    # Issue 27: without a shared secret, a third machine could join as host 1.
+    from tfmulti import cli
+
+    file = tmp_path / "secret"
+    file.write_text(SECRET[:20] + "\n")
+    if mode is not None:
+        file.chmod(mode)
+    if env is None:
+        monkeypatch.delenv("TFMULTI_LAUNCH_SECRET", raising=False)
+    else:
+        monkeypatch.setenv("TFMULTI_LAUNCH_SECRET", env)
+    options = [o.format(file=file, dir=tmp_path) for o in options]
+    argv = ["launch", "--hosts", "127.0.0.1:1,127.0.0.2:1", "--host_rank", "0", *options,
+            "--", sys.executable, "-c", "pass"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == \
+        f"tfmulti launch: error: {line.format(file=file, dir=tmp_path)}\n"
+
+
+def test_a_secret_file_readable_only_by_its_owner_is_the_secret(tmp_path):
+    from tfmulti.cluster import auth
+
+    file = tmp_path / "secret"
+    file.write_text(f"  {SECRET}\n")
+    file.chmod(0o600)
+    environ = {auth.SECRET_ENV: "the environment's, not used"}
+    assert auth.load_secret(environ, str(file)) == SECRET.encode()
+    assert auth.load_secret({"TFMULTI_LAUNCH_SECRET": SECRET}) == SECRET.encode()
+
+
+def test_a_secret_file_needs_hosts(capsys, tmp_path):
+    from tfmulti import cli
+
+    assert cli.main(["launch", "--secret_file", str(tmp_path), "--", "python"]) == 2
+    assert capsys.readouterr().err == (
+        f"tfmulti launch: error: --secret_file ('{tmp_path}') needs --hosts: the secret "
+        "authenticates the launchers of a launch across hosts.\n")

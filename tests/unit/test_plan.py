@@ -74,16 +74,69 @@ def test_make_plan_validates_and_round_trips_through_json():
         plan_lib.make_plan([], 2)
     with pytest.raises(ValueError, match="must be a list of arguments"):
         plan_lib.make_plan("python t.py", 2)
-    with pytest.raises(ValueError, match=r"`num_workers` must be a positive integer, got 0; e.g. 2"):
+    with pytest.raises(ValueError, match=r"`num_workers` \(0\) must be an integer from 1 to "
+                                         r"1024; e.g. 2"):
         plan_lib.make_plan(["true"], 0)
-    with pytest.raises(ValueError, match=r"`startup_timeout` must be a finite number > 0, got 0; seconds"):
+    with pytest.raises(ValueError, match=r"`startup_timeout` \(0\) must be a number from "
+                                         r"above 0 to 86400; seconds"):
         plan_lib.make_plan(["true"], 2, startup_timeout=0)
 
 
 def test_launcher_max_restarts_must_be_non_negative():
     # From tests/unit/test_backup.py.
-    with pytest.raises(ValueError, match=r"`max_restarts` must be an integer >= 0, got -1; e.g. 3 \(0: never restart\)"):
+    with pytest.raises(ValueError, match=r"`max_restarts` \(-1\) must be an integer from 0 to "
+                                         r"1000; e.g. 3 \(0: never restart\)"):
         plan_lib.make_plan(["python"], max_restarts=-1)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"num_workers": 100000}, r"`num_workers` \(100000\) must be an integer from 1 to 1024"),
+    ({"num_workers": True}, r"`num_workers` \(True\) must be an integer from 1 to 1024"),
+    ({"port": 99999999999}, r"`port` \(99999999999\) must be an integer from 1 to 65535"),
+    ({"port": 0}, r"`port` \(0\) must be an integer from 1 to 65535"),
+    ({"startup_timeout": 1e300}, r"`startup_timeout` \(1e\+300\) must be a number from above 0 "
+                                 r"to 86400"),
+    ({"startup_timeout": float("nan")}, r"`startup_timeout` \(nan\) must be a number from"),
+    ({"grace_period": -1.0}, r"`grace_period` \(-1.0\) must be a number from 0 to 86400"),
+    ({"grace_period": float("inf")}, r"`grace_period` \(inf\) must be a number from 0 to 86400"),
+    ({"max_restarts": 10**9}, r"`max_restarts` \(1000000000\) must be an integer from 0 to "
+                              r"1000"),
+    ({"gpus_per_worker": 10**6}, r"`gpus_per_worker` \(1000000\) must be an integer from 0 "
+                                 r"to 256"),
+    ({"hosts": (("a", 10**11), ("b", 1)), "host_rank": 1},
+     r"the workers of host 'a' \(100000000000\) must be an integer from 1 to 1024"),
+    ({"hosts": (("a", 1024), ("b", 1)), "host_rank": 1, "port": 65000},
+     r"`port` \(65000\) must be an integer from 1 to 64511: with --hosts"),
+])
+def test_every_number_of_a_launch_is_refused_outside_its_range(options, message):
+    # Issue 27: 100000 workers exited 2 with no message, a port of 99999999999 said
+    # "from 1 to -99999934464".
+    options = {"num_workers": 2, "cores": 1000, **options}
+    with pytest.raises(ValueError, match=message):
+        plan_lib.make_plan(["python"], **options)
+
+
+def test_more_than_four_workers_per_core_need_oversubscribe():
+    # Issue 27: --num_workers 3000 started 3,000 processes on 2 cores.
+    assert plan_lib.make_plan(["python"], 8, cores=2).num_workers == 8
+    with pytest.raises(ValueError, match=r"`num_workers` \(9\) is more than 4 workers per core "
+                                         r"for the 2 core\(s\) of this host: use 1 to 8, or "
+                                         r"pass --oversubscribe"):
+        plan_lib.make_plan(["python"], 9, cores=2)
+    assert plan_lib.make_plan(["python"], 9, cores=2, oversubscribe=True).num_workers == 9
+    # Across hosts: this host's own count, against this host's cores.
+    cluster = (("a", 1), ("b", 9))
+    assert plan_lib.make_plan(["python"], hosts=cluster, host_rank=0, cores=2).num_workers == 1
+    with pytest.raises(ValueError, match=r"host 1's number of workers in `hosts` \(9\) is more "
+                                         r"than 4 workers per core"):
+        plan_lib.make_plan(["python"], hosts=cluster, host_rank=1, cores=2)
+
+
+def test_the_launchers_secret_never_reaches_the_workers():
+    env = plan_lib.worker_env({"TFMULTI_LAUNCH_SECRET": "s" * 32, "PATH": "/bin"},
+                              ["localhost:3000"], 0)
+    assert "TFMULTI_LAUNCH_SECRET" not in env and env["PATH"] == "/bin"
+    assert "s" * 32 not in env["TF_CONFIG"]
 
 
 def test_commands_for_isolated_and_non_isolated_runs():

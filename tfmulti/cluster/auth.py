@@ -25,9 +25,11 @@ Example:
     >>> from tfmulti.cluster import auth
     >>> key = b"0123456789abcdef0123456789abcdef"
     >>> nc, ns = auth.nonce(), auth.nonce()
-    >>> proof = auth.proof(key, "initiator", nc, ns)
-    >>> auth.proof_ok(key, "initiator", nc, ns, proof), auth.proof_ok(key, "acceptor", nc, ns, proof)
-    (True, False)
+    >>> answer = auth.proof(key, "initiator", nc, ns)
+    >>> auth.proof_ok(key, "initiator", nc, ns, answer)
+    True
+    >>> auth.proof_ok(key, "acceptor", nc, ns, answer)  # the other side's proof differs
+    False
     >>> session = auth.session_key(key, nc, ns)
     >>> tag = auth.tag(session, "initiator", 0, b'{"type": "go"}')
     >>> auth.tag_ok(session, "initiator", 0, b'{"type": "go"}', tag)
@@ -69,7 +71,7 @@ def check_secret(secret: str | bytes, source: str) -> bytes:
     Raises:
         ValueError: empty, shorter than `MIN_SECRET_BYTES` or longer than 4096 bytes.
     """
-    value = secret.encode() if isinstance(secret, str) else bytes(secret)
+    value = os.fsencode(secret) if isinstance(secret, str) else bytes(secret)
     value = value.strip()
     if not value:
         raise ValueError(f"the launchers' secret from {source} is empty; {HOW_TO}.")

@@ -30,13 +30,16 @@ from typing import Mapping, Sequence
 
 from tfmulti.utils import checks
 
-__all__ = ["DEFAULT_PORT", "SLURM", "check_rank", "cluster_addresses", "expand_nodelist",
-           "offset", "parse_hosts", "slurm_hosts", "view_digest", "worker_ports"]
+__all__ = ["DEFAULT_PORT", "MAX_WORKERS_PER_HOST", "SLURM", "check_rank", "check_workers",
+           "cluster_addresses", "expand_nodelist", "offset", "parse_hosts", "slurm_hosts",
+           "view_digest", "worker_ports"]
 
 SLURM = "slurm"
 """The `--hosts` value that takes the hosts and the rank from SLURM's environment."""
 DEFAULT_PORT = 2222
 """The launchers' coordination port on every host; the workers use the ports after it."""
+MAX_WORKERS_PER_HOST = 1024
+"""The most workers a host runs (each has its own port after the coordination port)."""
 _HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-_]*[A-Za-z0-9])?$")
 _EXAMPLE = "e.g. --hosts node1:2,node2:2"
 
@@ -50,7 +53,7 @@ def parse_hosts(text: str, default_workers: int) -> tuple[tuple[str, int], ...]:
             IPv4 address does not have, a worker count that is not a positive integer,
             or a host listed twice.
     """
-    checks.positive_int("num_workers", default_workers, hint="e.g. 2")
+    check_workers(None, default_workers)
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"`hosts` must list the hosts as HOST[:N],HOST[:N],..., got "
                          f"{text!r}; {_EXAMPLE}.")
@@ -61,9 +64,11 @@ def parse_hosts(text: str, default_workers: int) -> tuple[tuple[str, int], ...]:
             raise ValueError(f"host {i} of `hosts` ({item.strip()!r}) is not HOST or HOST:N "
                              f"with a host name or IPv4 address; {_EXAMPLE}.")
         if sep:
-            if not (count.isascii() and count.isdigit()) or int(count) < 1:
+            if not (count.isascii() and count.isdigit()) or not \
+                    1 <= int(count) <= MAX_WORKERS_PER_HOST:
                 raise ValueError(f"host {i} of `hosts` ({item.strip()!r}): N must be a "
-                                 f"positive number of workers; {_EXAMPLE}.")
+                                 f"number of workers from 1 to {MAX_WORKERS_PER_HOST}; "
+                                 f"{_EXAMPLE}.")
             workers = int(count)
         else:
             workers = default_workers
@@ -73,6 +78,20 @@ def parse_hosts(text: str, default_workers: int) -> tuple[tuple[str, int], ...]:
         seen.add(name)
         parsed.append((name, workers))
     return tuple(parsed)
+
+
+def check_workers(host: str | None, workers) -> int:
+    """A host's number of workers (`host` None: `num_workers`), from 1 to
+    `MAX_WORKERS_PER_HOST`.
+
+    Raises:
+        ValueError: naming the host, the value and the range.
+    """
+    if not checks.is_int(workers) or not 1 <= workers <= MAX_WORKERS_PER_HOST:
+        name = "`num_workers`" if host is None else f"the workers of host {host!r}"
+        raise ValueError(f"{name} ({workers!r}) must be an integer from 1 to "
+                         f"{MAX_WORKERS_PER_HOST}; e.g. 2.")
+    return int(workers)
 
 
 def check_rank(hosts: Sequence[tuple[str, int]], host_rank) -> int:
@@ -99,6 +118,7 @@ def worker_ports(port: int, num_workers: int) -> list[int]:
     Raises:
         ValueError: if a port would fall outside 1..65535.
     """
+    check_workers(None, num_workers)
     if not checks.is_int(port) or port < 1 or port + num_workers > 65535:
         raise ValueError(f"`port` ({port!r}) must be an integer from 1 to "
                          f"{65535 - num_workers}: with --hosts it is the launchers' "

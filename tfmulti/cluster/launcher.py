@@ -50,12 +50,13 @@ from typing import Sequence, TextIO
 
 from tfmulti.cluster._process import (ERROR_PREFIX, POLL_S, READER_JOIN_S, REAP_TIMEOUT_S,
                                       Output, StopSignals, children, pump)
+from tfmulti.cluster import auth
 from tfmulti.cluster import gpus as gpus_lib
 from tfmulti.cluster import hosts as hosts_lib
 from tfmulti.cluster.exit_codes import exit_status
 from tfmulti.cluster.plan import (DEFAULT_GRACE_PERIOD, DEFAULT_STARTUP_TIMEOUT,
-                                  ISOLATION_MODES, LaunchPlan, isolation_prefix, make_plan,
-                                  supervisor_command)
+                                  ISOLATION_MODES, LaunchPlan, check_numbers, isolation_prefix,
+                                  make_plan, supervisor_command)
 
 __all__ = ["launch"]
 
@@ -143,7 +144,7 @@ def _stop_supervisor(proc: subprocess.Popen, sig: int, grace_period: float) -> N
 
 
 def _run_supervised(command: list[str], plan: LaunchPlan, out: Output,
-                    signals: StopSignals) -> int:
+                    signals: StopSignals, env: dict | None = None) -> int:
     """Runs the supervisor `command` and passes its output, the launcher's signals and the
     exit status through. The supervisor stops the workers if the launcher dies, even by
     SIGKILL: `command`'s process gets SIGHUP then, and passes SIGTERM on."""
@@ -156,7 +157,7 @@ def _run_supervised(command: list[str], plan: LaunchPlan, out: Output,
         return True
 
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True,
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env,
                             preexec_fn=_parent_death_setup(signal.SIGHUP))
     reader = pump(proc.stdout, "", out, keep)
     forwarded, first_forward_at = 0, None
@@ -235,7 +236,8 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
            isolate: bool = True, grace_period: float = DEFAULT_GRACE_PERIOD,
            output: TextIO | None = None, max_restarts: int = 0,
            hosts: str | Sequence[tuple[str, int]] | None = None,
-           host_rank: int | None = None, gpus_per_worker: int = 0) -> int:
+           host_rank: int | None = None, gpus_per_worker: int = 0,
+           secret_file: str | None = None, oversubscribe: bool = False) -> int:
     """Runs `command` as MultiWorkerMirroredStrategy workers: `num_workers` on this host,
     or this host's share of a cluster across `hosts`.
 
@@ -248,12 +250,15 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
 
     Across hosts, the same call (or `tfmulti launch --hosts ...` line) runs on every host
     with its own `host_rank`; the launchers check at start-up that they see the same
-    cluster (else all fail), then start, stop and restart their workers together.
+    cluster (else all fail), then start, stop and restart their workers together. Every
+    message between them is authenticated with the job's shared secret (the environment
+    variable TFMULTI_LAUNCH_SECRET, or `secret_file`): a launcher without it is dropped.
+    The secret is not passed to the workers.
 
     Args:
         command: the worker's command line, e.g. `["python", "train.py"]`.
-        num_workers: how many workers; 2 by default (with `hosts`: on a host listed
-            without `:N`).
+        num_workers: how many workers, 1 to 1024; 2 by default (with `hosts`: on a host
+            listed without `:N`). More than 4 per core of this host need `oversubscribe`.
         pin_cpus: give each worker its own contiguous share of this process's cores (and set
             TF_NUM_INTRAOP_THREADS, TF_NUM_INTEROP_THREADS, OMP_NUM_THREADS to its size);
             off by default.
@@ -286,6 +291,10 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
         gpus_per_worker: give each local worker its own K GPUs (CUDA_VISIBLE_DEVICES: the
             i-th K of the GPUs this process may use); 0 (the default) leaves
             CUDA_VISIBLE_DEVICES alone.
+        secret_file: with `hosts`, a file that holds the job's shared secret, readable only
+            by its owner (chmod 600); by default the secret is the environment variable
+            TFMULTI_LAUNCH_SECRET. At least 16 bytes, the same on every host.
+        oversubscribe: start more than 4 workers per core of this host; off by default.
 
     Returns:
         The chief's exit status (0) when all workers exit 0; the status of the first worker
@@ -297,19 +306,30 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
     supervisor dies, even by SIGKILL, every worker and everything they started is killed.
 
     Raises:
-        ValueError: for bad arguments (see `make_plan`), a command that is not found, a
+        ValueError: for bad arguments (see `make_plan`), no secret or a bad one with
+            `hosts` (`tfmulti.cluster.auth.load_secret`), a command that is not found, a
             `port` already in use, `isolate` where no network namespace can be made, a
             host that does not resolve, too few GPUs, or launchers across hosts that do
             not agree on the cluster.
     """
     out = Output(output if output is not None else sys.stdout)
+    check_numbers(num_workers, port, startup_timeout, grace_period, max_restarts,
+                  gpus_per_worker)  # before anything else runs
     cpus = os.sched_getaffinity(0) if pin_cpus else ()
     host_list = None
     if hosts is not None:
         host_list, host_rank = _host_list(hosts, host_rank, num_workers)
+    elif secret_file is not None:
+        raise ValueError(f"`secret_file` ({secret_file!r}) needs `hosts`: the secret "
+                         "authenticates the launchers of a launch across hosts.")
     gpus, source = gpus_lib.host_gpus() if gpus_per_worker else ([], "")
     plan = make_plan(command, num_workers, pin_cpus, port, startup_timeout, grace_period, cpus,
-                     max_restarts, host_list, host_rank, gpus_per_worker, gpus, source)
+                     max_restarts, host_list, host_rank, gpus_per_worker, gpus, source,
+                     oversubscribe)
+    supervisor_env = None
+    if plan.hosts:  # the supervisor's environment, never its argv (which anyone can read)
+        secret = auth.load_secret(os.environ, secret_file)
+        supervisor_env = {**os.environ, auth.SECRET_ENV: os.fsdecode(secret)}
     if shutil.which(plan.command[0]) is None:
         raise ValueError(f"command {plan.command[0]!r} is not found or not executable; pass "
                          "a program on PATH or a path to one, e.g. `python train.py`.")
@@ -334,4 +354,4 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
             out.say("warning: --no_isolate: the workers' TensorFlow gRPC ports are "
                     "unauthenticated and open on all interfaces")
         command = supervisor_command(plan, sys.executable, mode, network=network)
-        return _run_supervised(command, plan, out, signals)
+        return _run_supervised(command, plan, out, signals, supervisor_env)

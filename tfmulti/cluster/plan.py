@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
+import os
 from typing import Iterable, Mapping, Sequence
 
 from tfmulti.utils import checks
+from tfmulti.cluster import auth
 from tfmulti.cluster import gpus as gpus_lib
 from tfmulti.cluster import hosts as hosts_lib
 from tfmulti.cluster import tf_config as tf_config_lib
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "DEFAULT_STARTUP_TIMEOUT", "ISOLATION_MODES", "LaunchPlan",
-           "PREEMPTION_AGREEMENT_S",
+           "MAX_GPUS_PER_WORKER", "MAX_RESTARTS", "MAX_SECONDS", "MAX_WORKERS_PER_CORE",
+           "PREEMPTION_AGREEMENT_S", "check_numbers", "in_range",
            "isolation_prefix", "make_plan", "port_range", "split_cpus", "supervisor_command",
            "worker_env"]
 
@@ -34,6 +39,13 @@ DEFAULT_GRACE_PERIOD = 60.0
 preemption agreement (`PREEMPTION_AGREEMENT_S`), the rest of a call of steps and the
 save; raise it for long steps or large models."""
 ISOLATION_MODES = ("root", "userns")
+MAX_WORKERS_PER_CORE = 4
+"""More workers than this per core of a host need `oversubscribe`: each worker is a
+TensorFlow process with its own threads and memory."""
+MAX_SECONDS = 86400.0
+"""The longest `startup_timeout` and `grace_period`: a day."""
+MAX_RESTARTS = 1000
+MAX_GPUS_PER_WORKER = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,18 +98,77 @@ class LaunchPlan:
         )
 
 
+def in_range(name: str, value, low, high, *, integer: bool = True, above: bool = False,
+             hint: str = ""):
+    """`value` if it is an integer (a finite number unless `integer`; never a bool) from
+    `low` (above `low` when `above`) to `high`.
+
+    Example:
+        >>> in_range("max_restarts", 3, 0, 1000)
+        3
+        >>> in_range("port", 99999999999, 1, 65535, hint="e.g. 2222")
+        Traceback (most recent call last):
+            ...
+        ValueError: `port` (99999999999) must be an integer from 1 to 65535; e.g. 2222.
+
+    Raises:
+        ValueError: naming `name`, the value and the range.
+    """
+    ok = (checks.is_int(value) if integer else
+          isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value))
+    if not ok or not (value > low if above else value >= low) or value > high:
+        lower = f"above {low:g}" if above else f"{low:g}"
+        raise ValueError(f"`{name}` ({value!r}) must be {'an integer' if integer else 'a number'}"
+                         f" from {lower} to {high:g}" + (f"; {hint}" if hint else "") + ".")
+    return value
+
+
+def check_numbers(num_workers: int = 2, port: int | None = None,
+                  startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+                  grace_period: float = DEFAULT_GRACE_PERIOD, max_restarts: int = 0,
+                  gpus_per_worker: int = 0) -> None:
+    """The numbers of `launch`, each in its range (before anything starts).
+
+    Raises:
+        ValueError: a number out of its range, with the range in the message.
+    """
+    _check_num_workers(num_workers)
+    if port is not None:
+        in_range("port", port, 1, 65535, hint="e.g. 2222")
+    in_range("startup_timeout", startup_timeout, 0, MAX_SECONDS, integer=False, above=True,
+             hint=f"seconds, e.g. {DEFAULT_STARTUP_TIMEOUT:g}")
+    in_range("grace_period", grace_period, 0, MAX_SECONDS, integer=False,
+             hint=f"seconds, e.g. {DEFAULT_GRACE_PERIOD:g}")
+    in_range("max_restarts", max_restarts, 0, MAX_RESTARTS, hint="e.g. 3 (0: never restart)")
+    in_range("gpus_per_worker", gpus_per_worker, 0, MAX_GPUS_PER_WORKER,
+             hint="e.g. 1 (0: every worker sees every GPU)")
+
+
+def _check_cores(num_workers: int, cores: int, oversubscribe: bool, where: str) -> None:
+    """Refuses more than `MAX_WORKERS_PER_CORE` workers a core unless `oversubscribe`."""
+    most = MAX_WORKERS_PER_CORE * max(cores, 1)
+    if num_workers > most and not oversubscribe:
+        raise ValueError(f"{where} ({num_workers}) is more than {MAX_WORKERS_PER_CORE} "
+                         f"workers per core for the {cores} core(s) of this host: use 1 to "
+                         f"{most}, or pass --oversubscribe to start them "
+                         "anyway.")
+
+
 def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
               port: int | None = None, startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
               grace_period: float = DEFAULT_GRACE_PERIOD,
               available_cpus: Iterable[int] = (), max_restarts: int = 0,
               hosts: Sequence[tuple[str, int]] | None = None, host_rank: int | None = None,
               gpus_per_worker: int = 0, available_gpus: Sequence[str] = (),
-              gpus_source: str = "") -> LaunchPlan:
+              gpus_source: str = "", oversubscribe: bool = False,
+              cores: int | None = None) -> LaunchPlan:
     """Validates the arguments of `launch` and returns the plan.
 
     Args:
-        command, num_workers, pin_cpus, port, startup_timeout, grace_period, max_restarts:
-            as for `launch` (`num_workers`: the workers of a host listed without `:N`).
+        command, num_workers, pin_cpus, port, startup_timeout, grace_period, max_restarts,
+        oversubscribe: as for `launch` (`num_workers`: the workers of a host listed
+            without `:N`).
         available_cpus: the cores `pin_cpus` splits.
         hosts: ((host, workers), ...) of a launch across hosts (`hosts.parse_hosts`), or
             None for this host alone.
@@ -105,6 +176,8 @@ def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = Fal
         gpus_per_worker: GPUs per local worker (0: leave CUDA_VISIBLE_DEVICES alone).
         available_gpus, gpus_source: this host's GPUs (`gpus.host_gpus`) and where that
             list came from.
+        cores: this host's cores, for the workers per core; by default those this
+            process may run on.
 
     Example:
         >>> plan = make_plan(["python", "t.py"], hosts=(("a", 2), ("b", 1)), host_rank=1)
@@ -112,10 +185,11 @@ def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = Fal
         (1, 2222, 2)
 
     Raises:
-        ValueError: if `command` is empty or a string, `num_workers` < 1, `port` leaves no room
-            for the workers in 1..65535, a timeout is negative, `max_restarts` is negative,
-            `pin_cpus` is set with more workers than `available_cpus`, `host_rank` is out of
-            range or given without `hosts`, or there are too few GPUs.
+        ValueError: if `command` is empty or a string, a number is out of its range
+            (`check_numbers`), this host has more than `MAX_WORKERS_PER_CORE` workers per
+            core without `oversubscribe`, `port` leaves no room for the workers in
+            1..65535, `pin_cpus` is set with more workers than `available_cpus`,
+            `host_rank` is out of range or given without `hosts`, or there are too few GPUs.
     """
     if isinstance(command, str):
         raise ValueError(f"`command` must be a list of arguments, got the string {command!r}; "
@@ -124,11 +198,17 @@ def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = Fal
     if not command:
         raise ValueError("no command to launch; put it after `--`, e.g. "
                          "`tfmulti launch --num_workers 2 -- python train.py`.")
-    _check_num_workers(num_workers)
+    check_numbers(num_workers, port, startup_timeout, grace_period, max_restarts,
+                  gpus_per_worker)
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    where = "`num_workers`"
     if hosts:
-        hosts = tuple((str(h), int(n)) for h, n in hosts)
+        hosts = tuple((str(h), n) for h, n in hosts)
+        for name, n in hosts:
+            hosts_lib.check_workers(name, n)
         host_rank = hosts_lib.check_rank(hosts, host_rank)
         num_workers = hosts[host_rank][1]
+        where = f"host {host_rank}'s number of workers in `hosts`"
         port = hosts_lib.DEFAULT_PORT if port is None else port
         hosts_lib.worker_ports(port, max(n for _, n in hosts))
     elif host_rank is not None:
@@ -136,14 +216,8 @@ def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = Fal
                          "host of the launch, e.g. --hosts node1:2,node2:2 --host_rank 1.")
     elif port is not None:
         port_range(port, num_workers)
-    checks.positive_number("startup_timeout", startup_timeout,
-                            hint=f"seconds, e.g. {DEFAULT_STARTUP_TIMEOUT:g}")
-    checks.finite_number("grace_period", grace_period, minimum=0,
-                          hint=f"seconds, e.g. {DEFAULT_GRACE_PERIOD:g}")
-    checks.non_negative_int("max_restarts", max_restarts, hint="e.g. 3 (0: never restart)")
+    _check_cores(num_workers, cores, oversubscribe, where)
     cpu_sets = split_cpus(available_cpus, num_workers) if pin_cpus else None
-    checks.non_negative_int("gpus_per_worker", gpus_per_worker,
-                             hint="e.g. 1 (0: every worker sees every GPU)")
     gpu_sets = (gpus_lib.gpu_slices(available_gpus, num_workers, gpus_per_worker,
                                     gpus_source) if gpus_per_worker else None)
     return LaunchPlan(command, num_workers, port, float(startup_timeout),
@@ -152,7 +226,7 @@ def make_plan(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = Fal
 
 
 def _check_num_workers(num_workers: int) -> None:
-    checks.positive_int("num_workers", num_workers, hint="e.g. 2")
+    hosts_lib.check_workers(None, num_workers)
 
 
 def port_range(base: int, num_workers: int) -> list[int]:
@@ -196,9 +270,9 @@ def worker_env(base_env: Mapping[str, str], addresses: Sequence[str], index: int
                startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
                cpus: Sequence[int] | None = None,
                gpus: Sequence[str] | None = None) -> dict[str, str]:
-    """The environment of worker `index` of the cluster at `addresses`: `base_env` plus
-    TF_CONFIG, the launcher's settings, and, when given, its cores' thread counts and its
-    GPUs (CUDA_VISIBLE_DEVICES).
+    """The environment of worker `index` of the cluster at `addresses`: `base_env` (less
+    the launchers' secret, `auth.SECRET_ENV`) plus TF_CONFIG, the launcher's settings, and,
+    when given, its cores' thread counts and its GPUs (CUDA_VISIBLE_DEVICES).
 
     Example:
         >>> env = worker_env({}, ["node1:2223", "node2:2223"], 1, gpus=("2", "3"))
@@ -206,6 +280,7 @@ def worker_env(base_env: Mapping[str, str], addresses: Sequence[str], index: int
         ('2,3', '{"cluster": {"worker": ["node1:2223", "node2:2223"]}, "task": {"type": "worker", "index": 1}}')
     """
     env = dict(base_env)
+    env.pop(auth.SECRET_ENV, None)  # the launchers' secret: never the workers'
     env["TF_CONFIG"] = json.dumps(tf_config_lib.build_tf_config(list(addresses), index))
     env["TFMULTI_STARTUP_TIMEOUT"] = f"{startup_timeout:g}"
     env[tf_config_lib.LAUNCHED_ENV] = "1"  # `distribution="auto"` may join this cluster
