@@ -216,6 +216,42 @@ def test_absl_leaves_the_rules_to_validate():
             TrainConfig(**{field: getattr(config, field)}).validate()
 
 
+# Settings under which each count field is used (and so checked).
+_COUNT_CONTEXT = {
+    **dict.fromkeys(("num_stages", "num_microbatches", "num_replicas"),
+                    ("--distribution=hybrid",)),
+    "tensor_parallel": ("--distribution=pipeline", "--model=transformer"),
+    **dict.fromkeys(("seq_len", "d_model", "num_heads", "num_layers"), ("--model=transformer",)),
+    "num_examples": ("--dataset=synthetic",),
+    "backup_every_steps": ("--backup_dir=/tmp/tfmulti-test-unused",),
+}
+_INT_FLAGS = [spec.name for spec in config_flags.field_specs() if spec.kind == "int"]
+
+
+def _flag_error(argv) -> str:
+    """The one line recipes/train.py prints for `argv` (its flags, then validate)."""
+    with pytest.raises(ValueError) as raised:
+        config_flags.config_from_absl(_absl(argv)).validate()
+    return config_flags.flag_message(str(raised.value))
+
+
+@pytest.mark.parametrize("name", _INT_FLAGS)
+def test_every_integer_flag_of_train_has_a_range(name):
+    # Issue 27: a huge count passed validate and then hung or exhausted memory once
+    # TensorFlow had started (num_virtual_devices, num_stages, num_examples, d_model...).
+    message = _flag_error([*_COUNT_CONTEXT.get(name, ()), f"--{name}={10**12}"])
+    assert message.startswith(f"--{name} must be an integer from "), message
+    assert f"got {10**12}" in message
+
+
+def test_seed_flag_range():
+    # Issue 27: --seed=-5 failed only after TensorFlow started (in NumPy's seeding).
+    assert _flag_error(["--seed=-5"]) == \
+        "--seed must be an integer from 0 to 4294967295 (or None), got -5."
+    assert _flag_error([f"--seed={2**32}"]).startswith("--seed must be an integer from 0 to ")
+    assert config_flags.config_from_absl(_absl([f"--seed={2**32 - 1}"])).seed == 2**32 - 1
+
+
 def test_absl_exclude_and_overrides():
     fv = _absl(["--global_batch_size=32"], exclude=("epochs", "model_dir"))
     assert "epochs" not in fv and "model_dir" not in fv and "global_batch_size" in fv

@@ -33,11 +33,12 @@ from typing import Any
 
 from tfmulti.utils import checks
 
-__all__ = ["AUTO_STEPS_PER_EXECUTION", "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "HOOK_PATTERN",
-           "BUILTIN_MODELS", "MAX_COUNT", "MAX_DEVICES", "MAX_SEED", "MAX_SYNTHETIC_EXAMPLES",
-           "MODEL_PARALLEL", "TRANSFORMER_LIMITS", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS", "TRANSFORMER",
-           "COUNT_LIMITS", "TrainConfig", "check_limits", "check_transformer_sizes", "is_hook", "largest_divisor",
-           "parse_steps_per_execution", "resolve_steps_per_execution", "validate_for_diagnose"]
+__all__ = ["AUTO_STEPS_PER_EXECUTION", "BUILTIN_MODELS", "COUNT_LIMITS", "DIAGNOSE_DISTRIBUTIONS",
+           "DISTRIBUTIONS", "HOOK_PATTERN", "MAX_COUNT", "MAX_DEVICES", "MAX_SEED",
+           "MAX_SYNTHETIC_EXAMPLES", "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS",
+           "TRANSFORMER", "TRANSFORMER_LIMITS", "TrainConfig", "check_directory", "check_limits",
+           "check_transformer_sizes", "is_hook", "largest_divisor", "parse_steps_per_execution",
+           "resolve_steps_per_execution", "validate_for_diagnose"]
 
 DISTRIBUTIONS = ("auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid")
 """How a run spreads over devices: tf.distribute strategies, or placed pipeline stages."""
@@ -177,6 +178,11 @@ def resolve_steps_per_execution(value, steps_per_epoch: int | None,
                            AUTO_STEPS_PER_EXECUTION)
 
 
+# A hook string (`--model`, `--dataset`, `--loss`) is code: said in each one's help.
+_TRUST = (" Such a string imports a module and calls a function, running their code as "
+          "python -m would (--{flag}=os:abort calls os.abort): pass only strings you trust.")
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """A training run. Batch sizes are global (all replicas together).
@@ -203,7 +209,7 @@ class TrainConfig:
         "or your own as package.module:function, a function returning the train and test "
         "data (unbatched tf.data datasets, (features, labels) arrays, or a dict with "
         "'train', 'test' and optionally 'num_classes'; it may take seed and data_dir). From "
-        "Python, also the function itself.")
+        "Python, also the function itself." + _TRUST.format(flag="dataset"))
     data_dir: str | None = _field(
         None, "TFDS data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets).")
     download: bool = _field(
@@ -215,9 +221,9 @@ class TrainConfig:
         "language model for dataset tfmulti_text, sized by seq_len, d_model, num_heads and "
         "num_layers, split by tensor_parallel), or your own as "
         "package.module:function, a function returning a Keras model, which tfmulti calls "
-        "under the strategy's scope (found on sys.path, the current directory first; it may "
-        "take input_shape, num_classes, dropout and seed). From Python, also the function "
-        "itself.")
+        "under the strategy's scope (found on sys.path or in the current directory, which is "
+        "searched after the standard library; it may take input_shape, num_classes, dropout "
+        "and seed). From Python, also the function itself." + _TRUST.format(flag="model"))
     dropout: float = _field(0.2, "Dropout rate, in [0, 1).")
     epochs: int = _field(5, "Training epochs.")
     steps_per_epoch: int | None = _field(
@@ -241,7 +247,8 @@ class TrainConfig:
         "or your own as package.module:function, loss(y_true, y_pred); "
         "default by task (classification: sparse categorical cross-entropy, from logits "
         "unless the model ends in softmax; regression: mean squared error). From Python, "
-        "also a Keras loss object or a function loss(y_true, y_pred).")
+        "also a Keras loss object or a function loss(y_true, y_pred)."
+        + _TRUST.format(flag="loss"))
     metrics: tuple[str, ...] | None = _field(
         None, "Metrics: Keras metric names, e.g. accuracy,auc (default by task: accuracy, or "
         "mae for regression). From Python, also metric objects.")
@@ -435,13 +442,13 @@ class TrainConfig:
         if self.backup_dir is not None:
             if not self.backup_dir:
                 raise ValueError("`backup_dir` is empty; pass a directory path.")
-            _check_directory("backup_dir", self.backup_dir)
+            check_directory("backup_dir", self.backup_dir)
             if self.seed is None:
                 raise ValueError("`backup_dir` needs a fixed `seed`: a resumed run skips the "
                                  "batches already trained, which must come in the same "
                                  "order; set `seed`.")
         if self.model_dir:
-            _check_directory("model_dir", self.model_dir)
+            check_directory("model_dir", self.model_dir)
 
 
 COUNT_LIMITS = {**{name: MAX_COUNT for name in (
@@ -522,9 +529,14 @@ def _check_hook(name: str, value, builtins: tuple | None) -> None:
                          f"package.module:function, got {value!r}.")
 
 
-def _check_directory(name: str, path: str) -> None:
+def check_directory(name: str, path: str) -> None:
     """`path` is a directory this process can write, or can be created: checked
-    before anything starts, so a bad path fails at once, not at the first save."""
+    before anything starts, so a bad path fails at once, not at the first save.
+
+    Raises:
+        ValueError: `path` is a file, or neither it nor the folder it would be
+            created in is writable by this user.
+    """
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"`{name}` {path!r} exists and is not a directory; pass a directory "
                          "path.")

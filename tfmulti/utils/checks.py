@@ -98,9 +98,11 @@ def finite_number(name: str, value, *, minimum: float | None = None, strict: boo
     return float(value)
 
 
-def positive_number(name: str, value, *, none_ok: bool = False, hint: str = "") -> float | None:
-    """A finite number > 0."""
-    return finite_number(name, value, minimum=0, strict=True, none_ok=none_ok, hint=hint)
+def positive_number(name: str, value, *, maximum: float | None = None, none_ok: bool = False,
+                    hint: str = "") -> float | None:
+    """A finite number > 0, at most `maximum` when given."""
+    return finite_number(name, value, minimum=0, strict=True, maximum=maximum,
+                         none_ok=none_ok, hint=hint)
 
 
 def one_of(name: str, value, choices: Collection, *, hint: str = ""):
