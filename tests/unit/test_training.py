@@ -158,8 +158,8 @@ def test_model_dir_belongs_to_one_run(tmp_path, finished_tiny_run):
     model_dir = finished_tiny_run  # train(TrainConfig(model_dir=str(model_dir), **TINY))
     (model_dir / "notes.txt").write_text("the user's own file")
     before = _tree(model_dir)
-    with pytest.raises(ValueError, match=r"`model_dir` '.*run' is not empty \(.tfmulti-run.json, "
-                                         r"logs, metrics.json, model.keras, notes.txt\): it "
+    with pytest.raises(ValueError, match=r"`model_dir` '.*run' is not empty \(logs, "
+                                         r"metrics.json, model.keras, notes.txt\): it "
                                          r"holds another run's outputs; pass overwrite=True"):
         train(TrainConfig(model_dir=str(model_dir), **{**TINY, "learning_rate": 0.01}))
     assert _tree(model_dir) == before
@@ -257,15 +257,18 @@ def test_a_run_resumed_at_its_end_writes_the_trained_optimizer_and_train_metrics
 
 def test_outputs_are_published_together(finished_tiny_run, monkeypatch):
     """A failure while writing the model leaves no metrics.json that belongs to
-    another model, and no staging folder."""
+    another model, no staging folder, and the old run's outputs as they were."""
     model_dir = finished_tiny_run  # train(TrainConfig(model_dir=str(model_dir), **TINY))
+    before = {k: v for k, v in _tree(model_dir).items() if k != ".tfmulti-run.json"}
 
     def full_disk(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(keras.Model, "save", full_disk)
-    with pytest.raises(OSError, match="No space left on device"):
+    with pytest.raises(OSError, match=r"cannot write the outputs to `model_dir` '.*run': No "
+                                      r"space left on device; free space there"):
         train(TrainConfig(model_dir=str(model_dir), overwrite=True, **TINY))
     left = sorted(os.listdir(model_dir))
-    assert "metrics.json" not in left and "model.keras" not in left  # the old pair is gone too
     assert not [name for name in left if name.startswith(".staging-")]
+    assert {k: v for k, v in _tree(model_dir).items()
+            if k != ".tfmulti-run.json" and not k.startswith(".tfmulti-pending")} == before
