@@ -552,3 +552,175 @@ def test_the_other_workers_take_the_chiefs_resume_point_or_its_error(tmp_path, m
     with pytest.raises(ValueError, match=r"the chief cannot resume: `backup_dir` .* is in use "
                                          r"by another run \(pid 4242 on node7"):
         worker.resume_point()
+
+
+# ------------------------------------------------------------- read failures, a full backup_dir
+
+
+def _snapshot(folder) -> dict:
+    """Name -> bytes, or ("link", target) for a symbolic link (a dangling one
+    included), of every entry of `folder`: to prove nothing was touched."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if os.path.islink(path):
+            out[name] = ("link", os.readlink(path))
+        elif os.path.isdir(path):
+            out[name] = ("folder", sorted(os.listdir(path)))
+        else:
+            with open(path, "rb") as f:
+                out[name] = f.read()
+    return out
+
+
+def _lose_data(prefix) -> str:
+    """Replaces the data file of the checkpoint at `prefix` with a link into a
+    filesystem that is not there (a missing mount): the name is listed, its bytes
+    cannot be read. Returns where the real file went."""
+    data_file = glob.glob(str(prefix) + ".data-*")[0]
+    kept = os.path.join(os.path.dirname(data_file), "lost-" + os.path.basename(data_file))
+    os.rename(data_file, kept)
+    os.symlink("/nonexistent-mount/tfmulti-test/data", data_file)
+    return kept
+
+
+def _find_data_again(prefix, kept) -> None:
+    data_file = glob.glob(str(prefix) + ".data-*")[0]
+    os.remove(data_file)
+    os.rename(kept, data_file)
+
+
+@pytest.mark.parametrize("lost", ["newest", "all", "older after a corrupt newest"])
+def test_an_unreadable_backup_stops_touching_nothing_and_resumes_once_readable(
+        tmp_path, capsys, lost):
+    """Issue 27, 1: a read failure is not corruption. A kept backup whose data
+    cannot be read stops the run with the file and the error named, and nothing
+    in backup_dir changes (no fallback, no fresh start whose first save replaces
+    the checkpoints); once readable again, the run resumes from it."""
+    backup_dir = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        backup_fit(backup_dir, callbacks=[CrashAt(10)])  # backups at 4 and 8
+    newest, older = backup_dir / "tfmulti-ckpt-8", backup_dir / "tfmulti-ckpt-4"
+    if lost == "older after a corrupt newest":
+        with open(str(newest) + ".index", "r+b") as f:
+            f.write(b"\xde\xad\xbe\xef" * 16)
+        unreadable = [older]
+    else:
+        unreadable = [newest, older] if lost == "all" else [newest]
+    kept = {prefix: _lose_data(prefix) for prefix in unreadable}
+    before = _snapshot(backup_dir)
+    capsys.readouterr()
+    for _ in range(2):  # and again: the first refusal changed nothing
+        with pytest.raises(OSError,
+                           match=rf"cannot read the backup file {unreadable[0]}\.data-00000-of-"
+                                 r"00001 \(No such file or directory\); nothing in it was "
+                                 r"changed: make it readable .* and rerun to resume, or pass "
+                                 r"discard_unreadable_backup=True to start from step 0"):
+            backup_fit(backup_dir)
+        assert _snapshot(backup_dir) == before
+    out = capsys.readouterr().out  # a corrupt newest one is still skipped, as before
+    assert ("falling back" in out) == (lost == "older after a corrupt newest"), out
+    for prefix, where in kept.items():
+        _find_data_again(prefix, where)
+    result = backup_fit(backup_dir)
+    assert result.resumed_step == (4 if lost == "older after a corrupt newest" else 8)
+
+
+def test_discard_unreadable_backup_starts_from_step_0_saying_what_it_discards(tmp_path, capsys):
+    backup_dir = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        backup_fit(backup_dir, callbacks=[CrashAt(10)])  # backups at 4 and 8
+    _lose_data(backup_dir / "tfmulti-ckpt-8")
+    capsys.readouterr()
+    result = backup_fit(backup_dir, discard_unreadable_backup=True)
+    assert result.resumed_step == 0 and len(result.history["loss"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "discard" in line]
+    assert lines == [
+        f"tfmulti: warning: discarding the backup in {backup_dir} (discard_unreadable_backup): "
+        f"the file {backup_dir}/tfmulti-ckpt-8.data-00000-of-00001 cannot be read (No such file "
+        f"or directory); starting from step 0"], err
+    # Its saves replaced the discarded checkpoints.
+    assert [os.path.basename(p) for p in backup.checkpoints(str(backup_dir))] == \
+        ["tfmulti-ckpt-16", "tfmulti-ckpt-12"]
+    assert not glob.glob(str(backup_dir / "tfmulti-ckpt-8*"))
+
+
+def test_an_unreadable_manifest_stops_too(tmp_path):
+    backup_dir = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        backup_fit(backup_dir, callbacks=[CrashAt(10)])
+    manifest = backup_dir / "tfmulti-backup.json"
+    os.rename(manifest, backup_dir / "manifest.kept")
+    os.mkdir(manifest)  # in its place, something that cannot be read as a file
+    before = _snapshot(backup_dir)
+    with pytest.raises(OSError, match=rf"cannot read the backup file "
+                                                      rf"{manifest} \(Is a directory\)"):
+        backup_fit(backup_dir)
+    assert _snapshot(backup_dir) == before
+
+
+def test_a_checkpoint_is_deleted_only_after_a_newer_one_reads_back(tmp_path, monkeypatch):
+    """A save whose checkpoint does not read back (a disk that lost the write)
+    deletes nothing: the rotation removes the oldest only after the new one has
+    been read back whole."""
+    import tensorflow as tf
+
+    m = _small_model(1.0)
+    saver = backup.Backup(str(tmp_path), m, keep=2, chief=True, task_index=0)
+    saver.save(4)
+    saver.save(8)
+    before = _snapshot(tmp_path)
+    real_write = tf.train.Checkpoint.write
+
+    def lossy_write(self, prefix, *args, **kwargs):
+        path = real_write(self, prefix, *args, **kwargs)
+        data_file = glob.glob(path + ".data-*")[0]
+        with open(data_file, "r+b") as f:
+            f.seek(os.path.getsize(data_file) // 2)
+            f.write(b"\x00\xff" * 8)
+        return path
+
+    monkeypatch.setattr(tf.train.Checkpoint, "write", lossy_write)
+    with pytest.raises(ValueError, match=r"the backup just saved, .*tfmulti-ckpt-12, does not "
+                                         r"read back \(.*\); the previous backups in .* are "
+                                         r"kept"):
+        saver.save(12)
+    assert _snapshot(tmp_path) == before  # the corrupt new one removed, nothing else
+    monkeypatch.setattr(tf.train.Checkpoint, "write", real_write)
+    saver.save(16)  # reads back: now the rotation goes on
+    assert [os.path.basename(p) for p in backup.checkpoints(str(tmp_path))] == \
+        ["tfmulti-ckpt-16", "tfmulti-ckpt-8"]
+
+
+@pytest.mark.parametrize("error", ["tensorflow", "python"])
+def test_a_full_backup_dir_names_it_and_keeps_the_previous_backup(tmp_path, monkeypatch, error):
+    """ENOSPC while saving (TensorFlow raises ResourceExhaustedError, Python an
+    OSError): one message naming backup_dir and "no space left", the previous
+    backup intact, the unfinished save's temporary directory removed. (The real
+    thing, a full tmpfs: tests/integration/test_backup_read_errors.py.)"""
+    import errno
+
+    import tensorflow as tf
+
+    m = _small_model(1.0)
+    saver = backup.Backup(str(tmp_path), m, keep=2, chief=True, task_index=0)
+    saver.save(4)
+    saver.save(8)
+    before = _snapshot(tmp_path)
+
+    def full_disk(self, prefix, *args, **kwargs):
+        os.makedirs(prefix + "_temp")
+        if error == "tensorflow":
+            raise tf.errors.ResourceExhaustedError(
+                None, None, f"{prefix}_temp/part-00000-of-00001.data-00000-of-00001.tempstate1; "
+                "No space left on device [Op:SaveV2]")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tf.train.Checkpoint, "write", full_disk)
+    with pytest.raises(OSError, match=rf"no space left on the device of `backup_dir` "
+                                      rf"'{tmp_path}' while saving the backup at global step 12 "
+                                      r"\(.*No space left on device.*\); the backup at global "
+                                      r"step 8 is kept: free space there"):
+        saver.save(12)
+    assert _snapshot(tmp_path) == before

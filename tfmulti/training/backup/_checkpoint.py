@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import glob
 import json
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 
@@ -56,21 +59,51 @@ def checkpoints(backup_dir: str) -> list[str]:
     return _files.checkpoint_prefixes(backup_dir)
 
 
+UnreadableBackup = _files.UnreadableBackup
+
+
+# The end of TensorFlow's message for a file the OS failed to read ("PATH; Permission
+# denied"): a read failure, unless the file is simply absent (an incomplete checkpoint).
+_OS_REASONS = tuple(f"; {os.strerror(n)}" for n in sorted(errno.errorcode)
+                    if n != errno.ENOENT)
+
+
 def verify(path: str) -> int:
-    """Reads every tensor of the checkpoint at `path` (TensorFlow verifies each
-    one's checksum) and returns its global step.
+    """Reads every file of the checkpoint at `path` to its end, then every tensor
+    (TensorFlow verifies each one's checksum), and returns its global step.
+
+    A file the operating system cannot read is a read failure, which says nothing
+    about the checkpoint; files that read but whose content does not check (a
+    checksum, a truncated or garbled file, a missing data file) are corruption.
 
     Raises:
-        ValueError: the checkpoint is unreadable, truncated, corrupt, or has no step.
+        UnreadableBackup: a file cannot be read (permissions, an I/O error, a
+            missing mount); an OSError.
+        ValueError: the checkpoint is truncated, corrupt, incomplete, or has no step.
     """
+    backup_dir = os.path.dirname(path)
+    index = path + ".index"
+    names = _files.checkpoint_files(path)
+    if os.path.basename(index) not in names:  # listed a moment ago: the folder went away?
+        raise _files.unreadable(index, "it is no longer listed in its folder", backup_dir)
+    for name in names:
+        full = os.path.join(backup_dir, name)
+        try:
+            _files.read_through(full)
+        except OSError as e:
+            raise _files.unreadable(full, e.strerror or str(e), backup_dir) from e
     try:
-        reader = tf.train.load_checkpoint(path)
-        names = reader.get_variable_to_shape_map()
-        for name in names:
-            reader.get_tensor(name)
+        with _literal(path) as literal:
+            reader = tf.train.load_checkpoint(literal)
+            names = reader.get_variable_to_shape_map()
+            for name in names:
+                reader.get_tensor(name)
     except Exception as e:  # pylint: disable=broad-except  (OpError, IndexError "Read less
         # bytes than requested" from a truncated file, ...: unusable either way)
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = next((r for r in _OS_REASONS if message.endswith(r)), None)
+        if reason:  # the OS failed TensorFlow's read, after ours (a transient error)
+            raise _files.unreadable(message[: -len(reason)], reason[2:], backup_dir) from e
         raise ValueError(f"{message[:300]}") from e
     step_keys = [n for n in names if n.startswith("step/")]
     if not step_keys:
@@ -78,15 +111,38 @@ def verify(path: str) -> int:
     return int(reader.get_tensor(step_keys[0]))
 
 
+@contextlib.contextmanager
+def _literal(path: str):
+    """`path`, or while a folder name in it holds glob characters (`runs/exp[12]`),
+    the same checkpoint through a link without them: TensorFlow's checkpoint
+    reader matches its path as a pattern."""
+    if not glob.has_magic(path):
+        yield path
+        return
+    scratch = tempfile.mkdtemp(prefix="tfmulti-read-")
+    try:
+        os.symlink(os.path.abspath(os.path.dirname(path)), os.path.join(scratch, "backup"))
+        yield os.path.join(scratch, "backup", os.path.basename(path))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def latest_valid(backup_dir: str) -> ResumePoint:
     """The newest checkpoint in `backup_dir` that reads back completely.
 
-    A corrupt or truncated newer one is skipped with a warning naming its
-    files. Returns `ResumePoint(0, None)` when there is none.
+    A corrupt, truncated or incomplete newer one is skipped with a warning
+    naming its files. Returns `ResumePoint(0, None)` when there is none.
+
+    Raises:
+        UnreadableBackup: a file of the newest checkpoint that is not corrupt cannot
+            be read: nothing is skipped, nothing is known (the message names the
+            file, the error and the fixes).
     """
     for path in checkpoints(backup_dir):
         try:
             return ResumePoint(verify(path), path)
+        except UnreadableBackup:
+            raise
         except ValueError as e:
             files = ", ".join(_files.checkpoint_files(path))
             message = (f"backup checkpoint {path} ({files}) cannot be restored ({e}); "
@@ -153,6 +209,12 @@ class Backup:
             the model's (`model.distribute_strategy`).
         chief: override: whether this worker writes `backup_dir`.
         task_index: override: this worker's rank (chief 0).
+        discard_unreadable_backup: when a file of the backup cannot be read
+            (permissions, an I/O error, a missing mount), start from step 0,
+            discarding the backup (its checkpoints are replaced by this run's),
+            with a warning naming the file; default: stop with an
+            `UnreadableBackup` error and change nothing. A corrupt checkpoint
+            (it reads, its content does not check) is skipped either way.
 
     The chief locks `backup_dir` when it first uses it (see `lock`), until
     `release()`, the end of a `with Backup(...)` block, or the object's deletion.
@@ -184,7 +246,8 @@ class Backup:
     def __init__(self, backup_dir: str, model, optimizer=None, *, keep: int = 2,
                  fingerprint: dict | None = None,
                  strategy: tf.distribute.Strategy | None = None, chief: bool | None = None,
-                 task_index: int | None = None, run: int = 0):
+                 task_index: int | None = None, run: int = 0,
+                 discard_unreadable_backup: bool = False):
         if not backup_dir:
             raise ValueError("`backup_dir` must be a directory path, got an empty value.")
         if os.path.exists(backup_dir) and not os.path.isdir(backup_dir):
@@ -209,6 +272,8 @@ class Backup:
         self._restored = False  # then `restore_metrics` puts the totals back at epoch starts
         self._lock = _files.DirLock(backup_dir)
         self._fingerprint_checked = False
+        self.discard_unreadable_backup = bool(discard_unreadable_backup)
+        self._discarding = False  # the backup could not be read and is being replaced
 
     def __enter__(self) -> "Backup":
         return self
@@ -266,8 +331,12 @@ class Backup:
         of another run's kept checkpoints (which no resume checked) is refused."""
         if self._fingerprint_checked:
             return
-        stored = _files.read_fingerprint(self.backup_dir)
         current = self.fingerprint()
+        if self._discarding:  # what it held is unknown: this run's replaces it
+            _files.write_fingerprint(self.backup_dir, current)
+            self._fingerprint_checked = True
+            return
+        stored = _files.read_fingerprint(self.backup_dir)
         if stored is not None and stored != current and checkpoints(self.backup_dir):
             raise _files.mismatch_error(self.backup_dir,
                                         _files.fingerprint_differences(stored, current))
@@ -303,7 +372,11 @@ class Backup:
         Raises:
             ValueError: the checkpoint lacks some of the keys.
         """
-        reader = tf.train.load_checkpoint(path)
+        with _literal(path) as literal:
+            self._read_from(tf.train.load_checkpoint(literal), path, sections)
+
+    @staticmethod
+    def _read_from(reader, path: str, sections: dict) -> None:
         suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
         stored = {}
         for name in reader.get_variable_to_shape_map():
@@ -337,17 +410,44 @@ class Backup:
         """Saves at global step `step`; every worker must call it at the same step.
         Returns the chief's checkpoint path (None on other workers).
 
-        The other workers write into private temporary directories (a save may
-        need collectives), removed at once, also when the save fails."""
+        The chief removes an older checkpoint (beyond `keep`) only after the new one
+        has read back whole (`verify`). The other workers write into private
+        temporary directories (a save may need collectives), removed at once,
+        also when the save fails.
+
+        Raises:
+            OSError: `backup_dir` is full (the message names it and says "no space
+                left"); the previous checkpoints are kept.
+            ValueError: the new checkpoint does not read back, or `backup_dir`
+                cannot be written; the previous checkpoints are kept.
+        """
         failpoint("backup.save")
         self.step.assign(step)
         checkpoint = self._checkpoint()
         if self.chief:
             self.acquire()
-            self._store_fingerprint()
-            path = checkpoint.write(os.path.join(self.backup_dir, f"{_files.PREFIX}-{step}"))
+            try:
+                self._store_fingerprint()
+                path = checkpoint.write(os.path.join(self.backup_dir, f"{_files.PREFIX}-{step}"))
+            except (tf.errors.OpError, OSError) as e:
+                _files.remove_unfinished(self.backup_dir, step)
+                raise self._save_error(step, e) from e
             failpoint("backup.saved")
-            _files.prune(self.backup_dir, self.keep, step)
+            doomed = _files.prunable(self.backup_dir, self.keep, step,
+                                     all_others=self._discarding)
+            if doomed:
+                try:
+                    verify(path)
+                except (ValueError, OSError) as e:
+                    if not isinstance(e, UnreadableBackup):  # proven corrupt: not kept
+                        _files.remove_steps(self.backup_dir, [step])
+                    raise ValueError(
+                        f"the backup just saved, {path}, does not read back ({e}); the "
+                        f"previous backups in {self.backup_dir} are kept; check the "
+                        "filesystem of `backup_dir` (or pass another) and rerun to resume "
+                        "from them.") from e
+                _files.remove_steps(self.backup_dir, doomed)
+            self._discarding = False
             return path
         scratch = tempfile.mkdtemp(prefix="tfmulti-backup-")
         try:
@@ -357,6 +457,35 @@ class Backup:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
 
+    def _save_error(self, step: int, error: Exception) -> Exception:
+        """A full or unwritable `backup_dir` as one line; other errors as they are."""
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        text = text.replace("{{", "(").replace("}}", ")")[-300:]
+        full = (isinstance(error, tf.errors.ResourceExhaustedError)
+                or getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+                or os.strerror(errno.ENOSPC) in text)
+        denied = (isinstance(error, (tf.errors.PermissionDeniedError, PermissionError))
+                  or text.endswith(f"; {os.strerror(errno.EACCES)}"))
+        if not (full or denied):
+            return error
+        previous = next((p for p in checkpoints(self.backup_dir)
+                         if not p.endswith(f"-{step}")), None)
+        kept = (f"the backup at global step {previous.rsplit('-', 1)[1]} is kept" if previous
+                else "no backup was saved before")
+        if full:
+            size = _files.checkpoint_bytes(previous) if previous else 0
+            room = (f" (room for {self.keep + 1} checkpoints of {size / 2**20:.1f} MiB: this "
+                    f"run keeps {self.keep} and writes the next before removing the oldest)"
+                    if size else "")
+            return OSError(
+                f"no space left on the device of `backup_dir` {self.backup_dir!r} while "
+                f"saving the backup at global step {step} ({text}); {kept}: free space there"
+                f"{room} or pass another `backup_dir`, then rerun to resume.")
+        return ValueError(
+            f"cannot write the backup at global step {step} in `backup_dir` "
+            f"{self.backup_dir!r} ({text}); {kept}: pass a directory this process can "
+            "write, then rerun to resume.")
+
     def resume_point(self) -> ResumePoint:
         """The checkpoint to resume from, the same on every worker.
 
@@ -365,6 +494,8 @@ class Backup:
         other workers take it.
 
         Raises:
+            UnreadableBackup: a file of the backup cannot be read (and
+                `discard_unreadable_backup` is off): nothing was changed.
             ValueError: `backup_dir` is another run's, or a worker cannot read the
                 chief's choice (backup_dir not shared).
         """
@@ -373,8 +504,8 @@ class Backup:
             try:
                 self.acquire()
                 _files.note_foreign(self.backup_dir, say)
-                point = latest_valid(self.backup_dir)
-            except ValueError as e:
+                point = self._choose()
+            except (ValueError, OSError) as e:
                 if multi:
                     _kv().set_config_key_value(self.resume_key, f"error|{e}")
                 raise
@@ -390,11 +521,28 @@ class Backup:
             return ResumePoint(0, None)
         try:
             verify(path)
-        except ValueError as e:
+        except (ValueError, OSError) as e:
             raise ValueError(
                 f"the chief resumes from {path} but worker {self.task_index} cannot read it "
                 f"({e}); `backup_dir` must be on a filesystem every worker shares.") from e
         return ResumePoint(int(step_text), path)
+
+    def _choose(self) -> ResumePoint:
+        """The chief's resume point: the newest checkpoint that reads back, its
+        manifest readable too; on a read failure, stop (UnreadableBackup) or, if
+        told so, discard the backup and start from step 0."""
+        try:
+            point = latest_valid(self.backup_dir)
+            _files.read_fingerprint(self.backup_dir)  # compared with this run's later
+            return point
+        except UnreadableBackup as e:
+            if not self.discard_unreadable_backup:
+                raise
+            print(f"tfmulti: warning: discarding the backup in {self.backup_dir} "
+                  f"(discard_unreadable_backup): the file {e.path} cannot be read ({e.reason}); "
+                  "starting from step 0", file=sys.stderr, flush=True)
+            self._discarding = True
+            return ResumePoint(0, None)
 
     def restore(self, point: ResumePoint) -> None:
         """Restores the model's variables, the optimizer's (building its slots

@@ -82,6 +82,18 @@ def checkpoint_files(prefix: str) -> list[str]:
     return sorted(n for n in _entries(folder) if n.startswith(base + ".") and _OWN.match(n))
 
 
+def checkpoint_bytes(prefix: str) -> int:
+    """The size of the checkpoint at `prefix`, its files together."""
+    folder = os.path.dirname(prefix)
+    total = 0
+    for name in checkpoint_files(prefix):
+        try:
+            total += os.path.getsize(os.path.join(folder, name))
+        except OSError:
+            pass
+    return total
+
+
 def foreign_checkpoints(backup_dir: str) -> list[str]:
     """TensorFlow checkpoints in `backup_dir` that tfmulti did not write (their
     prefixes), and TensorFlow's `checkpoint` state file: left alone."""
@@ -118,14 +130,66 @@ def _remove(backup_dir: str, names: list[str]) -> None:
                 pass
 
 
-def prune(backup_dir: str, keep: int, saved_step: int) -> None:
-    """After a save at `saved_step`: removes tfmulti's checkpoints past it (a later
-    timeline's, which the resume skipped as unreadable, or an unfinished save's) and
-    all but the newest `keep` before it."""
+def prunable(backup_dir: str, keep: int, saved_step: int, *, all_others: bool = False
+             ) -> list[int]:
+    """The steps whose entries go after a save at `saved_step`: tfmulti's checkpoints
+    past it (a later timeline's, which the resume skipped as corrupt, or an
+    unfinished save's) and all but the newest `keep` before it; every other step
+    with `all_others` (a discarded backup's). Remove them (`remove_steps`) only once
+    the checkpoint at `saved_step` reads back."""
     steps = _own(backup_dir)
+    if all_others:
+        return [s for s in steps if s != saved_step]
     older = sorted((s for s in steps if s <= saved_step), reverse=True)
-    for step in [s for s in steps if s > saved_step] + older[keep:]:
-        _remove(backup_dir, steps[step])
+    return [s for s in steps if s > saved_step] + older[keep:]
+
+
+def remove_steps(backup_dir: str, steps: list[int]) -> None:
+    """Removes tfmulti's entries (checkpoint files, unfinished saves) of `steps`."""
+    own = _own(backup_dir)
+    for step in steps:
+        _remove(backup_dir, own.get(step, []))
+
+
+def remove_unfinished(backup_dir: str, step: int) -> None:
+    """Removes the temporary directory of a save at `step` that failed."""
+    _remove(backup_dir, [n for n in _own(backup_dir).get(step, []) if n.endswith("_temp")])
+
+
+# ---------------------------------------------------------------------------- reading
+
+class UnreadableBackup(OSError):
+    """A file of the backup cannot be read (permissions, an I/O error, a missing
+    mount): its content is unknown, so it is neither used nor discarded; the run
+    stops and changes nothing. Its message names the file, the error and the two
+    ways on; `path` is the file, `reason` the error."""
+
+    def __init__(self, message: str, path: str, reason: str):
+        super().__init__(message)
+        self.path, self.reason = path, reason
+
+
+def unreadable(path: str, reason: str, backup_dir: str) -> UnreadableBackup:
+    """The error for a backup file that cannot be read."""
+    return UnreadableBackup(
+        f"cannot read the backup file {path} ({reason}); nothing in it was changed: make it "
+        "readable (its permissions, the filesystem or its mount) and rerun to resume, or pass "
+        f"discard_unreadable_backup=True to start from step 0, discarding the backup in "
+        f"{backup_dir}.", path, reason)
+
+
+_CHUNK = 1 << 22
+
+
+def read_through(path: str) -> None:
+    """Reads the file at `path` to its end, through the operating system.
+
+    Raises:
+        OSError: it cannot be opened or read (the OS's error).
+    """
+    with open(path, "rb") as f:
+        while f.read(_CHUNK):
+            pass
 
 
 # ---------------------------------------------------------------------------- lock
@@ -261,15 +325,27 @@ class DirLock:
 # ---------------------------------------------------------------------------- manifest
 
 def read_fingerprint(backup_dir: str) -> dict | None:
-    """The fingerprint stored with the checkpoints, or None when there is no manifest."""
+    """The fingerprint stored with the checkpoints, or None when there is no manifest.
+
+    Raises:
+        UnreadableBackup: the manifest cannot be read (nothing is known of it).
+        ValueError: it reads, but is not a manifest (garbled).
+    """
+    path = os.path.join(backup_dir, MANIFEST)
     try:
-        with open(os.path.join(backup_dir, MANIFEST)) as f:
-            manifest = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        raise ValueError(f"the backup manifest {os.path.join(backup_dir, MANIFEST)!r} cannot "
-                         f"be read ({e}); delete the backup or use another `backup_dir`.") from e
+    except OSError as e:
+        raise unreadable(path, e.strerror or str(e), backup_dir) from e
+    try:
+        manifest = json.loads(raw.decode())
+        if not isinstance(manifest, dict):
+            raise ValueError(f"a JSON {type(manifest).__name__}, not an object")
+    except ValueError as e:  # UnicodeDecodeError included
+        raise ValueError(f"the backup manifest {path!r} is not one ({e}); delete the "
+                         "backup or use another `backup_dir`.") from e
     return manifest.get("fingerprint", {})
 
 

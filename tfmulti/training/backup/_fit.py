@@ -141,7 +141,8 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         backup_dir: str, save_every_steps: int | None = None, save_every_epoch: bool = True,
         keep: int = 2, delete_on_success: bool = False, preemption: bool = True,
         callbacks=(), verbose="auto", steps_per_execution: int | None = None,
-        fingerprint: dict | None = None, **fit_kwargs) -> FitResult:
+        fingerprint: dict | None = None, discard_unreadable_backup: bool = False,
+        **fit_kwargs) -> FitResult:
     """`model.fit` that resumes from `backup_dir` at the next step.
 
     Args:
@@ -171,6 +172,10 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
             checkpoints with what `fit` knows (the model's variables, the
             optimizer, `steps_per_epoch`, the steps per execution); resuming
             a backup whose fingerprint differs is refused, naming the fields.
+        discard_unreadable_backup: start from step 0 when a file of the backup
+            cannot be read (permissions, an I/O error, a missing mount),
+            discarding the backup, with a warning naming the file; default: stop
+            with `UnreadableBackup` and change nothing (see `Backup`).
 
     Returns:
         A `FitResult`: the merged `history.history` of the (one or two) `fit`
@@ -181,6 +186,9 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         ValueError: bad arguments, a resume step that does not fit the run,
             a backup of a run with other settings, or a `backup_dir` in use
             by another run.
+        UnreadableBackup: a file of the backup cannot be read (an OSError;
+            nothing was changed).
+        OSError: `backup_dir` is full (the previous backup is kept).
         Preempted: after saving on SIGTERM.
         PreemptedUnsaved: on SIGTERM, when the workers did not agree on a step.
     """
@@ -197,7 +205,8 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         raise ValueError(f"the model's steps per execution ({steps_per_execution}) must divide "
                          f"`steps_per_epoch` ({steps_per_epoch}) for step-exact resumes.")
     run = next(_runs)
-    backup = Backup(backup_dir, model, keep=keep, run=run, fingerprint={
+    backup = Backup(backup_dir, model, keep=keep, run=run,
+                    discard_unreadable_backup=discard_unreadable_backup, fingerprint={
         **(fingerprint or {}), "steps_per_epoch": steps_per_epoch,
         "steps_per_execution": steps_per_execution})
     try:
