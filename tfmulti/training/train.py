@@ -41,7 +41,7 @@ from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.training.outputs import OUTPUTS
 from tfmulti.utils.atomic import write_json_atomic
 from tfmulti.config.train_config import TrainConfig
-from tfmulti.training.callbacks import EpochTimer
+from tfmulti.training.callbacks import EpochTimer, StopOnNonFiniteLoss
 from tfmulti.data.from_config import dataset_metrics
 from tfmulti.memory import estimate as memory
 
@@ -130,9 +130,11 @@ def train(config: TrainConfig, callbacks=()) -> dict:
     """Trains, evaluates on the test split, and writes results to `model_dir`.
 
     Writes `<model_dir>/metrics.json`, `<model_dir>/model.keras` and TensorBoard
-    logs under `<model_dir>/logs` (when `model_dir` is set). In a multi-worker
-    cluster only the chief (by the strategy's cluster resolver: TF_CONFIG,
-    SLURM, ...) writes and shows progress; the others write nothing.
+    logs under `<model_dir>/logs` (when `model_dir` is set), published together
+    at the end: the logs wait in `<model_dir>/.tfmulti-pending/logs` meanwhile,
+    and the outputs of the run they replace (`overwrite`) stay until then. In a
+    multi-worker cluster only the chief (by the strategy's cluster resolver:
+    TF_CONFIG, SLURM, ...) writes and shows progress; the others write nothing.
 
     Args:
         config: the run.
@@ -146,7 +148,10 @@ def train(config: TrainConfig, callbacks=()) -> dict:
 
     Raises:
         ValueError: a bad configuration, a `model_dir` holding another run's
-            outputs (nothing is written then).
+            outputs or files tfmulti did not write, or in use by another run
+            (nothing is written then).
+        OSError: the outputs could not be written to `model_dir` (a full disk);
+            the outputs already there are left as they were.
         RuntimeError: virtual devices requested after TensorFlow started.
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
@@ -187,7 +192,8 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         return finished
     # All checks passed: from here on we write.
     timer = EpochTimer()
-    all_callbacks = [timer, *callbacks]
+    # A NaN or infinite loss stops the run before any callback saves from it.
+    all_callbacks = [timer, StopOnNonFiniteLoss(config.backup_dir), *callbacks]
     if writes:
         # Published with the other outputs at the end (the old ones stay until then).
         all_callbacks.append(keras.callbacks.TensorBoard(outputs.pending_logs(config.model_dir)))
@@ -208,7 +214,8 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
                             steps_per_epoch=run.steps_per_epoch, backup_dir=config.backup_dir,
                             save_every_steps=config.backup_every_steps,
                             callbacks=all_callbacks, verbose=verbose,
-                            fingerprint=_fingerprint(run, role))
+                            fingerprint=_fingerprint(run, role),
+                            discard_unreadable_backup=config.discard_unreadable_backup)
         history, resumed_step = result.history, result.resumed_step
         if not history and result.resumed_from:  # resumed at the end: nothing trained here
             last_epoch = model.get_metrics_result()  # the backup's, before evaluate resets it
