@@ -51,7 +51,7 @@ def test_a_run_publishes_its_outputs_and_records_them(published):
                                              "model.keras"]  # no pending or staging left
     assert (published / EVENTS).read_text() == "events of the old run"
     assert json.loads((published / ".tfmulti-run.json").read_text()) == {
-        "config": CONFIG, "finished": True,
+        "config": CONFIG, "finished": True, "publishing": [],
         "published": [EVENTS, "metrics.json", "model.keras"]}
 
 
@@ -112,8 +112,8 @@ def test_overwrite_keeps_the_old_outputs_until_the_new_ones_are_published(publis
     assert {k: v for k, v in claimed.items() if k != ".tfmulti-run.json"} == {
         k: v for k, v in old.items() if k != ".tfmulti-run.json"}
     assert json.loads(claimed[".tfmulti-run.json"]) == {
-        "config": OTHER, "finished": False, "published": [EVENTS, "metrics.json",
-                                                          "model.keras"]}
+        "config": OTHER, "finished": False, "publishing": [],
+        "published": [EVENTS, "metrics.json", "model.keras"]}
     # A file of the user's dropped into logs/ during the run stays.
     (published / "logs" / "train" / "late.txt").write_text("the user's, added meanwhile")
     new_events = "logs/train/events.out.tfevents.2.host.2.v2"
@@ -126,7 +126,7 @@ def test_overwrite_keeps_the_old_outputs_until_the_new_ones_are_published(publis
         "metrics.json": b"metrics.json of the new run",
         "model.keras": b"model.keras of the new run"}
     assert json.loads((published / ".tfmulti-run.json").read_text()) == {
-        "config": OTHER, "finished": True,
+        "config": OTHER, "finished": True, "publishing": [],
         "published": [new_events, "metrics.json", "model.keras"]}
 
 
@@ -153,6 +153,37 @@ def test_a_failed_publish_leaves_the_old_outputs(published):
             if k != ".tfmulti-run.json" and not k.startswith(".tfmulti-pending")} == old
     assert os.path.exists(pending)
     assert not [name for name in os.listdir(published) if name.startswith(".staging-")]
+
+
+def test_a_publish_killed_part_way_keeps_every_file_recorded(published, monkeypatch):
+    """Stopped after the first new event file moved into logs/: the run file
+    still records the old and the new files; the resumed run's publish keeps
+    what it had moved and removes the old run's."""
+    outputs.claim(str(published), OTHER, overwrite=True, resumable=True)
+    pending = outputs.pending_logs(str(published))
+    os.makedirs(os.path.join(pending, "train"))
+    for name in ("events.a", "events.b"):
+        (published / ".tfmulti-pending" / "logs" / "train" / name).write_text(name)
+    sync = outputs._fsync
+
+    def stop_at_b(path):
+        if path.endswith("events.b"):
+            raise OSError(errno.EIO, "simulated stop")
+        sync(path)
+
+    monkeypatch.setattr(outputs, "_fsync", stop_at_b)
+    with pytest.raises(OSError, match="simulated stop"):
+        _publish(published, OTHER, "the new run", events="logs/train/events.a")
+    moved = ["logs/train/events.a", EVENTS, "metrics.json", "model.keras"]
+    assert sorted(n for n in file_tree(published) if n.startswith(("logs", "m"))) == moved
+    assert set(moved) <= set(outputs.read_record(str(published)).published)
+    monkeypatch.setattr(outputs, "_fsync", sync)
+    assert outputs.claim(str(published), OTHER, overwrite=True, resumable=True) is False
+    _publish(published, OTHER, "the new run", events="logs/train/events.b")
+    assert outputs.read_record(str(published)).published == [
+        "logs/train/events.a", "logs/train/events.b", "metrics.json", "model.keras"]
+    assert sorted(n for n in file_tree(published) if n != ".tfmulti-run.json") == [
+        "logs/train/events.a", "logs/train/events.b", "metrics.json", "model.keras"]
 
 
 def test_a_failed_run_does_not_block_its_rerun(tmp_path):

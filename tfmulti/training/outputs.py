@@ -62,11 +62,14 @@ class Record:
         finished: whether that run published the outputs listed.
         published: the files a run published there (relative paths), which
             `overwrite` may replace.
+        publishing: the files the run of `config` was publishing when it
+            stopped (a kill part-way; its next publish keeps them).
     """
 
     config: dict
     finished: bool
     published: list
+    publishing: list = dataclasses.field(default_factory=list)
 
 
 def read_record(folder: str) -> Record | None:
@@ -81,7 +84,7 @@ def read_record(folder: str) -> Record | None:
     if "published" not in content:  # an earlier tfmulti's: the configuration alone
         return Record(content, True, _tensorboard_outputs(folder))
     return Record(content.get("config"), bool(content.get("finished")),
-                  list(content.get("published") or []))
+                  list(content.get("published") or []), list(content.get("publishing") or []))
 
 
 def _tensorboard_outputs(folder: str) -> list:
@@ -107,10 +110,11 @@ def _files_under(folder: str, name: str) -> list:
     return sorted(found)
 
 
-def _write_record(folder: str, config: dict, *, finished: bool, published) -> None:
+def _write_record(folder: str, config: dict, *, finished: bool, published,
+                  publishing=()) -> None:
     write_json_atomic(os.path.join(folder, RUN_FILE),
-                      {"config": config, "finished": finished, "published": sorted(published)},
-                      sort_keys=True)
+                      {"config": config, "finished": finished, "published": sorted(published),
+                       "publishing": sorted(publishing)}, sort_keys=True)
 
 
 def _shown(names) -> str:
@@ -201,9 +205,10 @@ def publish(folder: str, config: dict, write: Callable[[str], None]) -> None:
     """Publishes the run's outputs in `folder`, replacing a previous run's: `write`
     writes `metrics.json` and `model.keras` into a staging folder (its argument),
     they are renamed into place (`metrics.json` last), the pending TensorBoard
-    event files move into `logs/`, the run file records the new set, and only
-    then are the previous run's recorded files removed (folders under `logs/`
-    only when empty: a file of the user's there stays).
+    event files move into `logs/`, the previous run's recorded files are
+    removed (folders under `logs/` only when empty: a file of the user's there
+    stays), and the run file records the new set. Until then it records both
+    sets, so a kill part-way leaves no file of tfmulti's unrecorded.
 
     Raises:
         OSError: the outputs could not be written (a full disk, no permission);
@@ -215,9 +220,11 @@ def publish(folder: str, config: dict, write: Callable[[str], None]) -> None:
     pending = os.path.join(folder, PENDING)
     logs = _files_under(pending, "logs")
     new = {"metrics.json", "model.keras", *logs}
+    if record is not None and record.config == config:  # this run's publish, killed part-way
+        new |= set(record.publishing) & old
     try:
         # Recorded first, so a crash part-way leaves every file of tfmulti's known as such.
-        _write_record(folder, config, finished=False, published=old | new)
+        _write_record(folder, config, finished=False, published=old | new, publishing=new)
         publish_staged(folder, write, order=("model.keras", "metrics.json"))
         for name in logs:
             target = os.path.join(folder, name)
@@ -226,6 +233,9 @@ def publish(folder: str, config: dict, write: Callable[[str], None]) -> None:
             os.replace(os.path.join(pending, name), target)
         for path in {os.path.dirname(os.path.join(folder, name)) for name in logs}:
             sync_directory(path)
+        for name in sorted(old - new):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, name))
         _write_record(folder, config, finished=True, published=new)
     except OSError as e:
         fix = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there",
@@ -233,9 +243,6 @@ def publish(folder: str, config: dict, write: Callable[[str], None]) -> None:
                    e.errno, "fix that")
         raise OSError(f"cannot write the outputs to `model_dir` {folder!r}: "
                       f"{e.strerror or e}; {fix}, or choose another model_dir.") from e
-    for name in sorted(old - new):
-        with contextlib.suppress(OSError):
-            os.remove(os.path.join(folder, name))
     _remove_empty_folders(os.path.join(folder, "logs"))
     shutil.rmtree(pending, ignore_errors=True)
 
