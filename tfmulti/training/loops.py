@@ -22,7 +22,8 @@ the step TensorFlow's custom-training-loop guide writes by hand, done once:
 `run(step, dataset_from, steps=...)` trains a number of global steps in
 calls of the step, and with a backup (`tfmulti.training.backup.Backup`) resumes in the
 middle of an epoch: it uses only the backup's `resume_point()`,
-`restore(point)` and `save(step)`.
+`restore(point)` and `save(step)`. A call whose loss is NaN or infinite stops
+it before the next save (`tfmulti.training.callbacks.check_loss`).
 
 Example (one device; the same code runs under any strategy):
 
@@ -51,6 +52,7 @@ import tensorflow as tf
 
 from tfmulti.models.accumulation import sum_gradients
 from tfmulti.runtime.keras_fixes import run_steps
+from tfmulti.training.callbacks import check_loss
 
 __all__ = ["LoopResult", "TrainStep", "run"]
 
@@ -227,6 +229,10 @@ def run(train_step: TrainStep, dataset_from: Callable[[int], object], *, steps: 
     Raises:
         ValueError: `steps` or `save_every` not a positive integer, or a
             backup that is already past `steps`.
+        tfmulti.training.callbacks.NonFiniteLoss: a call's loss was NaN or
+            infinite (a `SystemExit` with code 65, after one line on stderr
+            naming the steps and the backup's newest checkpoint); nothing was
+            saved after the last finite call.
     """
     for name, value in (("steps", steps), ("save_every", save_every or 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -244,7 +250,11 @@ def run(train_step: TrainStep, dataset_from: Callable[[int], object], *, steps: 
     losses, step = [], start
     while step < steps:
         n = min(train_step.steps_per_execution, steps - step)
-        losses.append(float(train_step(iterator, n)))
+        loss = float(train_step(iterator, n))
+        # A NaN or infinite loss stops here, before a backup saves the weights it made.
+        check_loss(loss, first_step=step + 1, last_step=step + n,
+                   backup_dir=getattr(backup, "backup_dir", None))
+        losses.append(loss)
         previous, step = step, step + n
         if backup is not None and (step == steps or step // every > previous // every):
             backup.save(step)
