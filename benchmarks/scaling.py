@@ -230,7 +230,7 @@ def _across_simulated_hosts(argv: list[str]) -> None:
                 processes.append(subprocess.Popen(
                     sim.command(rank, _launcher_command(argv, 2, hosts, rank)),
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                    env=_harness.worker_env(),
+                    env=sim.launch_env(_harness.worker_env()),
                     preexec_fn=lambda core=core: os.sched_setaffinity(0, [core])))
             outputs = [p.communicate(timeout=_LAUNCH_TIMEOUT)[0] for p in processes]
         finally:

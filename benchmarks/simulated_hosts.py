@@ -11,6 +11,10 @@ machine's).
     with SimulatedHosts(2) as hosts:
         subprocess.run(hosts.command(1, ["ping", "-c1", hosts.addresses[0]]))
 
+A launch across them needs the launchers' shared secret: `hosts.launch_env()` is
+an environment with a fresh one (`TFMULTI_LAUNCH_SECRET`) for every host's
+launcher.
+
 On exit, every process left in the namespaces is killed and the namespaces (with
 their interfaces and the bridge) are deleted, also after a failure; namespaces
 left by a process that was killed before it could clean up are deleted by the
@@ -21,10 +25,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import shutil
 import signal
 import subprocess
-from typing import Sequence
+from typing import Mapping, Sequence
 
 __all__ = ["SimulatedHosts", "available"]
 
@@ -102,7 +107,17 @@ class SimulatedHosts:
         self.names = [f"{tag}h{i}" for i in range(count)]
         self.switch = f"{tag}sw"
         self.addresses = [f"{subnet}.{i + 1}" for i in range(count)]
+        self.secret = secrets.token_hex(32)
+        """The launchers' shared secret of a launch across these hosts."""
         self._made: list[str] = []
+
+    def launch_env(self, base: Mapping[str, str] | None = None,
+                   secret: str | None = None) -> dict[str, str]:
+        """`base` (this process's environment by default) with `TFMULTI_LAUNCH_SECRET` set
+        to `secret` (`self.secret` by default): a launcher's environment."""
+        env = dict(os.environ if base is None else base)
+        env["TFMULTI_LAUNCH_SECRET"] = self.secret if secret is None else secret
+        return env
 
     def command(self, host: int, argv: Sequence[str]) -> list[str]:
         """`argv` run inside host `host`'s network namespace."""

@@ -14,7 +14,10 @@ process in them are removed after each test, also after a failure.
 - a host whose launcher is killed: the other's workers are stopped within
   seconds and its launcher exits non-zero;
 - a host list that differs on one host: both fail at start-up, exit 2, one
-  line, no worker started.
+  line, no worker started;
+- an impostor: a third host's launcher with another secret that claims host
+  1's rank is dropped by host 0 (one line), then the real host 1 joins and the
+  job trains; the impostor starts no worker and exits 2 in one line.
 
 Skipped, with the reason, only where network namespaces cannot be made (not
 root, no iproute2).
@@ -25,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -58,6 +63,19 @@ def sim():
         yield hosts
 
 
+def _start_launcher(sim, host: int, view: str, rank: int, log_path: Path,
+                    command: list[str], *options: str,
+                    secret: str | None = None) -> subprocess.Popen:
+    """`tfmulti launch --hosts VIEW --host_rank RANK` in simulated host `host`, with the
+    hosts' shared secret (or `secret`), its output in `log_path`."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            sim.command(host, [sys.executable, "-m", "tfmulti.cli", "launch", "--hosts", view,
+                               "--host_rank", str(rank), *options, "--", *command]),
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=sim.launch_env({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, secret))
+
+
 class _Launchers:
     """One `tfmulti launch --hosts ...` per simulated host, output in a file each."""
 
@@ -66,15 +84,8 @@ class _Launchers:
         default = ",".join(f"{a}:{workers}" for a in sim.addresses)
         self.views = views or [default] * len(sim.addresses)
         self.logs = [tmp / f"host{r}.log" for r in range(len(self.views))]
-        self.procs = []
-        for rank, view in enumerate(self.views):
-            with open(self.logs[rank], "w") as log:
-                self.procs.append(subprocess.Popen(
-                    sim.command(rank, [sys.executable, "-m", "tfmulti.cli", "launch",
-                                       "--hosts", view, "--host_rank", str(rank), *options,
-                                       "--", *command]),
-                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}))
+        self.procs = [_start_launcher(sim, rank, view, rank, self.logs[rank], command,
+                                      *options) for rank, view in enumerate(self.views)]
 
     def output(self, rank: int) -> str:
         return self.logs[rank].read_text()
@@ -165,6 +176,63 @@ def test_a_host_list_that_differs_on_one_host_fails_everywhere_at_start_up(launc
         assert len(errors) == 1, text
         assert "the launcher of host 1 sees another cluster than host 0's: its --hosts is " \
                f"['{a}:2', '{b}:1']" in errors[0], text
+
+
+def _wait_for(path: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        assert time.monotonic() < deadline, path.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+def test_an_impostor_with_another_secret_is_refused_and_the_real_host_joins(tmp_path):
+    # Issue 27: a third machine that said it was host 1 (the view digest is public) got
+    # `go` and `start`, and the real host 1 was refused.
+    ok, why = simulated_hosts.available()
+    if not ok:
+        pytest.skip(f"cannot make network namespaces here: {why}")
+    with simulated_hosts.SimulatedHosts(3) as sim:
+        a, b, c = sim.addresses
+        view = f"{a}:1,{b}:1"
+        command = [sys.executable, str(WORKERS / "equivalence.py"), str(tmp_path), "dict"]
+        logs = {name: tmp_path / f"{name}.log" for name in ("host0", "impostor", "host1")}
+        procs = {}
+        try:
+            procs["host0"] = _start_launcher(sim, 0, view, 0, logs["host0"], command,
+                                             "--startup_timeout", "300")
+            procs["impostor"] = _start_launcher(
+                sim, 2, view, 1, logs["impostor"], command, "--startup_timeout", "15",
+                secret=secrets.token_hex(32))  # another job's secret, on host 1's rank
+            _wait_for(logs["host0"], "failed authentication")
+            procs["host1"] = _start_launcher(sim, 1, view, 1, logs["host1"], command,
+                                             "--startup_timeout", "300")
+            codes = {name: proc.wait(timeout=LAUNCH_TIMEOUT) for name, proc in procs.items()}
+        finally:
+            for proc in procs.values():  # leaving the namespaces kills what is left in them
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=10)
+    output = {name: path.read_text() for name, path in logs.items()}
+    assert codes == {"host0": 0, "impostor": 2, "host1": 0}, output
+    dropped = [line for line in output["host0"].splitlines() if "authentication" in line]
+    assert len(dropped) == 1 and re.fullmatch(
+        rf"tfmulti launch: {re.escape(c)}:\d+ failed authentication: dropped it \(a launcher "
+        r"without this job's secret; every host needs the same TFMULTI_LAUNCH_SECRET or "
+        r"--secret_file\)", dropped[0]), output["host0"]
+    # The impostor started nothing and said why in one line.
+    assert "[worker" not in output["impostor"], output["impostor"]
+    errors = [line for line in output["impostor"].splitlines() if "error" in line]
+    assert errors == [f"tfmulti launch: error: the launcher of host 0 ({a}:2222) and this one "
+                      "failed to authenticate each other within 15 s: they hold different "
+                      "secrets; give every host the same TFMULTI_LAUNCH_SECRET or "
+                      "--secret_file"], output["impostor"]
+    # The job trained on the real hosts: both workers all-reduced, the chief wrote.
+    assert "[worker 0] total=3.0" in output["host0"].splitlines(), output["host0"][-3000:]
+    assert "[worker 1] total=3.0" in output["host1"].splitlines(), output["host1"][-3000:]
+    losses = _load(tmp_path / "dict.npz")["losses"]
+    assert len(losses) > 1 and np.all(np.isfinite(losses))
+    # The secret is nowhere in what the launchers or the workers printed.
+    assert sim.secret not in "".join(output.values())
 
 
 def test_a_killed_launcher_fails_the_other_host_within_seconds(launchers, tmp_path):
