@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tfmulti.config import user_functions as hooks
 from tfmulti.config.train_config import TRANSFORMER, TrainConfig
-from tfmulti.data import catalog, text
+from tfmulti.data import catalog, checks, text
 from tfmulti.data.sources import FileSource, as_dataset
 
 __all__ = ["RunData", "dataset_metrics", "features_spec", "is_text_dataset", "load_data"]
@@ -37,6 +37,8 @@ class RunData:
         task: "classification" or "regression" (None: the user's loss decides).
         num_classes: classes of a classification dataset when known (given,
             or read from the labels when a model asks for it), else None.
+        samples: the first examples of each split, by split name, once the
+            checks have read them (`tfmulti.data.checks`), else None.
     """
 
     train: object
@@ -44,6 +46,7 @@ class RunData:
     input_shape: object
     task: str | None
     num_classes: int | None = None
+    samples: dict | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def info(self) -> dict:
@@ -63,8 +66,7 @@ class RunData:
 
 
 def _spec_of(source):
-    ds = source.dataset() if isinstance(source, FileSource) else source
-    return ds.element_spec
+    return source.element_spec  # a file source's without reading (or checking) its files
 
 
 def _shape(spec):
@@ -97,6 +99,8 @@ def _count_classes(source) -> int:
 
 
 def _as_source(value, what: str):
+    if isinstance(value, tf.data.Dataset):
+        checks.check_tfrecord_files(value, f"the dataset function's {what} data")
     if value is None or isinstance(value, (tf.data.Dataset, FileSource)):
         return value
     try:
@@ -136,7 +140,8 @@ def _user_data(config: TrainConfig, data_dir: str) -> RunData:
         task = config.builtin_task
     if task is None and isinstance(labels, tf.TensorSpec):
         task = "classification" if labels.dtype.is_integer else "regression"
-    return RunData(train, test, _shape(features), task, num_classes)
+    samples = checks.check_splits(train, test)  # before anything trains or counts
+    return RunData(train, test, _shape(features), task, num_classes, samples)
 
 
 def load_data(config: TrainConfig) -> RunData:

@@ -27,7 +27,12 @@ from typing import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["FileSource", "READERS", "as_dataset", "from_files", "is_in_memory"]
+from tfmulti.data import tfrecord
+
+__all__ = ["DAMAGED", "FileSource", "READERS", "as_dataset", "from_files", "is_in_memory"]
+
+DAMAGED = ("error", "skip")
+"""What a damaged TFRecord file means to `from_files`: refuse it, or skip its damaged end."""
 
 READERS = {"tfrecord": tf.data.TFRecordDataset, "text": tf.data.TextLineDataset}
 """Readers by name: a function from a file name (a string tensor) to its records."""
@@ -39,14 +44,51 @@ def _is_pandas(value) -> bool:
 
 def _array(value, what: str) -> np.ndarray:
     if _is_pandas(value):
+        if hasattr(value, "columns"):  # a DataFrame: name the columns that are not numbers
+            mixed = [str(c) for c in value.columns
+                     if getattr(value[c].dtype, "kind", "O") not in "biufc"]
+            if mixed:
+                raise ValueError(f"{what} has columns of text or mixed types {mixed[:5]}; "
+                                 "convert them to numbers (e.g. with pandas.factorize) or drop them.")
         value = value.to_numpy()
     array = np.asarray(value)
     if array.dtype == np.float64:
         array = array.astype(np.float32)
+    if what == "labels" and array.dtype.kind in "USO" and array.size:
+        raise ValueError(f"labels are text or objects (e.g. {array.flat[0]!r}); Keras losses "
+                         "need numbers: convert them to class ids 0..K-1 first (e.g. "
+                         "numpy.unique(labels, return_inverse=True)).")
     if array.dtype == object:
         raise ValueError(f"{what} has values of mixed types (NumPy dtype object); convert "
                          "them to numbers or strings first.")
+    _check_finite(array, what)
     return array
+
+
+def _check_finite(array: np.ndarray, what: str) -> None:
+    """Refuses NaN and infinite values, naming the columns (feature indices)
+    that hold them and how many: they train into a model of NaN weights."""
+    if array.dtype.kind not in "fc" or array.size == 0:
+        return
+    bad = ~np.isfinite(array)
+    if not bad.any():
+        return
+    rows = bad.reshape(len(array), -1)
+    examples = int(rows.any(axis=1).sum())
+    if array.ndim == 1:
+        where = f"at rows {np.flatnonzero(bad)[:5].tolist()}"
+    else:
+        per_column = rows.sum(axis=0)
+        columns = np.flatnonzero(per_column)
+        named = [(f"{c}" if array.ndim == 2 else
+                  str(tuple(int(i) for i in np.unravel_index(c, array.shape[1:]))))
+                 + f" ({int(per_column[c])})" for c in columns[:5]]
+        kind = "column" if array.ndim == 2 else "feature index"
+        where = (f"in {kind}{'s' if len(columns) > 1 else ''} {', '.join(named)}"
+                 + (f" and {len(columns) - 5} more" if len(columns) > 5 else ""))
+    raise ValueError(f"{what}: {int(bad.sum())} NaN or infinite value(s) {where}, in "
+                     f"{examples} of {len(array)} examples; fill or drop them before training "
+                     "(they train into NaN weights).")
 
 
 def _columns(value, what: str):
@@ -126,27 +168,86 @@ class FileSource:
             None for the raw records.
         reader: file name -> dataset of its records.
         cycle_length: files read at once (interleaved).
+        tfrecord_compression: for TFRecord files, their compression ("" for
+            none, "GZIP", "ZLIB"): their framing is checked before they are
+            read (`check`); None: not checked (another format, or a reader
+            of the user's).
+        damaged: what a damaged TFRecord file means: "error" (the default,
+            a ValueError naming the file and the offset) or "skip" (its
+            records up to the damage are read, the rest left out, with one
+            line per file).
     """
 
     files: tuple[str, ...]
     parse_fn: Callable | None = None
     reader: Callable[[tf.Tensor], tf.data.Dataset] = tf.data.TFRecordDataset
     cycle_length: int = 4
+    tfrecord_compression: str | None = None
+    damaged: str = "error"
+    _scans: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def shard(self, index: int, count: int) -> tuple[str, ...]:
         """The files of input pipeline `index` of `count`: every count-th file,
         starting at `index` (so sizes differ by at most one file)."""
         return self.files[index::count]
 
+    def check(self, files: Sequence[str] | None = None) -> tuple[tfrecord.Scan, ...]:
+        """Checks the framing of the TFRecord `files` (default: all), each once
+        (`tfmulti.data.tfrecord.scan`); nothing for files that are not TFRecord.
+
+        Raises:
+            ValueError: a file is damaged (cut off, overwritten, not TFRecord)
+                and `damaged` is "error"; the message names the file and the
+                byte offset.
+            OSError: a file cannot be read.
+        """
+        if self.tfrecord_compression is None:
+            return ()
+        files = tuple(self.files if files is None else files)
+        for path in files:
+            if path not in self._scans:
+                found = tfrecord.scan(path, self.tfrecord_compression)
+                if not found.ok and self.damaged == "skip":
+                    print(f"tfmulti: reading only the whole records of a damaged file "
+                          f"(damaged='skip'): {found.describe()}", flush=True)
+                self._scans[path] = found
+        scans = tuple(self._scans[path] for path in files)
+        bad = [found for found in scans if not found.ok]
+        if bad and self.damaged != "skip":
+            more = f" ({len(bad) - 1} more damaged file(s) among the {len(files)})" \
+                if len(bad) > 1 else ""
+            raise ValueError(
+                f"{bad[0].describe()}{more}; TensorFlow would stop mid-epoch or drop the "
+                "rest unseen; replace the file, or pass damaged='skip' to "
+                "tfmulti.data.from_files to read only the whole records.")
+        return scans
+
+    @property
+    def element_spec(self):
+        """The spec of one example (parsed), without reading the files."""
+        names = tf.data.Dataset.from_tensor_slices(list(self.files[:1]))
+        ds = names.interleave(self.reader, cycle_length=1)
+        return (ds if self.parse_fn is None else ds.map(self.parse_fn)).element_spec
+
     def records(self, files: Sequence[str] | None = None, *, shuffle: bool = False,
                 seed: int | None = None) -> tf.data.Dataset:
-        """The raw records of `files` (default: all), interleaved; with `shuffle`,
-        the file order is drawn anew on every pass."""
+        """The raw records of `files` (default: all), interleaved, after
+        `check`; with `shuffle`, the file order is drawn anew on every pass."""
         files = tuple(self.files if files is None else files)
-        names = tf.data.Dataset.from_tensor_slices(list(files))
+        scans = self.check(files)
+        read = self.reader
+        if any(not found.ok for found in scans):  # damaged="skip": the whole records only
+            names = tf.data.Dataset.from_tensor_slices(
+                (list(files), [found.records for found in scans]))
+            reader = self.reader
+
+            def read(name, count):
+                return reader(name).take(count)
+        else:
+            names = tf.data.Dataset.from_tensor_slices(list(files))
         if shuffle:
             names = names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        return names.interleave(self.reader, cycle_length=min(self.cycle_length, len(files)),
+        return names.interleave(read, cycle_length=min(self.cycle_length, len(files)),
                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     def dataset(self, files: Sequence[str] | None = None, *, shuffle: bool = False,
@@ -158,11 +259,15 @@ class FileSource:
         return records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)
 
     def count(self, files: Sequence[str] | None = None, progress: Callable | None = print) -> int:
-        """The records in `files` (default: all), counted by reading them once
-        (not parsed)."""
+        """The records in `files` (default: all): from `check` for TFRecord
+        files, else counted by reading them once (not parsed)."""
         files = tuple(self.files if files is None else files)
         start = time.monotonic()
-        count = int(self.records(files).reduce(np.int64(0), lambda n, _: n + 1))
+        scans = self.check(files)
+        if scans:
+            count = sum(found.records for found in scans)
+        else:
+            count = int(self.records(files).reduce(np.int64(0), lambda n, _: n + 1))
         if progress is not None:
             progress(f"tfmulti: counted {count:,} records in {len(files)} file(s) in "
                      f"{time.monotonic() - start:.1f} s (pass steps_per_epoch to skip this)")
@@ -176,7 +281,7 @@ class FileSource:
 
 def from_files(files: str | Sequence[str], parse_fn: Callable | None = None, *,
                reader: str | Callable = "tfrecord", compression: str | None = None,
-               cycle_length: int = 4) -> FileSource:
+               cycle_length: int = 4, damaged: str = "error") -> FileSource:
     """Names a set of files to train from, read lazily (never all in memory).
 
     Under several workers `tfmulti.data.distribute` gives each worker its own
@@ -194,10 +299,16 @@ def from_files(files: str | Sequence[str], parse_fn: Callable | None = None, *,
             records.
         compression: "GZIP" or "ZLIB" for compressed TFRecord or text files.
         cycle_length: files read at once, interleaved.
+        damaged: for TFRecord files, whose framing is checked before they
+            are read (`FileSource.check`, cheap: 12 bytes per record):
+            "error" (default) refuses a damaged file (cut off, overwritten,
+            not TFRecord), naming it and the byte offset; "skip" reads each
+            file's whole records up to its damage and leaves the rest out,
+            saying so in one line per file.
 
     Raises:
-        ValueError: no file matches, a listed file does not exist, or an
-            unknown reader.
+        ValueError: no file matches, a listed file does not exist, an
+            unknown reader or `damaged` value.
     """
     if isinstance(files, (str, os.PathLike)):
         pattern = os.fspath(files)
@@ -229,4 +340,12 @@ def from_files(files: str | Sequence[str], parse_fn: Callable | None = None, *,
         raise ValueError(f"`reader` must be a name or a function, got {reader!r}.")
     if not isinstance(cycle_length, int) or isinstance(cycle_length, bool) or cycle_length < 1:
         raise ValueError(f"`cycle_length` must be a positive integer, got {cycle_length!r}.")
-    return FileSource(tuple(paths), parse_fn, read, cycle_length)
+    if damaged not in DAMAGED:
+        raise ValueError(f"`damaged` must be one of {list(DAMAGED)}, got {damaged!r}.")
+    framing = None
+    if reader == "tfrecord":
+        framing = (compression or "").upper()
+        if framing not in tfrecord.COMPRESSIONS:
+            raise ValueError(f"`compression` must be 'GZIP' or 'ZLIB' (or None), got "
+                             f"{compression!r}.")
+    return FileSource(tuple(paths), parse_fn, read, cycle_length, framing, damaged)

@@ -1,0 +1,336 @@
+"""A run's data checked before the first epoch, so that a user's data error
+is one line naming the split, the value and what was expected, instead of
+a TensorFlow traceback mid-training (or a model trained on garbage):
+
+* `check_tfrecord_files`: the TFRecord files a `tf.data` pipeline of the
+  user's reads (`tf.data.TFRecordDataset`, directly or inside an
+  `interleave`/`flat_map` over file names), checked like
+  `tfmulti.data.from_files` checks its own (`tfmulti.data.tfrecord`);
+* `check_splits`: the first examples of each split read (a reading error
+  named), their labels numbers, and the test split shaped like the training
+  split;
+* `check_model_fits`: the labels within the model's classes (for the
+  sparse categorical cross-entropy, tfmulti's default) and text features
+  only for a model with text inputs.
+
+Each reads at most the first `SAMPLE` examples of a split.
+
+Example:
+    >>> import numpy as np
+    >>> from tfmulti.data import checks
+    >>> from tfmulti.data.sources import as_dataset
+    >>> train = as_dataset((np.zeros((8, 3)), np.arange(8)))
+    >>> test = as_dataset((np.zeros((8, 4)), np.arange(8)))
+    >>> checks.check_splits(train, test)
+    Traceback (most recent call last):
+    ...
+    ValueError: the test split's features have shape (4,) per example, the training split's (3,); the model is built for the training shape: give the test split the same shape.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tfmulti.data import tfrecord
+from tfmulti.data.sources import FileSource
+
+__all__ = ["SAMPLE", "check_model_fits", "check_splits", "check_tfrecord_files",
+           "first_examples", "tfrecord_files"]
+
+SAMPLE = 256
+"""Examples read from the start of each split by the checks."""
+_READERS = ("TFRecordDataset", "TFRecordDatasetV2")
+_MAX_NAMES = 100000
+_PART_NAMES = ("features", "labels", "sample weights")
+_SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
+
+
+# ----------------------------------------------------------------------------- TFRecord files
+
+
+def _names(dataset) -> list[str]:
+    """The strings of a small, finite dataset of scalar strings (file names)."""
+    spec = dataset.element_spec
+    if not (isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string
+            and spec.shape.rank in (0, 1)):
+        return []
+    if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+        return []
+    names = []
+    for value in dataset.take(_MAX_NAMES):
+        flat = np.asarray(value).reshape(-1)
+        names.extend(v.decode("utf-8", "replace") for v in flat)
+    return names
+
+
+def _compression(value) -> str | None:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        value = value.decode()
+    if isinstance(value, str):
+        value = value.upper()
+        return value if value in tfrecord.COMPRESSIONS else None
+    static = tf.get_static_value(value)
+    return None if static is None else _compression(static)
+
+
+def _reader_compressions(function) -> list[str | None]:
+    """The compression of each TFRecord reader a traced function (and the
+    functions it calls) creates: None where it is not a constant."""
+    graph = function.graph.as_graph_def()
+    found = []
+    for nodes in [graph.node, *(f.node_def for f in graph.library.function)]:
+        by_name = {n.name: n for n in nodes}
+        for node in nodes:
+            if node.op not in _READERS:
+                continue
+            source = by_name.get(node.input[1].split(":")[0].lstrip("^")) \
+                if len(node.input) > 1 else None
+            if source is None or source.op != "Const":
+                found.append(None)
+                continue
+            value = tf.make_ndarray(source.attr["value"].tensor)
+            found.append(_compression(value.reshape(-1)[0] if value.size else b""))
+    return found
+
+
+def tfrecord_files(dataset: tf.data.Dataset) -> list[tuple[str, str]]:
+    """The local TFRecord files `dataset` reads, with their compression, where
+    its pipeline names them: `tf.data.TFRecordDataset(names)`, or an
+    `interleave`/`flat_map` that makes a TFRecord reader from each name of a
+    dataset of names (`Dataset.from_tensor_slices(names)`, `list_files`).
+    Files it cannot tell (a reader of compression unknown until run, names
+    computed in the pipeline) are left out."""
+    found, seen, stack = [], set(), [dataset]
+    while stack:
+        ds = stack.pop()
+        if id(ds) in seen:
+            continue
+        seen.add(id(ds))
+        names_ds, compressions = None, []
+        if hasattr(ds, "_filenames") and hasattr(ds, "_compression_type"):
+            names_ds, compressions = ds._filenames, [_compression(ds._compression_type)]
+        else:
+            wrapper = getattr(ds, "_map_func", None)
+            inputs = ds._inputs()
+            if wrapper is not None and len(inputs) == 1 and hasattr(wrapper, "function"):
+                compressions = _reader_compressions(wrapper.function)
+                names_ds = inputs[0] if compressions else None
+        kinds = set(compressions)
+        if names_ds is not None and len(kinds) == 1 and None not in kinds:
+            kind = kinds.pop()
+            found.extend((name, kind) for name in _names(names_ds) if os.path.isfile(name))
+        stack.extend(ds._inputs())
+    return list(dict.fromkeys(found))
+
+
+def check_tfrecord_files(dataset: tf.data.Dataset, what: str) -> None:
+    """Refuses a damaged TFRecord file among those `dataset` reads
+    (`tfrecord_files`), naming it, the byte offset and the fix.
+
+    Args:
+        dataset: the user's pipeline.
+        what: the data it is, for the message ("the dataset function's train data").
+
+    Raises:
+        ValueError: a damaged file (cut off, overwritten, not TFRecord).
+        OSError: a file cannot be read.
+    """
+    for path, compression in tfrecord_files(dataset):
+        found = tfrecord.scan(path, compression)
+        if not found.ok:
+            raise ValueError(
+                f"{what} reads a damaged TFRecord file: {found.describe()}; TensorFlow would "
+                "stop mid-epoch or drop the rest unseen; replace the file, or read the files "
+                "with tfmulti.data.from_files(..., damaged='skip') to train on the whole "
+                "records only.")
+
+
+# ----------------------------------------------------------------------------- first examples
+
+
+def _as_dataset(source) -> tf.data.Dataset:
+    if isinstance(source, FileSource):  # the first files are enough, and only they are read
+        return source.dataset(source.files[:source.cycle_length])
+    return source
+
+
+def first_examples(source, split: str, count: int = SAMPLE) -> list:
+    """The first `count` examples of `source` (a dataset or a file source), as
+    NumPy structures.
+
+    Raises:
+        ValueError: reading them failed (a damaged or unreadable file, a
+            parse function that does not fit the records, ...): the message
+            names the split and TensorFlow's reason.
+    """
+    try:
+        return [tf.nest.map_structure(np.asarray, e)
+                for e in _as_dataset(source).take(count).as_numpy_iterator()]
+    except tf.errors.OpError as e:
+        reason = " ".join(str(e.message).split())[:300]
+        raise ValueError(f"reading the first examples of the {split} split failed: "
+                         f"{reason}; check the data (and its parse function) before "
+                         "training.") from None
+
+
+def _leaves(example) -> list[tuple[str, np.ndarray]]:
+    """(name, value) of each tensor of an example: features (by key), labels,
+    sample weights."""
+    parts = example if isinstance(example, tuple) else (example,)
+    out = []
+    for part, name in zip(parts, _PART_NAMES):
+        if isinstance(part, dict):
+            out.extend((f"{name}[{k!r}]", np.asarray(v)) for k, v in sorted(part.items()))
+        else:
+            for path, value in _flat(part, name):
+                out.append((path, value))
+    return out
+
+
+def _flat(value, name):
+    if isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from _flat(v, f"{name}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in sorted(value.items()):
+            yield from _flat(v, f"{name}[{k!r}]")
+    else:
+        yield name, np.asarray(value)
+
+
+def _shapes(examples) -> dict[str, set]:
+    shapes: dict[str, set] = {}
+    for example in examples:
+        for name, value in _leaves(example):
+            shapes.setdefault(name, set()).add(value.shape)
+    return shapes
+
+
+def _is_text(value: np.ndarray) -> bool:
+    return value.dtype.kind in "USO"
+
+
+def _first(value: np.ndarray) -> str:
+    """The first value of a text tensor, shown short on one line."""
+    first = value.reshape(-1)[0] if value.size else b""
+    if isinstance(first, bytes):
+        first = first.decode("utf-8", "replace")
+    return repr(str(first)[:40])
+
+
+def check_splits(train, test=None, *, samples: dict | None = None) -> dict:
+    """Reads the first examples of each split and refuses labels that are
+    text, and a test split whose parts or per-example shapes differ from the
+    training split's (where the training examples agree among themselves).
+
+    Args:
+        train, test: the splits (datasets or file sources; `test` may be None).
+        samples: the first examples already read, by split name (reused).
+
+    Returns:
+        The first examples, by split name ("training", "test"), for
+        `check_model_fits`.
+
+    Raises:
+        ValueError: one line naming the split, the part and the shapes.
+    """
+    samples = dict(samples or {})
+    for split, source in (("training", train), ("test", test)):
+        if source is not None and split not in samples:
+            samples[split] = first_examples(source, split)
+    for split, examples in samples.items():
+        for name, value in (_leaves(examples[0]) if examples else []):
+            if name == "labels" and _is_text(value):
+                raise ValueError(f"the {split} split's labels are text (e.g. {_first(value)}); "
+                                 "Keras losses need numbers: map them to class ids 0..K-1.")
+    if samples.get("training") and samples.get("test"):
+        ours, theirs = _shapes(samples["training"]), _shapes(samples["test"])
+        if set(ours) != set(theirs):
+            raise ValueError(
+                f"the test split's examples hold {sorted(theirs)}, the training split's "
+                f"{sorted(ours)}; give both splits the same parts (features, labels).")
+        for name, shapes in ours.items():
+            if len(shapes) == 1 and theirs[name] != shapes:
+                shape = next(iter(shapes))
+                other = sorted(theirs[name] - shapes)[0]
+                raise ValueError(
+                    f"the test split's {name} have shape {other} per example, the training "
+                    f"split's {shape}; the model is built for the training shape: give the "
+                    "test split the same shape.")
+    return samples
+
+
+def _model_classes(model) -> int | None:
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError, TypeError, RuntimeError):
+        return None
+    if not outputs or len(outputs) != 1:
+        return None
+    units = outputs[0].shape[-1]
+    return int(units) if units else None
+
+
+def _sparse_loss(model) -> bool:
+    loss = getattr(model, "loss", None)
+    name = loss if isinstance(loss, str) else type(loss).__name__
+    return name in _SPARSE_LOSSES
+
+
+def _text_inputs(model) -> bool | None:
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError, TypeError, RuntimeError):
+        return None
+    if not inputs:
+        return None
+    return any(str(getattr(i, "dtype", "")) in ("string", "tf.string") for i in inputs)
+
+
+def check_model_fits(run_data, model, *, samples: dict | None = None) -> None:
+    """Refuses data the model cannot train on, before the first epoch: with
+    the sparse categorical cross-entropy (tfmulti's default for
+    classification), labels outside the model's classes (its output units,
+    else `run_data.num_classes`); text features for a model without text
+    inputs.
+
+    Args:
+        run_data: the run's `tfmulti.data.from_config.RunData`.
+        model: the compiled model.
+        samples: the first examples by split (`check_splits`; read when not given).
+
+    Raises:
+        ValueError: one line naming the split, the value and the expected range.
+    """
+    samples = check_splits(run_data.train, run_data.test,
+                           samples=samples if samples is not None else run_data.samples)
+    run_data.samples = samples
+    classes = None
+    if run_data.task == "classification" and _sparse_loss(model):
+        classes = _model_classes(model) or run_data.num_classes
+    text_ok = _text_inputs(model)
+    for split, examples in samples.items():
+        for name, value in (_leaves(examples[0]) if examples else []):
+            if name.startswith("features") and _is_text(value) and text_ok is False:
+                raise ValueError(f"the {split} split's {name} are text (e.g. {_first(value)}), but "
+                                 "the model's inputs take numbers; encode them first (or "
+                                 "give the model a string input, e.g. with TextVectorization).")
+        if classes is None or not examples or len(examples[0]) < 2:
+            continue
+        labels = np.concatenate([np.asarray(e[1]).reshape(-1) for e in examples])
+        if labels.size == 0 or labels.dtype.kind not in "iuf":
+            continue
+        low, high = labels.min(), labels.max()
+        if low < 0 or high >= classes:
+            fix = ("class ids start at 0: fix the labels" if low < 0 else
+                   f"fix the labels, or give the model {int(high) + 1} outputs (return "
+                   "'num_classes' from the dataset function)")
+            raise ValueError(
+                f"the {split} split holds label {low if low < 0 else high:g}, outside the "
+                f"model's {classes} classes (0 to {classes - 1}; its first {len(examples)} "
+                f"examples' labels run from {low:g} to {high:g}); {fix}.")
