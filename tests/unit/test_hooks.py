@@ -99,3 +99,16 @@ def test_the_current_directory_never_shadows_the_standard_library(user_module, m
     assert parser.__module__ == "configparser" and not ran.exists()
     assert str(user_module) in sys.path  # found there, after the standard library's entries
     assert sys.path.index(str(user_module)) > sys.path.index(standard)
+
+
+@pytest.mark.parametrize("flag", ["model", "dataset", "loss"])
+def test_the_help_of_hook_flags_says_they_run_code(flag):
+    """Issue 27: nothing said that a hook string imports and runs code."""
+    from absl import flags
+
+    from tfmulti.config import flags as config_flags
+
+    fv = flags.FlagValues()
+    config_flags.define_absl_flags(fv)
+    assert (f"running their code as python -m would (--{flag}=os:abort calls os.abort): pass "
+            f"only strings you trust.") in fv[flag].help
