@@ -45,6 +45,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets the TF log level before TensorFlow loads)
 
+from tfmulti.cluster import tf_config  # noqa: E402  (no TensorFlow)
 from tfmulti.config import flags as config_flags  # noqa: E402  (no TensorFlow)
 
 config_flags.define_absl_flags()
@@ -53,6 +54,8 @@ config_flags.define_absl_flags()
 def main(argv):
     config = config_flags.config_from_absl()
     config.validate()  # before TensorFlow starts: a bad flag fails at once
+    if config.distribution in ("auto", "multi_worker"):
+        tf_config.from_environ()  # a malformed TF_CONFIG too (the strategy reads it)
     from tfmulti.training.train import train
 
     metrics = train(config)

@@ -451,6 +451,10 @@ def test_own_model_data_loss_and_keras_names_are_accepted(fields):
                           r"package.module:function, got 'resnet'"),
     ({"model": "my models:build"}, r"`model` 'my models:build' is not package.module:function"),
     ({"dataset": "a:b:c"}, r"`dataset` 'a:b:c' is not package.module:function"),
+    # Module paths with an empty part passed and failed only once TensorFlow had started.
+    ({"dataset": "userdata.:load"}, r"`dataset` 'userdata.:load' is not package.module:function"),
+    ({"model": "my..models:build"}, r"`model` 'my..models:build' is not package.module:function"),
+    ({"loss": "losses.:mine"}, r"`loss` 'losses.:mine' is not package.module:function"),
     ({"dataset": ""}, r"`dataset` must be a name or package.module:function, got ''"),
     ({"optimizer": "adamm"}, r"`optimizer` must be one of \['adam', 'adamw', 'sgd'"),
     ({"metrics": "accuracy"}, r"`metrics` must be a list of metric names, got the string"),

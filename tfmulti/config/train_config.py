@@ -58,7 +58,7 @@ TASKS = ("classification", "regression")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "adafactor",
               "nadam", "ftrl", "lion", "muon", "schedulefreeadamw")
 """The optimizer names Keras builds (`keras.optimizers.get`; a test keeps the two in step)."""
-HOOK_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+HOOK_PATTERN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 """`package.module:function`: a user's model or dataset function."""
 LR_SCALINGS = ("none", "linear", "sqrt")
 SHARDINGS = ("auto", "examples", "files")
@@ -369,7 +369,7 @@ class TrainConfig:
         for name in ("steps_per_epoch", "backup_every_steps"):
             _count(name, getattr(self, name), none_ok=True)
         _count("num_examples", self.num_examples, MAX_SYNTHETIC_EXAMPLES, none_ok=True,
-               hint="synthetic data is made in memory, 3-4 KiB an example")
+               why="synthetic data is made in memory, 3-4 KiB an example")
         devices_hint = "0 leaves the devices as they are"
         c.non_negative_int("num_virtual_devices", self.num_virtual_devices, hint=devices_hint)
         c.non_negative_int("num_virtual_devices", self.num_virtual_devices,
@@ -480,11 +480,11 @@ def check_limits(**values) -> None:
 
 
 def _count(name: str, value, maximum: int = MAX_COUNT, *, none_ok: bool = False,
-           hint: str = "") -> None:
+           hint: str = "", why: str = "") -> None:
     """A positive integer up to `maximum`: below 1 or not an integer, "must be a
-    positive integer"; above `maximum`, the whole range."""
+    positive integer" (and `hint`); above `maximum`, the whole range (and `why`)."""
     checks.positive_int(name, value, none_ok=none_ok, hint=hint)
-    checks.positive_int(name, value, maximum=maximum, none_ok=none_ok, hint=hint)
+    checks.positive_int(name, value, maximum=maximum, none_ok=none_ok, hint=why or hint)
 
 
 def validate_for_diagnose(config: TrainConfig) -> None:
