@@ -1,5 +1,6 @@
-"""Tests of tfmulti.cluster.rendezvous: the launchers of a launch across hosts
-agree on the start-up and on every restart. In this process: each "host" is a
+"""Tests of tfmulti.cluster.rendezvous and tfmulti.cluster.channel: the launchers of a
+launch across hosts authenticate each other and agree on the start-up and on every
+restart. In this process: each "host" is a
 thread with its own loopback address (127.0.0.1, 127.0.0.2, ...) and a fake
 attempt instead of workers, so the agreement is checked without processes.
 (benchmarks/tests/test_simulated_hosts.py runs real launchers on simulated hosts.)"""
@@ -18,6 +19,7 @@ from tests._util import free_port
 
 from tfmulti.cluster import exit_codes, hosts as hosts_lib, rendezvous
 from tfmulti.cluster._process import Outcome, Output
+from tfmulti.cluster.channel import Channel
 
 JOIN_TIMEOUT_S = 10.0
 THREAD_TIMEOUT_S = 30.0
@@ -298,9 +300,9 @@ def _channels(left_secret=SECRET, right_secret=SECRET):
     """(initiator, acceptor, the peers the acceptor dropped, the initiator's)."""
     a, b = _socket_pair()
     dropped_by_right, dropped_by_left = [], []
-    left = rendezvous.Channel(a, "a", left_secret, initiator=True,
+    left = Channel(a, "a", left_secret, initiator=True,
                               on_failure=dropped_by_left.append)
-    right = rendezvous.Channel(b, "b", right_secret, initiator=False,
+    right = Channel(b, "b", right_secret, initiator=False,
                                on_failure=dropped_by_right.append)
     return left, right, dropped_by_right, dropped_by_left
 
@@ -340,12 +342,12 @@ def test_a_peer_without_a_secret_is_dropped():
     # The attack of issue 27: a plain hello (the view digest is public) with no proof.
     a, b = _socket_pair()
     dropped = []
-    right = rendezvous.Channel(b, "b", SECRET, initiator=False, on_failure=dropped.append)
+    right = Channel(b, "b", SECRET, initiator=False, on_failure=dropped.append)
     a.sendall(json.dumps({"type": "hello", "rank": 1, "view": "v"}).encode() + b"\n")
     assert right.receive(1.0) == [] and right.closed and right.failed and dropped == ["b"]
     a.close()
     a, b = _socket_pair()  # something else on the port
-    right = rendezvous.Channel(b, "b", SECRET, initiator=False, on_failure=dropped.append)
+    right = Channel(b, "b", SECRET, initiator=False, on_failure=dropped.append)
     a.sendall(b"GET / HTTP/1.1\n")
     assert right.receive(1.0) == [] and right.failed
     a.close()
@@ -380,7 +382,7 @@ def test_a_replayed_message_is_refused():
     # (fresh nonces: its proof and its tags do not fit).
     a, b = _socket_pair()
     again = []
-    other = rendezvous.Channel(b, "b", SECRET, initiator=False, on_failure=again.append)
+    other = Channel(b, "b", SECRET, initiator=False, on_failure=again.append)
     for data in sent:
         a.sendall(data)
         other.receive(0.2)
