@@ -169,7 +169,8 @@ def test_model_dir_belongs_to_one_run(tmp_path, finished_tiny_run):
     new_events = sorted(str(p) for p in (model_dir / "logs").rglob("events.out.tfevents.*"))
     assert not set(old_events) & set(new_events) and len(new_events) == len(old_events)
     assert (model_dir / "notes.txt").read_text() == "the user's own file"
-    assert json.loads((model_dir / ".tfmulti-run.json").read_text())["learning_rate"] == 0.01
+    record = json.loads((model_dir / ".tfmulti-run.json").read_text())
+    assert record["config"]["learning_rate"] == 0.01 and record["finished"] is True
     # The same configuration with a backup resumes into its own model_dir (killed before
     # its outputs were published: here, removed).
     resumable = dict(TINY, model_dir=str(tmp_path / "resumable"), backup_dir=str(tmp_path / "b"),
