@@ -59,6 +59,7 @@ def test_a_run_publishes_its_outputs_and_records_them(published):
     {"README": "mine"},
     {"metrics.json": "my own metrics"},
     {"logs/notes.txt": "my notes", "metrics.json": "{}", "README": "mine"},
+    {".tfmulti-run.json": "not JSON", "model.keras": "mine"},  # not a run file tfmulti wrote
 ])
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_a_folder_tfmulti_did_not_write_is_refused(tmp_path, files, overwrite):
@@ -70,7 +71,7 @@ def test_a_folder_tfmulti_did_not_write_is_refused(tmp_path, files, overwrite):
     before = file_tree(tmp_path)
     shown = ", ".join(sorted({name.split("/")[0] for name in files}))
     with pytest.raises(ValueError, match=rf"holds files tfmulti did not write \({shown}; no "
-                                         r".tfmulti-run.json there\), and overwrite=True "
+                                         r"readable .tfmulti-run.json there\), and overwrite=True "
                                          r"replaces only a tfmulti run's outputs: choose "
                                          r"another model_dir, or move") as raised:
         outputs.claim(str(tmp_path), CONFIG, overwrite=overwrite, resumable=False)
@@ -256,7 +257,7 @@ def test_train_with_overwrite_refuses_the_users_folder(tmp_path):
         (tmp_path / name).write_text(f"the user's {name}")
     before = file_tree(tmp_path)
     with pytest.raises(ValueError, match=r"holds files tfmulti did not write \(README, logs, "
-                                         r"metrics.json; no .tfmulti-run.json there\)"):
+                                         r"metrics.json; no readable .tfmulti-run.json there\)"):
         train(TrainConfig(model_dir=str(tmp_path), overwrite=True, **TINY))
     assert file_tree(tmp_path) == before
 

@@ -168,8 +168,8 @@ def _check_replaceable(folder: str, record: Record | None, others: list,
     if record is None:
         raise ValueError(
             f"`model_dir` {folder!r} holds files tfmulti did not write ({_shown(others)}; no "
-            f"{RUN_FILE} there), and overwrite=True replaces only a tfmulti run's outputs: "
-            "choose another model_dir, or move those files out of it.")
+            f"readable {RUN_FILE} there), and overwrite=True replaces only a tfmulti run's "
+            "outputs: choose another model_dir, or move those files out of it.")
     if not overwrite:
         held = "another run's outputs" if record.published else "other files"
         raise ValueError(
