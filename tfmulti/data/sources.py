@@ -49,14 +49,15 @@ def _array(value, what: str) -> np.ndarray:
                      if getattr(value[c].dtype, "kind", "O") not in "biufc"]
             if mixed:
                 raise ValueError(f"{what} has columns of text or mixed types {mixed[:5]}; "
-                                 "convert them to numbers (e.g. with pandas.factorize) or drop them.")
+                                 "convert them to numbers (e.g. with pandas.factorize) or "
+                                 "drop them.")
         value = value.to_numpy()
     array = np.asarray(value)
     if array.dtype == np.float64:
         array = array.astype(np.float32)
     if what == "labels" and array.dtype.kind in "USO" and array.size:
-        raise ValueError(f"labels are text or objects (e.g. {array.flat[0]!r}); Keras losses "
-                         "need numbers: convert them to class ids 0..K-1 first (e.g. "
+        raise ValueError(f"labels are text or objects (e.g. {str(array.flat[0])[:40]!r}); "
+                         "Keras losses need numbers: convert them to class ids 0..K-1 first (e.g. "
                          "numpy.unique(labels, return_inverse=True)).")
     if array.dtype == object:
         raise ValueError(f"{what} has values of mixed types (NumPy dtype object); convert "
@@ -235,16 +236,16 @@ class FileSource:
         `check`; with `shuffle`, the file order is drawn anew on every pass."""
         files = tuple(self.files if files is None else files)
         scans = self.check(files)
-        read = self.reader
         if any(not found.ok for found in scans):  # damaged="skip": the whole records only
             names = tf.data.Dataset.from_tensor_slices(
-                (list(files), [found.records for found in scans]))
+                (list(files), np.array([found.records for found in scans], np.int64)))
             reader = self.reader
 
             def read(name, count):
                 return reader(name).take(count)
         else:
             names = tf.data.Dataset.from_tensor_slices(list(files))
+            read = self.reader
         if shuffle:
             names = names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         return names.interleave(read, cycle_length=min(self.cycle_length, len(files)),
