@@ -27,6 +27,7 @@ from tfmulti import data
 from tfmulti.config import train_config as config_lib
 from tfmulti.config import user_functions as hooks
 from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution
+from tfmulti.data.checks import check_model_fits
 from tfmulti.data.from_config import RunData, load_data
 from tfmulti.data.sources import FileSource
 from tfmulti.models import builders as models
@@ -191,6 +192,7 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
             base_batch_size=config.base_batch_size, warmup_epochs=config.warmup_epochs,
             steps_per_epoch=steps_per_epoch, steps_per_execution=steps_per_execution,
             accumulate_steps=config.accumulate_steps, jit_compile=config.jit_compile)
+    check_model_fits(run_data, model)  # labels and inputs the model takes, before the first epoch
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
                test_input, steps_per_epoch, steps_per_execution, model)
 
