@@ -18,10 +18,20 @@ boundary. tfmulti's backup is built on `tf.train.Checkpoint` instead:
   TensorFlow's coordination service, and a worker that cannot read it fails
   with a message instead of silently training from other weights.
 * **Atomic**: TensorFlow writes a checkpoint (`tfmulti-ckpt-STEP.*`) under a
-  temporary name and renames it when complete. On restore, every tensor of
-  the newest checkpoint is read and its checksum verified first; a truncated
-  or garbled one is skipped with a warning naming the file, and the previous
-  one is used. The newest `keep` (2) checkpoints are kept.
+  temporary name and renames it when complete. On restore, every file of the
+  newest checkpoint is read, then every tensor with its checksum verified; a
+  corrupt one (its files read, their content does not check: truncated,
+  garbled, a data file missing) is skipped with a warning naming the files,
+  and the previous one is used. The newest `keep` (2) checkpoints are kept; an
+  older one is removed only after the new one has read back whole. A full
+  `backup_dir` stops the save with an OSError naming it ("no space left"),
+  the previous checkpoints kept.
+* **Unreadable is not corrupt**: a file the operating system cannot read
+  (permissions, an I/O error, a missing mount) stops the run with
+  `UnreadableBackup` (an OSError naming the file and the error), changing
+  nothing: no fallback, no fresh start that would replace the backup, unless
+  the caller says so (`discard_unreadable_backup=True`: a warning naming the
+  file, a start from step 0).
 * **One run per directory**: the chief locks `backup_dir` while it runs
   (`flock`; a second run gets an error naming the holder's host, pid, start
   and command; a killed run's lock dies with it). The run's fingerprint (the
