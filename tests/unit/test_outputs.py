@@ -214,6 +214,17 @@ def test_a_resumed_run_keeps_its_pending_logs_and_knows_when_it_has_finished(tmp
     assert os.path.isfile(os.path.join(folder, "model.keras"))
 
 
+def test_the_runs_own_backup_dir_inside_model_dir_is_not_another_runs(tmp_path):
+    """`--backup_dir=DIR/backup --model_dir=DIR` (docs/many_hosts.md): the
+    backup, made before the claim, does not make the folder "not empty"."""
+    (tmp_path / "backup").mkdir()
+    assert outputs.claim(str(tmp_path), CONFIG, overwrite=False, resumable=True,
+                         own=("backup",)) is False
+    with pytest.raises(ValueError, match=r"is not empty \(backup\): it holds other files"):
+        outputs.claim(str(tmp_path), OTHER, overwrite=False, resumable=True)
+    assert (tmp_path / "backup").is_dir()
+
+
 def test_an_earlier_tfmultis_run_file_records_its_outputs_by_name(tmp_path):
     """A run file of the configuration alone (tfmulti before the record): its
     metrics.json, model.keras and TensorBoard event files are its outputs."""

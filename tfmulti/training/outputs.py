@@ -121,7 +121,8 @@ def _shown(names) -> str:
     return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
 
 
-def claim(folder: str, config: dict, *, overwrite: bool, resumable: bool) -> bool:
+def claim(folder: str, config: dict, *, overwrite: bool, resumable: bool,
+          own: tuple = ()) -> bool:
     """Makes `folder` (a `model_dir`) this run's, before anything else is written
     there; returns whether this same run has published its outputs there already.
 
@@ -137,6 +138,8 @@ def claim(folder: str, config: dict, *, overwrite: bool, resumable: bool) -> boo
         config: the run's configuration as JSON (what a rerun must match).
         overwrite: replace the outputs a run published there.
         resumable: the run resumes from a backup.
+        own: names in `folder` that are this run's and not outputs (its
+            `backup_dir`, when that is inside `model_dir`): not counted, not touched.
 
     Raises:
         ValueError: the folder holds another run's outputs or other files (and
@@ -147,7 +150,8 @@ def claim(folder: str, config: dict, *, overwrite: bool, resumable: bool) -> boo
     record = read_record(folder)
     staged = [e for e in entries if e.startswith(_STAGING)]
     ours = {RUN_FILE, PENDING} if record is not None else set()
-    others = [e for e in entries if e not in ours and not e.startswith(_STAGING)]
+    others = [e for e in entries
+              if e not in ours and e not in own and not e.startswith(_STAGING)]
     resumed = (record is not None and resumable and record.config == config
                and not (overwrite and record.finished))
     if others and not resumed:

@@ -70,10 +70,14 @@ def _identity(config: TrainConfig) -> dict:
 
 
 def _claim_model_dir(config: TrainConfig) -> bool:
-    """Makes `model_dir` this run's (`tfmulti.training.outputs.claim`); returns
-    whether this same run has published its outputs there already."""
+    """Makes `model_dir` this run's (`tfmulti.training.outputs.claim`; its
+    `backup_dir` may be a folder in it); returns whether this same run has
+    published its outputs there already."""
+    backup_dir = os.path.abspath(config.backup_dir) if config.backup_dir else None
+    inside = backup_dir and os.path.dirname(backup_dir) == os.path.abspath(config.model_dir)
     return outputs.claim(config.model_dir, _identity(config), overwrite=config.overwrite,
-                         resumable=bool(config.backup_dir))
+                         resumable=bool(config.backup_dir),
+                         own=(os.path.basename(backup_dir),) if inside else ())
 
 
 def _published_metrics(model_dir: str) -> dict | None:
