@@ -133,3 +133,29 @@ def test_a_full_backup_dir_ends_in_one_line_and_keeps_the_previous_backup(tmp_pa
     assert not [n for n in os.listdir(after) if n.endswith("_temp")]
     assert [backup.verify(str(after / name)) for name in _names(after)] == [2, 4]
     assert backup.latest_valid(str(after)).step == 4
+
+
+@pytest.mark.slow  # trains (in this process)
+def test_discard_unreadable_backup_starts_the_run_from_step_0(tmp_path, crashed_backup, capsys):
+    """The flag, through `train`: a backup whose data files are gone (links into a
+    mount that is not there) is discarded with one warning line, the run trains
+    from step 0 and its saves replace the old checkpoints."""
+    from tfmulti.config.train_config import TrainConfig
+    from tfmulti.training.train import train
+
+    backup_dir = tmp_path / "backup"
+    shutil.copytree(crashed_backup, backup_dir)
+    for path in glob.glob(str(backup_dir / "tfmulti-ckpt-*.data-*")):
+        os.remove(path)
+        os.symlink("/nonexistent-mount/tfmulti-test/data", path)
+    capsys.readouterr()
+    metrics = train(TrainConfig(**TINY, backup_dir=str(backup_dir), keep_backup=True,
+                                discard_unreadable_backup=True))
+    assert metrics["resumed_from_step"] == 0 and metrics["epochs_completed"] == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "discard" in line] == [
+        f"tfmulti: warning: discarding the backup in {backup_dir} (discard_unreadable_backup): "
+        f"the file {backup_dir}/tfmulti-ckpt-4.data-00000-of-00001 cannot be read (No such file "
+        "or directory); starting from step 0"], err
+    assert _names(backup_dir) == ["tfmulti-ckpt-6", "tfmulti-ckpt-8"]
+    assert not any(os.path.islink(p) for p in glob.glob(str(backup_dir / "*")))
