@@ -157,3 +157,15 @@ def test_check_loss(tmp_path, capsys):
                                             r"step on; look for NaN"):
         check_loss(tf.constant(float("nan")), first_step=7, last_step=7)
     assert capsys.readouterr().err.count("\n") == 2
+
+
+def test_a_backup_dir_that_cannot_be_listed_still_ends_in_the_loss_line(tmp_path, monkeypatch,
+                                                                        capsys):
+    def unreadable(backup_dir):
+        raise PermissionError(13, "Permission denied", backup_dir)
+
+    monkeypatch.setattr(backup, "checkpoints", unreadable)
+    with pytest.raises(NonFiniteLoss, match=rf"the backups in {tmp_path} cannot be listed "
+                                            r"\(\[Errno 13\] Permission denied"):
+        check_loss(float("nan"), first_step=1, last_step=1, backup_dir=str(tmp_path))
+    assert capsys.readouterr().err.count("\n") == 1

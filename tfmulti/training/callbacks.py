@@ -74,7 +74,10 @@ class NonFiniteLoss(SystemExit):
 
 def _last_backup(backup_dir: str) -> str:
     """Where the newest checkpoint in `backup_dir` is, in words (for the message)."""
-    newest = backup_lib.checkpoints(backup_dir)
+    try:
+        newest = backup_lib.checkpoints(backup_dir)
+    except OSError as e:  # the loss's line still comes first, naming what failed here
+        return f"the backups in {backup_dir} cannot be listed ({e})"
     if not newest:
         return f"no backup was saved in {backup_dir} before it"
     step = os.path.basename(newest[0]).rsplit("-", 1)[-1]
