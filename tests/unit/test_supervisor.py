@@ -209,7 +209,9 @@ def test_the_end_of_a_stop_by_a_signal_says_how_each_worker_ended():
             self.returncode = returncode
 
     outcome = Outcome(128 + signal.SIGTERM, "the launcher got SIGTERM", signalled=True)
-    line = supervisor._stopped_by_signal(outcome, [Ended(75), Ended(-9)], first=2)
-    assert line == ("stopped by SIGTERM to the launcher: worker 2: exit code 75 (preempted: "
-                    "saved a backup on SIGTERM), worker 3: exit code 137 (killed by SIGKILL); "
-                    "exit status 143")
+    line = supervisor._stopped_by_signal(
+        outcome, [Ended(75), Ended(76), Ended(-9), Ended(-40), Ended(1), Ended(None)], first=2)
+    assert line == ("stopped by SIGTERM to the launcher: worker 2 saved a backup (exit code "
+                    "75), worker 3 saved no new backup (exit code 76), worker 4 was killed by "
+                    "SIGKILL, worker 5 was killed by signal 40, worker 6 exited with code 1, "
+                    "worker 7 is still running; exit status 143")

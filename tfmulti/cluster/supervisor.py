@@ -217,11 +217,21 @@ def _stop_workers(procs: list, grace_period: float, signals: StopSignals, out: O
 def _stopped_by_signal(outcome: Outcome, procs: list, first: int) -> str:
     """The one-line end of an attempt stopped by a signal to the launcher: how each worker
     ended, and the launcher's exit status."""
-    ends = ", ".join(f"worker {first + i}: " + ("still running" if p.returncode is None
-                                                else describe_exit(p.returncode))
-                     for i, p in enumerate(procs))
+    ends = ", ".join(f"worker {first + i} {_ended(p.returncode)}" for i, p in enumerate(procs))
     name = signal.Signals(outcome.status - 128).name
     return f"stopped by {name} to the launcher: {ends}; exit status {outcome.status}"
+
+
+def _ended(returncode: int | None) -> str:
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:  # "exit code 137 (killed by SIGKILL)" -> "was killed by SIGKILL"
+        return "was " + describe_exit(returncode).split(" (", 1)[1][:-1]
+    if returncode == exit_codes.PREEMPTED:
+        return f"saved a backup (exit code {returncode})"
+    if returncode == exit_codes.PREEMPTED_UNSAVED:
+        return f"saved no new backup (exit code {returncode})"
+    return f"exited with code {returncode}"
 
 
 def _kill_namespace() -> None:
