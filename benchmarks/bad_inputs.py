@@ -278,8 +278,8 @@ def returns_text():
     return "train.csv"
 
 
-def returns_one_split():
-    return {"train": _xy()}
+def returns_no_train():
+    return {"test": _xy(), "num_classes": 3}
 
 
 def returns_unknown_key():
@@ -609,7 +609,7 @@ def _hook_cases() -> list[Case]:
         t("dataset raises OSError", "--dataset=userdata:raises_os_error", early=False),
         t("dataset returns None", "--dataset=userdata:returns_none", early=False),
         t("dataset returns text", "--dataset=userdata:returns_text", early=False),
-        t("dataset returns one split", "--dataset=userdata:returns_one_split", early=False),
+        t("dataset returns no train split", "--dataset=userdata:returns_no_train", early=False),
         t("dataset returns an unknown key", "--dataset=userdata:returns_unknown_key",
           early=False),
         t("model returns text", "--dataset=userdata:good", "--model=userdata:model_returns_text",
@@ -663,7 +663,7 @@ def _file_cases() -> list[Case]:
         t("TFRecord cut in a header", "--dataset=userdata:files_cut_in_header"),
         t("TFRecord file empty", "--dataset=userdata:files_empty"),
         t("TFRecord file unreadable", "--dataset=userdata:files_unreadable", unprivileged=True),
-        t("TFDS data_dir missing", "--dataset=fashion_mnist", "--data_dir=no_such_dir",
+        t("TFDS dataset not prepared, no download", "--dataset=mnist", "--data_dir=no_such_dir",
           fixtures=()),
         t("model_dir is a file", "--model_dir=model", fixtures=("model_is_file",), early=True),
         t("backup_dir is a file", "--backup_dir=backup", fixtures=("backup_is_file",),
