@@ -8,7 +8,10 @@
 * `streaming`: global batches sharded over workers and streamed to every
   replica ahead of the step (`distribute`).
 * `text`: `tfmulti_text`, byte-level language modelling prepared offline from
-  the Python standard library's sources, and its unigram baseline.
+  the Python standard library's sources, and its unigram baseline;
+* `tfrecord` and `checks`: a run's data checked before the first epoch:
+  TFRecord framing (a damaged file named with the byte offset), the first
+  examples of each split against each other and against the model.
 
 Batch sizes are always **global**: 256 on 4 replicas is 64 per replica.
 
