@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests._util import RECIPES, run_python
+from tests._util import RECIPES, launch_python, run_python
 
 _HOOK = '''
 import configparser  # the standard library's, never the configparser.py next to this file
@@ -34,18 +34,22 @@ def data(seed=0, num_examples=256):
 '''
 
 
+def _train(model_dir, backup_dir) -> list[str]:
+    """recipes/train.py on the hook's NaN labels (run from the hook's folder)."""
+    return [str(RECIPES / "train.py"), "--model=regression", "--dataset=nan_data:data",
+            "--num_examples=256", "--global_batch_size=32", "--epochs=2", "--seed=0",
+            "--verbose=0", f"--model_dir={model_dir}", f"--backup_dir={backup_dir}",
+            "--backup_every_steps=4"]
+
+
 @pytest.mark.slow
 def test_nan_labels_end_the_recipe_in_one_line_with_exit_65_and_nothing_published(tmp_path):
     (tmp_path / "nan_data.py").write_text(_HOOK)
     ran = tmp_path / "shadow-ran"
     (tmp_path / "configparser.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
     model_dir, backup_dir = tmp_path / "run", tmp_path / "backup"
-    result = run_python([str(RECIPES / "train.py"), "--model=regression",
-                         "--dataset=nan_data:data", "--num_examples=256",
-                         "--global_batch_size=32", "--epochs=2", "--seed=0",
-                         "--distribution=one_device", "--verbose=0",
-                         f"--model_dir={model_dir}", f"--backup_dir={backup_dir}",
-                         "--backup_every_steps=4"], cwd=tmp_path)
+    result = run_python([*_train(model_dir, backup_dir), "--distribution=one_device"],
+                        cwd=tmp_path)
     assert result.returncode == 65, result.stderr[-3000:]
     # tfmulti's and the recipe's own lines (TensorFlow's native start-up logs aside).
     errors = [line for line in result.stderr.splitlines()
@@ -55,3 +59,20 @@ def test_nan_labels_end_the_recipe_in_one_line_with_exit_65_and_nothing_publishe
     assert "Traceback" not in result.stderr
     assert {"model.keras", "metrics.json"}.isdisjoint(os.listdir(model_dir))
     assert not ran.exists()  # the hook's `import configparser` got the standard library's
+
+
+@pytest.mark.cluster
+def test_every_worker_of_a_cluster_stops_at_the_same_step(tmp_path, monkeypatch):
+    """MultiWorkerMirroredStrategy: the logged loss is all-reduced, so both workers
+    stop after the same call (none waits on a collective), each with the one line,
+    and the launch ends with exit code 65."""
+    (tmp_path / "nan_data.py").write_text(_HOOK)
+    monkeypatch.chdir(tmp_path)  # the workers start here: the hook's folder
+    model_dir, backup_dir = tmp_path / "run", tmp_path / "backup"
+    code, output = launch_python([*_train(model_dir, backup_dir),
+                                  "--distribution=multi_worker"], startup_timeout=240)
+    assert code == 65, output[-4000:]
+    lines = [line for line in output.splitlines() if "tfmulti: error: the training loss" in line]
+    assert len(lines) == 2 and len({line.split("error:", 1)[1] for line in lines}) == 1, output
+    assert "Traceback" not in output
+    assert {"model.keras", "metrics.json"}.isdisjoint(os.listdir(model_dir))
