@@ -654,8 +654,8 @@ def test_an_unreadable_manifest_stops_too(tmp_path):
     os.rename(manifest, backup_dir / "manifest.kept")
     os.mkdir(manifest)  # in its place, something that cannot be read as a file
     before = _snapshot(backup_dir)
-    with pytest.raises(OSError, match=rf"cannot read the backup file "
-                                                      rf"{manifest} \(Is a directory\)"):
+    with pytest.raises(OSError, match=rf"cannot read the backup file {manifest} "
+                                      r"\(Is a directory\)"):
         backup_fit(backup_dir)
     assert _snapshot(backup_dir) == before
 
