@@ -252,8 +252,12 @@ def _check_export_paths(model_dir: str, output: str, overwrite: bool) -> None:
     if not model_dir or not os.path.isfile(source):
         raise ValueError(f"`model_dir` {model_dir!r} has no model.keras; pass the directory "
                          "a training run wrote (recipes/train.py --model_dir).")
-    with open(source, "rb"):  # unreadable: the OSError names the file
-        pass
+    try:
+        with open(source, "rb"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot read {source} ({e.strerror}); pass a run whose model.keras "
+                         "this user can read.") from None
     if not zipfile.is_zipfile(source):
         raise ValueError(f"{source} is not a Keras model file (not a .keras zip archive); "
                          "pass the directory a training run wrote.")
