@@ -79,8 +79,8 @@ copy of the model (or a stage), traced once per device, so a typo such as
 `num_virtual_devices=100000` would spend its time tracing, not fail."""
 MAX_COUNT = 2**31 - 1
 """The largest count (epochs, steps, batch sizes, micro-batches, accumulated steps):
-the largest 32-bit integer, a bound against typos that keeps every product of counts
-TensorFlow computes within its int64 step counters."""
+the largest 32-bit integer, a bound against typos: 2**31 steps at a millisecond each
+take 25 days, and a batch of 2**31 examples of one float is 8 GiB."""
 MAX_SYNTHETIC_EXAMPLES = 1_000_000
 """The most synthetic examples (`num_examples`): the data is generated in memory, 3-4
 KiB an example (28 x 28 or 1,024 float32 features), so 10**6 take 3-4 GiB (and a quarter
