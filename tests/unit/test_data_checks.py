@@ -330,3 +330,40 @@ def test_build_run_refuses_labels_beyond_the_models_classes_before_training():
                                          r"model's 10 classes"):
         build_run(TrainConfig(dataset=dataset, distribution="one_device", global_batch_size=16,
                               epochs=1))
+
+
+def _own_model(units):
+    inputs = {name: keras.Input((width,), name=name) for name, width in own_model.FEATURES.items()}
+    model = keras.Model(inputs, keras.layers.Dense(units)(
+        keras.layers.Concatenate()(list(inputs.values()))))
+    model.compile(loss="sparse_categorical_crossentropy")
+    return model
+
+
+def test_tfrecord_files_are_sampled_against_the_model(records):
+    source = data.from_files(records, own_model.parse)
+    run_data = RunData(source, None, None, "classification", None)
+    checks.check_model_fits(run_data, _own_model(2))
+    with pytest.raises(ValueError, match=r"^the training split holds label 1, outside the "
+                                         r"model's 1 classes"):
+        checks.check_model_fits(RunData(source, None, None, "classification", None),
+                                _own_model(1))
+
+
+def test_a_users_reader_is_left_alone_by_the_checks(records):
+    """A reader of the user's may do anything (the own benchmark counts its
+    openings): the checks read no file through it."""
+    opened = []
+
+    def log(name):
+        opened.append(name.numpy())
+        return name
+
+    def reader(name):
+        return tf.data.TFRecordDataset(tf.py_function(log, [name], tf.string))
+
+    source = data.from_files(records, own_model.parse, reader=reader)
+    run_data = RunData(source, sources.as_dataset(own_model.arrays(8)), None,
+                       "classification", None)
+    checks.check_model_fits(run_data, _own_model(2))
+    assert opened == [] and set(run_data.samples) == {"test"}

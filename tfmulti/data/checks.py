@@ -8,7 +8,8 @@ a TensorFlow traceback mid-training (or a model trained on garbage):
   `tfmulti.data.from_files` checks its own (`tfmulti.data.tfrecord`);
 * `check_splits`: the first examples of each split read (a reading error
   named), their labels numbers, and the test split shaped like the training
-  split;
+  split (of files, only a few of this worker's own TFRecord files are read:
+  a reader of the user's is left alone);
 * `check_model_fits`: the labels within the model's classes (for the
   sparse categorical cross-entropy, tfmulti's default) and text features
   only for a model with text inputs.
@@ -36,6 +37,7 @@ import tensorflow as tf
 
 from tfmulti.data import tfrecord
 from tfmulti.data.sources import FileSource
+from tfmulti.runtime import roles
 
 __all__ = ["SAMPLE", "check_model_fits", "check_splits", "check_tfrecord_files",
            "first_examples", "tfrecord_files"]
@@ -153,24 +155,31 @@ def check_tfrecord_files(dataset: tf.data.Dataset, what: str) -> None:
 # ----------------------------------------------------------------------------- first examples
 
 
-def _as_dataset(source) -> tf.data.Dataset:
-    if isinstance(source, FileSource):  # the first files are enough, and only they are read
-        return source.dataset(source.files[:source.cycle_length])
-    return source
+def _files_to_sample(source: FileSource, role) -> tuple[str, ...] | None:
+    """The files whose first examples the checks read: a few of this worker's
+    own, for tfmulti's TFRecord reader only (a reader of the user's may do
+    anything, even count its openings); None: none."""
+    if source.tfrecord_compression is None or role is None:
+        return None
+    files = source.files
+    if role.num_workers > 1 and len(files) >= role.num_workers:
+        files = source.shard(role.worker_index, role.num_workers)
+    return files[:source.cycle_length]
 
 
-def first_examples(source, split: str, count: int = SAMPLE) -> list:
-    """The first `count` examples of `source` (a dataset or a file source), as
-    NumPy structures.
+def first_examples(source, split: str, count: int = SAMPLE, files=None) -> list:
+    """The first `count` examples of `source` (a dataset, or `files` of a
+    file source), as NumPy structures.
 
     Raises:
         ValueError: reading them failed (a damaged or unreadable file, a
             parse function that does not fit the records, ...): the message
             names the split and TensorFlow's reason.
     """
+    dataset = source.dataset(files) if isinstance(source, FileSource) else source
     try:
         return [tf.nest.map_structure(np.asarray, e)
-                for e in _as_dataset(source).take(count).as_numpy_iterator()]
+                for e in dataset.take(count).as_numpy_iterator()]
     except tf.errors.OpError as e:
         reason = " ".join(str(e.message).split())[:300]
         raise ValueError(f"reading the first examples of the {split} split failed: "
@@ -223,7 +232,7 @@ def _first(value: np.ndarray) -> str:
     return repr(str(first)[:40])
 
 
-def check_splits(train, test=None, *, samples: dict | None = None) -> dict:
+def check_splits(train, test=None, *, samples: dict | None = None, role=None) -> dict:
     """Reads the first examples of each split and refuses labels that are
     text, and a test split whose parts or per-example shapes differ from the
     training split's (where the training examples agree among themselves).
@@ -231,6 +240,9 @@ def check_splits(train, test=None, *, samples: dict | None = None) -> dict:
     Args:
         train, test: the splits (datasets or file sources; `test` may be None).
         samples: the first examples already read, by split name (reused).
+        role: this process's `tfmulti.runtime.roles.ClusterRole`, for file
+            sources: a few of its own TFRecord files are read; None: file
+            sources are not read.
 
     Returns:
         The first examples, by split name ("training", "test"), for
@@ -241,8 +253,12 @@ def check_splits(train, test=None, *, samples: dict | None = None) -> dict:
     """
     samples = dict(samples or {})
     for split, source in (("training", train), ("test", test)):
-        if source is not None and split not in samples:
+        if source is None or split in samples:
+            continue
+        if not isinstance(source, FileSource):
             samples[split] = first_examples(source, split)
+        elif (files := _files_to_sample(source, role)) is not None:
+            samples[split] = first_examples(source, split, files=files)
     for split, examples in samples.items():
         for name, value in (_leaves(examples[0]) if examples else []):
             if name == "labels" and _is_text(value):
@@ -307,7 +323,8 @@ def check_model_fits(run_data, model, *, samples: dict | None = None) -> None:
     Raises:
         ValueError: one line naming the split, the value and the expected range.
     """
-    samples = check_splits(run_data.train, run_data.test,
+    role = roles.cluster_role(getattr(model, "distribute_strategy", None))
+    samples = check_splits(run_data.train, run_data.test, role=role,
                            samples=samples if samples is not None else run_data.samples)
     run_data.samples = samples
     classes = None
