@@ -1,7 +1,9 @@
 """Tests of tfmulti.cluster.supervisor's internals that need no process: port
-checks, choices and reservations; how it stops workers (on fakes). (The supervisor's process handling, its
-restarts, its reaper and its end with the launcher are exercised end to end in
-tests/integration/test_launcher.py.)"""
+checks, choices and reservations; how it stops workers (on fakes: who gets the
+grace period, and the line that ends a stop by a signal). (The supervisor's
+process handling, its restarts, its reaper and its end with the launcher are
+exercised end to end in tests/integration/test_launcher.py, a stop by a signal
+in tests/integration/test_launch_signals.py.)"""
 
 from __future__ import annotations
 
