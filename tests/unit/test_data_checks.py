@@ -6,6 +6,8 @@ line before anything trains."""
 
 from __future__ import annotations
 
+import os
+
 import keras
 import numpy as np
 import pandas as pd
@@ -367,3 +369,34 @@ def test_a_users_reader_is_left_alone_by_the_checks(records):
                        "classification", None)
     checks.check_model_fits(run_data, _own_model(2))
     assert opened == [] and set(run_data.samples) == {"test"}
+
+
+def test_a_file_that_cannot_be_read_is_named(records):
+    source = data.from_files(records, own_model.parse)
+    os.remove(records[1])
+    with pytest.raises(OSError, match=rf"^cannot read {records[1]} \(No such file or "
+                                      r"directory\); check its permissions"):
+        source.count(progress=None)
+
+
+def test_an_empty_test_split_and_complex_features_are_refused():
+    with pytest.raises(ValueError, match=r"^the test split has no examples; give it some, or "
+                                         r"return no test split \(None\)"):
+        checks.check_splits(sources.as_dataset(_arrays(8)),
+                            sources.as_dataset((np.zeros((0, 4)), np.zeros(0))))
+    with pytest.raises(ValueError, match=r"^features holds complex numbers"):
+        sources.as_dataset((np.zeros((4, 2), np.complex64), np.zeros(4)))
+
+
+@pytest.mark.parametrize("labels, match", [
+    (lambda y: y + 0.5, r"^the training split holds label \d.5, not a class id \(a whole number "
+                        r"from 0 to 9\)"),
+    (lambda y: np.stack([y, y], axis=1), r"^the training split's labels have shape \(2,\) per "
+                                         r"example, but the sparse categorical cross-entropy "
+                                         r"takes one class id per output row"),
+])
+def test_labels_that_are_not_class_ids_are_refused(labels, match):
+    x, y = _arrays(32, high=10)
+    run_data = RunData(sources.as_dataset((x, labels(y))), None, (4,), "classification", 10)
+    with pytest.raises(ValueError, match=match):
+        checks.check_model_fits(run_data, _compiled(10))

@@ -264,6 +264,9 @@ def check_splits(train, test=None, *, samples: dict | None = None, role=None) ->
             if name == "labels" and _is_text(value):
                 raise ValueError(f"the {split} split's labels are text (e.g. {_first(value)}); "
                                  "Keras losses need numbers: map them to class ids 0..K-1.")
+    if "test" in samples and not samples["test"]:
+        raise ValueError("the test split has no examples; give it some, or return no test "
+                         "split (None) to train without evaluating.")
     if samples.get("training") and samples.get("test"):
         ours, theirs = _shapes(samples["training"]), _shapes(samples["test"])
         if set(ours) != set(theirs):
@@ -281,15 +284,27 @@ def check_splits(train, test=None, *, samples: dict | None = None, role=None) ->
     return samples
 
 
-def _model_classes(model) -> int | None:
+def _model_output(model) -> tuple | None:
+    """The shape of the model's one output, or None (several, or not known)."""
     try:
         outputs = model.outputs
     except (AttributeError, ValueError, TypeError, RuntimeError):
         return None
     if not outputs or len(outputs) != 1:
         return None
-    units = outputs[0].shape[-1]
-    return int(units) if units else None
+    return tuple(outputs[0].shape)
+
+
+def _fits_ids(label_shape: tuple, output: tuple) -> bool:
+    """Whether labels of `label_shape` per example are class ids for `output`
+    (one id per output row: the output's shape without batch and classes,
+    with or without a trailing 1)."""
+    rows = output[1:-1]
+    for want in (rows, rows + (1,)):
+        if len(label_shape) == len(want) and all(
+                w is None or w == g for w, g in zip(want, label_shape)):
+            return True
+    return False
 
 
 def _sparse_loss(model) -> bool:
@@ -327,9 +342,9 @@ def check_model_fits(run_data, model, *, samples: dict | None = None) -> None:
     samples = check_splits(run_data.train, run_data.test, role=role,
                            samples=samples if samples is not None else run_data.samples)
     run_data.samples = samples
-    classes = None
+    classes, output = None, _model_output(model)
     if run_data.task == "classification" and _sparse_loss(model):
-        classes = _model_classes(model) or run_data.num_classes
+        classes = (output[-1] if output and output[-1] else None) or run_data.num_classes
     text_ok = _text_inputs(model)
     for split, examples in samples.items():
         for name, value in (_leaves(examples[0]) if examples else []):
@@ -339,9 +354,22 @@ def check_model_fits(run_data, model, *, samples: dict | None = None) -> None:
                                  "give the model a string input, e.g. with TextVectorization).")
         if classes is None or not examples or len(examples[0]) < 2:
             continue
+        shape = np.asarray(examples[0][1]).shape
+        if output is not None and not _fits_ids(shape, output):
+            raise ValueError(
+                f"the {split} split's labels have shape {shape} per example, but the sparse "
+                f"categorical cross-entropy takes one class id per output row (the model's "
+                f"output: {output}); give the labels shape {output[1:-1]}, or use a loss of "
+                "your own.")
         labels = np.concatenate([np.asarray(e[1]).reshape(-1) for e in examples])
         if labels.size == 0 or labels.dtype.kind not in "iuf":
             continue
+        whole = np.round(labels) == labels
+        if not whole.all():
+            raise ValueError(
+                f"the {split} split holds label {labels[~whole][0]:g}, not a class id (a whole "
+                f"number from 0 to {classes - 1}); fix the labels, or return 'task': "
+                "'regression' from the dataset function, or use a loss of your own.")
         low, high = labels.min(), labels.max()
         if low < 0 or high >= classes:
             fix = ("class ids start at 0: fix the labels" if low < 0 else

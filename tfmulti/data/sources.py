@@ -59,6 +59,9 @@ def _array(value, what: str) -> np.ndarray:
         raise ValueError(f"labels are text or objects (e.g. {str(array.flat[0])[:40]!r}); "
                          "Keras losses need numbers: convert them to class ids 0..K-1 first (e.g. "
                          "numpy.unique(labels, return_inverse=True)).")
+    if array.dtype.kind == "c":
+        raise ValueError(f"{what} holds complex numbers; Keras layers take real numbers: "
+                         "put the real and imaginary parts in columns of their own.")
     if array.dtype == object:
         raise ValueError(f"{what} has values of mixed types (NumPy dtype object); convert "
                          "them to numbers or strings first.")
@@ -207,7 +210,11 @@ class FileSource:
         files = tuple(self.files if files is None else files)
         for path in files:
             if path not in self._scans:
-                found = tfrecord.scan(path, self.tfrecord_compression)
+                try:
+                    found = tfrecord.scan(path, self.tfrecord_compression)
+                except OSError as e:
+                    raise OSError(f"cannot read {path} ({e.strerror or e}); check its "
+                                  "permissions and that its file system is mounted.") from None
                 if not found.ok and self.damaged == "skip":
                     print(f"tfmulti: reading only the whole records of a damaged file "
                           f"(damaged='skip'): {found.describe()}", flush=True)
