@@ -356,6 +356,16 @@ def test_launcher_reports_each_restart_and_gives_up():
     assert text.count("failed with exit code 3") == 3
 
 
+@pytest.mark.parametrize("code", sorted(exit_codes.FINAL))
+def test_launcher_does_not_restart_an_exit_a_restart_would_repeat(code):
+    """Bad input (2) or a NaN loss (65) ends every attempt the same way."""
+    status, text = launch_python(["-c", f"import sys; sys.exit({code})"], max_restarts=2,
+                                 grace_period=1)
+    assert status == code, text
+    assert "restart 1 of 2" not in text and "restart(s) left" not in text, text
+    assert f"not restarted (exit status {code} ends every attempt the same way)" in text
+
+
 @ISOLATION
 def test_sigint_to_the_launcher_stops_all_workers(cli_launcher, isolate):
     options = () if isolate else ("--no_isolate",)

@@ -2,16 +2,18 @@
 
 A recipe or the `tfmulti` command exits `USAGE` (2) on bad input; a worker
 that saved a backup on SIGTERM exits `PREEMPTED` (75, `EX_TEMPFAIL`), which
-`tfmulti launch --max_restarts` restarts. `exit_status` turns a
-`subprocess` return code into what a shell would report.
+`tfmulti launch --max_restarts` restarts; one whose training loss turned NaN or
+infinite exits `NON_FINITE_LOSS` (65, `EX_DATAERR`), which a restart would only
+repeat (`FINAL`). `exit_status` turns a `subprocess` return code into what a
+shell would report.
 """
 
 from __future__ import annotations
 
 import signal
 
-__all__ = ["PREEMPTED", "PREEMPTED_UNSAVED", "USAGE", "describe_end", "describe_exit",
-           "exit_status"]
+__all__ = ["FINAL", "NON_FINITE_LOSS", "PREEMPTED", "PREEMPTED_UNSAVED", "USAGE",
+           "describe_end", "describe_exit", "exit_status"]
 
 USAGE = 2
 """Bad flags, arguments or configuration; nothing was started or written."""
@@ -21,6 +23,12 @@ PREEMPTED_UNSAVED = 76
 """A worker got SIGTERM but the workers could not agree on a step to save at (a peer
 did not acknowledge in time), so it stopped without a new backup: a restart resumes
 from the previous one."""
+NON_FINITE_LOSS = 65
+"""The training loss turned NaN or infinite; the run stopped and published nothing
+(EX_DATAERR: the data, or the training it drives, went wrong)."""
+FINAL = frozenset({USAGE, NON_FINITE_LOSS})
+"""Worker exit codes that `tfmulti launch --max_restarts` does not restart: the same
+input would end the same way (a restart resumes from the same backup)."""
 
 
 def exit_status(returncode: int) -> int:
@@ -41,6 +49,8 @@ def describe_exit(returncode: int) -> str:
     if returncode == PREEMPTED_UNSAVED:
         return (f"exit code {returncode} (preempted: SIGTERM, but no new backup was saved; "
                 "a restart resumes from the previous one)")
+    if returncode == NON_FINITE_LOSS:
+        return f"exit code {returncode} (the training loss was NaN or infinite)"
     return f"exit code {returncode}"
 
 
@@ -52,4 +62,7 @@ def describe_end(status: int) -> str:
     if status == PREEMPTED_UNSAVED:
         return ("was preempted, but NO NEW BACKUP was saved (the workers did not agree on a "
                 "step to save at); a restart resumes from the previous backup, if any")
+    if status == NON_FINITE_LOSS:
+        return ("stopped: the training loss was NaN or infinite (see above); a restart would "
+                "repeat it")
     return f"failed with exit status {status} (see above)"

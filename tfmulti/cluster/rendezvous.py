@@ -479,8 +479,8 @@ def coordinate(link: Link, run_attempt: Callable[[int, Remote], Outcome], max_re
         status = result["status"]
         why = (f"{result['why']} on {link.describe(rank)}: the cluster "
                f"{exit_codes.describe_end(status)}")
-        if attempt < max_restarts and not any(r.get("lost") or r.get("signalled")
-                                              for r in results.values()):
+        if attempt < max_restarts and status not in exit_codes.FINAL and not any(
+                r.get("lost") or r.get("signalled") for r in results.values()):
             out.say(f"{why}; {max_restarts - attempt} restart(s) left")
             continue
         if max_restarts and attempt == max_restarts:

@@ -374,7 +374,7 @@ def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals,
 def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> int:
     """Runs the workers; after a failure, restarts all of them up to `plan.max_restarts`
     times (each restart and its cause are reported). A signal to the launcher never
-    restarts."""
+    restarts, nor does an exit status in `exit_codes.FINAL` (bad input, a NaN loss)."""
     for attempt in range(plan.max_restarts + 1):
         if attempt:
             out.say(f"restart {attempt} of {plan.max_restarts}: starting all "
@@ -382,6 +382,10 @@ def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> i
                     "backup)")
         status = _run_workers(plan, out, signals).status
         if status == 0 or signals.received is not None:
+            return status
+        if status in exit_codes.FINAL:
+            out.say(f"the cluster {describe_end(status)}; not restarted (exit status "
+                    f"{status} ends every attempt the same way); exit status {status}")
             return status
         if attempt < plan.max_restarts:
             out.say(f"the cluster {describe_end(status)}; {plan.max_restarts - attempt} "

@@ -27,14 +27,14 @@ import time
 
 import keras
 
+from tfmulti.cluster import exit_codes
 from tfmulti.training import backup as backup_lib
 
 __all__ = ["EpochTimer", "NON_FINITE_LOSS", "NonFiniteLoss", "StopOnNonFiniteLoss",
            "check_loss"]
 
-NON_FINITE_LOSS = 65
-"""The exit code of a run stopped by a NaN or infinite training loss (EX_DATAERR:
-the data, or the training it drives, went wrong; a rerun would do the same)."""
+NON_FINITE_LOSS = exit_codes.NON_FINITE_LOSS
+"""The exit code of a run stopped by a NaN or infinite training loss (65)."""
 
 
 class EpochTimer(keras.callbacks.Callback):
