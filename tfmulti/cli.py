@@ -170,9 +170,10 @@ def _add_launch_parser(sub) -> None:
                         "from other hosts, isolated workers have no outside network, and "
                         "where no namespace can be made the launch fails (exit 2)")
     p.add_argument("--grace_period", type=float, default=DEFAULT_GRACE_PERIOD,
-                   help="seconds between SIGTERM and SIGKILL when stopping workers: room for "
-                        "a preempted job's agreement, a call of steps and the save "
-                        f"(default {DEFAULT_GRACE_PERIOD:g})")
+                   help="seconds between SIGTERM and SIGKILL when stopping workers that save "
+                        "a backup on SIGTERM: room for a preempted job's agreement, a call of "
+                        "steps and the save (default "
+                        f"{DEFAULT_GRACE_PERIOD:g}; workers without a backup get 5 s)")
     p.add_argument("--max_restarts", type=int, default=0,
                    help="restart all workers after a failure or preemption, up to this many "
                         "times; a job with --backup_dir resumes from its backup (default 0)")
@@ -292,7 +293,7 @@ def _add_export_parser(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--model", default=None, metavar="MODULE[:FUNCTION]",
                    help="import this module first (the --model hook's), so that the custom "
-                        "layers it registers load")
+                        "layers it registers load; importing runs its code, like python -m")
     p.set_defaults(func=_cmd_export, parser=p)
 
 

@@ -5,8 +5,10 @@
   `tfmulti launch` and the process that supervises a host's workers;
 * `hosts` and `rendezvous`: a launch across hosts (`--hosts`), computed
   from the same arguments on every host, and the launchers' agreement on
-  its start and restarts; `simulated_hosts`: hosts as network namespaces
-  on one machine, for the tests and benchmarks;
+  its start and restarts; `channel` and `auth`: their messages, each
+  authenticated with the job's shared secret (HMAC);
+* `save_notice`: a worker's notice that it saves a backup on SIGTERM, read
+  when the launcher stops the workers;
 * `gpus`: each local worker's GPUs (`--gpus_per_worker`);
 * `notebook_launcher` (`notebook_launcher.notebook_launcher`, also
   `tfmulti.notebook_launcher`): run a notebook function on N workers;

@@ -246,7 +246,8 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
     runs in its own session (process group), and has each line of its
     stdout and stderr written to `output` as `[worker I] line` (I: its global index). When a
     worker fails, or the launcher gets SIGINT/SIGTERM, every worker's process group gets
-    SIGTERM, then SIGKILL after `grace_period` seconds.
+    SIGTERM, then SIGKILL after `grace_period` seconds while a worker saves a backup on
+    SIGTERM (`save_notice`), else after `save_notice.STOP_WITHOUT_SAVE_S`.
 
     Across hosts, the same call (or `tfmulti launch --hosts ...` line) runs on every host
     with its own `host_rank`; the launchers check at start-up that they see the same
@@ -273,7 +274,8 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
             fails (ValueError) before starting anything; False runs the workers with their
             ports open on all interfaces. It cannot apply across `hosts`: the hosts need a
             private network between them.
-        grace_period: seconds between SIGTERM and SIGKILL when stopping workers, and that
+        grace_period: seconds between SIGTERM and SIGKILL when stopping workers that save
+            a backup on SIGTERM (others get `save_notice.STOP_WITHOUT_SAVE_S`), and that
             a preempted worker's peers get to save; 60 by default (`DEFAULT_GRACE_PERIOD`:
             the preemption agreement, a call of steps and the save).
         output: text stream for the workers' output and the launcher's messages; by default

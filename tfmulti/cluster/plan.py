@@ -35,7 +35,8 @@ PREEMPTION_AGREEMENT_S = 20.0
 which all of them save (`tfmulti.training.backup`); peers answer from a watcher thread at once
 unless they are gone."""
 DEFAULT_GRACE_PERIOD = 60.0
-"""Seconds between SIGTERM and SIGKILL when the launcher stops workers: room for the
+"""Seconds between SIGTERM and SIGKILL when the launcher stops workers that save a
+backup on SIGTERM (others get `save_notice.STOP_WITHOUT_SAVE_S`): room for the
 preemption agreement (`PREEMPTION_AGREEMENT_S`), the rest of a call of steps and the
 save; raise it for long steps or large models."""
 ISOLATION_MODES = ("root", "userns")

@@ -314,10 +314,12 @@ class TrainConfig:
         "the file and the error, and touch nothing).")
     model_dir: str | None = _field(
         None, "Where to write metrics.json, model.keras and TensorBoard logs; a folder that "
-        "holds another run's outputs is refused unless overwrite.")
+        "holds another run's outputs is refused unless overwrite, one with files tfmulti did "
+        "not write always.")
     overwrite: bool = _field(
-        False, "Replace the outputs of an earlier run in model_dir (they are removed when "
-        "training starts).")
+        False, "Replace the outputs an earlier tfmulti run published in model_dir (recorded in "
+        "its .tfmulti-run.json), once this run publishes its own; files tfmulti did not write "
+        "are never replaced.")
     verbose: int | str = _field(
         "auto", "Progress output: auto (a progress bar on a terminal, a line per epoch "
         "otherwise; nothing on workers other than the chief), 0, 1 or 2.", choices=VERBOSITY)
