@@ -400,3 +400,25 @@ def test_labels_that_are_not_class_ids_are_refused(labels, match):
     run_data = RunData(sources.as_dataset((x, labels(y))), None, (4,), "classification", 10)
     with pytest.raises(ValueError, match=match):
         checks.check_model_fits(run_data, _compiled(10))
+
+
+def test_a_record_changed_inside_is_named_when_tensorflow_finds_it(records):
+    """A flipped bit inside a record's payload passes the framing checks;
+    TensorFlow's DataLossError names the offset only: data_loss_error names
+    the file."""
+    offset = _cut(records[1], 5, 10 ** 6)  # cuts nothing: the offset of record 5
+    with open(records[1], "r+b") as f:
+        f.seek(offset + 20)
+        byte = f.read(1)
+        f.seek(offset + 20)
+        f.write(bytes([byte[0] ^ 1]))
+    source = data.from_files(records, own_model.parse)
+    assert source.count(progress=None) == 64  # the framing is whole
+    with pytest.raises(tf.errors.DataLossError) as raised:
+        for _ in tf.data.TFRecordDataset(records[1]):
+            pass
+    error = checks.data_loss_error(raised.value, source, None)
+    assert str(error).startswith(f"{records[1]} is damaged at byte offset {offset + 12}: the "
+                                 "record's ") and "fail their checksum" in str(error)
+    unknown = checks.data_loss_error(raised.value, sources.as_dataset(_arrays(4)))
+    assert str(unknown).startswith("a data file is damaged: ") and "\n" not in str(unknown)

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -40,7 +41,7 @@ from tfmulti.data.sources import FileSource
 from tfmulti.runtime import roles
 
 __all__ = ["SAMPLE", "check_model_fits", "check_splits", "check_tfrecord_files",
-           "first_examples", "tfrecord_files"]
+           "data_loss_error", "first_examples", "tfrecord_files"]
 
 SAMPLE = 256
 """Examples read from the start of each split by the checks."""
@@ -150,6 +151,45 @@ def check_tfrecord_files(dataset: tf.data.Dataset, what: str) -> None:
                 "stop mid-epoch or drop the rest unseen; replace the file, or read the files "
                 "with tfmulti.data.from_files(..., damaged='skip') to train on the whole "
                 "records only.")
+
+
+def _plain_tfrecord_files(source) -> list[str]:
+    if isinstance(source, FileSource):
+        return list(source.files) if source.tfrecord_compression == "" else []
+    if isinstance(source, tf.data.Dataset):
+        return [path for path, kind in tfrecord_files(source) if kind == ""]
+    return []
+
+
+def data_loss_error(error: Exception, *sources) -> ValueError:
+    """The one-line error for a `tf.errors.DataLossError` raised while the
+    data is read (a record changed after the checks before training, e.g. a
+    flipped bit in its payload): TensorFlow names the byte offset, not the
+    file; this finds the file among the plain TFRecord files `sources` read
+    (file sources, the user's datasets) whose record at that offset fails.
+
+    Args:
+        error: the DataLossError.
+        sources: the run's data (train, test; None ignored).
+    """
+    message = " ".join(str(getattr(error, "message", error)).split())
+    found = re.search(r"(?:corrupted|truncated) record at (\d+)", message)
+    if found:
+        offset = int(found.group(1))
+        for source in sources:
+            for path in _plain_tfrecord_files(source):
+                try:
+                    damage = tfrecord.record_fails_at(path, offset)
+                except OSError:
+                    continue
+                if damage:
+                    return ValueError(
+                        f"{path} is damaged at byte offset {offset}: {damage}; replace the "
+                        "file (it changed after the checks before training, or inside a "
+                        "record, where they do not look).")
+    return ValueError(f"a data file is damaged: {message[:300]} (TensorFlow names no file); "
+                      "check the data's files, e.g. by reading each with "
+                      "tf.data.TFRecordDataset.")
 
 
 # ----------------------------------------------------------------------------- first examples

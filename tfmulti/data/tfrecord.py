@@ -32,7 +32,7 @@ import os
 import struct
 import zlib
 
-__all__ = ["COMPRESSIONS", "Scan", "masked_crc32c", "scan"]
+__all__ = ["COMPRESSIONS", "Scan", "masked_crc32c", "record_fails_at", "scan"]
 
 COMPRESSIONS = ("", "GZIP", "ZLIB")
 """TFRecord compressions `scan` reads ("" or None: none), as TensorFlow names them."""
@@ -217,3 +217,40 @@ def scan(path: str, compression: str | None = None) -> Scan:
         return damaged(f"the {compression} data cannot be decompressed ({e})")
     finally:
         reader.close()
+
+
+def record_fails_at(path: str, offset: int) -> str | None:
+    """What is wrong with the record of the plain TFRecord file `path` that
+    TensorFlow's reader reports at byte `offset` ("corrupted record at N":
+    the record's start for its header, the start + 12 for its payload), or
+    None: no record of this file starts there, or it is whole. TensorFlow
+    names the offset but not the file.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb", buffering=_CHUNK) as f:
+        start = 0
+        while start < offset - _HEADER:  # walk the framing to the record there
+            header = f.read(_HEADER)
+            if len(header) < _HEADER:
+                return None
+            length, crc = struct.unpack("<QI", header)
+            if masked_crc32c(header[:8]) != crc:
+                return None
+            start += _HEADER + length + _FOOTER
+            f.seek(start)
+        if start not in (offset, offset - _HEADER):
+            return None
+        header = f.read(_HEADER)
+        if len(header) < _HEADER:
+            return None
+        length, crc = struct.unpack("<QI", header)
+        if masked_crc32c(header[:8]) != crc:
+            return "the record's header fails its checksum"
+        payload, footer = f.read(length), f.read(_FOOTER)
+        if len(payload) < length or len(footer) < _FOOTER:
+            return "the file ends inside the record there"
+        if masked_crc32c(payload) != struct.unpack("<I", footer)[0]:
+            return f"the record's {length} bytes fail their checksum (changed since written)"
+    return None
