@@ -407,7 +407,8 @@ def _run_across_hosts(plan: LaunchPlan, out: Output, signals: StopSignals) -> in
             ports, reservations = _reserve_ports(plan.port, plan.num_workers, across_hosts=True)
             digest = hosts_lib.view_digest(hosts, plan.port, plan.max_restarts)
             link = rendezvous.join(hosts, rank, plan.port, digest, plan.startup_timeout,
-                                   interrupted=lambda: signals.received is not None)
+                                   interrupted=lambda: signals.received is not None,
+                                   say=out.say)
         except ValueError as e:
             rendezvous.notify_abort(hosts, plan.port, f"host {rank}: {e}")
             raise
