@@ -34,6 +34,22 @@ def test_the_reference_page_lists_every_public_name():
     assert listed == set(PUBLIC)
 
 
+def test_each_modules_names_line_is_its_all():
+    """A module's section on the reference page lists its `__all__`, so a name
+    added to the module is added to the page."""
+    page = (REPO / "docs" / "api.md").read_text()
+    sections = re.findall(r"^### `tfmulti\.(\w+)`\n(.*?)(?=^##)", page, flags=re.M | re.S)
+    checked = 0
+    for name, body in sections:
+        line = re.search(r"^Names: (.*)\.$", body, flags=re.M)
+        if line is None:
+            continue
+        listed = re.findall(r"`(\w+)`", line.group(1))
+        assert listed == sorted(getattr(tfmulti, name).__all__), name
+        checked += 1
+    assert checked >= 3
+
+
 def test_the_changelog_names_this_versions_renames():
     log = (REPO / "CHANGELOG.md").read_text()
     assert f"## {tfmulti.__version__}" in log
