@@ -107,11 +107,16 @@ def tfrecord_files(dataset: tf.data.Dataset) -> list[tuple[str, str]]:
     `interleave`/`flat_map` that makes a TFRecord reader from each name of a
     dataset of names (`Dataset.from_tensor_slices(names)`, `list_files`).
     Files it cannot tell (a reader of compression unknown until run, names
-    computed in the pipeline) are left out."""
+    computed in the pipeline) are left out.
+
+    It reads `tf.data`'s own attributes (each dataset's inputs, a reader's
+    file names, a map's traced function), which TensorFlow does not promise
+    to keep: where they change, fewer files (or none) are found, and the
+    checks during training remain (`data_loss_error`)."""
     found, seen, stack = [], set(), [dataset]
     while stack:
         ds = stack.pop()
-        if id(ds) in seen:
+        if id(ds) in seen or not hasattr(ds, "_inputs"):
             continue
         seen.add(id(ds))
         names_ds, compressions = None, []
