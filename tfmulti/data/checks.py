@@ -111,8 +111,7 @@ def tfrecord_files(dataset: tf.data.Dataset) -> list[tuple[str, str]]:
 
     It reads `tf.data`'s own attributes (each dataset's inputs, a reader's
     file names, a map's traced function), which TensorFlow does not promise
-    to keep: where they change, fewer files (or none) are found, and the
-    checks during training remain (`data_loss_error`)."""
+    to keep: where they change, fewer files (or none) are found and checked."""
     found, seen, stack = [], set(), [dataset]
     while stack:
         ds = stack.pop()
