@@ -422,3 +422,26 @@ def test_a_record_changed_inside_is_named_when_tensorflow_finds_it(records):
                                  "record's ") and "fail their checksum" in str(error)
     unknown = checks.data_loss_error(raised.value, sources.as_dataset(_arrays(4)))
     assert str(unknown).startswith("a data file is damaged: ") and "\n" not in str(unknown)
+
+
+def test_train_names_a_record_changed_inside_in_one_error(tmp_path):
+    """A flipped bit past the examples the checks read, through `tfmulti.train`:
+    the DataLossError that ends training becomes a ValueError naming the file
+    (a recipe's one line)."""
+    import tfmulti
+
+    (path,) = own_model.write_tfrecords(tmp_path, num_files=1, per_file=2 * checks.SAMPLE)
+    offset = _cut(path, checks.SAMPLE + 10, 10 ** 6)
+    with open(path, "r+b") as f:
+        f.seek(offset + 20)
+        byte = f.read(1)
+        f.seek(offset + 20)
+        f.write(bytes([byte[0] ^ 1]))
+
+    def dataset():
+        return data.from_files([path], own_model.parse), own_model.arrays(16)
+
+    config = TrainConfig(dataset=dataset, model=lambda input_shape: own_model.build(input_shape),
+                         distribution="one_device", global_batch_size=64, epochs=1)
+    with pytest.raises(ValueError, match=rf"^{path} is damaged at byte offset {offset + 12}: "):
+        tfmulti.train(config)

@@ -224,6 +224,8 @@ def first_examples(source, split: str, count: int = SAMPLE, files=None) -> list:
     try:
         return [tf.nest.map_structure(np.asarray, e)
                 for e in dataset.take(count).as_numpy_iterator()]
+    except tf.errors.DataLossError as e:
+        raise data_loss_error(e, source) from None
     except tf.errors.OpError as e:
         reason = " ".join(str(e.message).split())[:300]
         raise ValueError(f"reading the first examples of the {split} split failed: "

@@ -29,6 +29,7 @@ import statistics
 import sys
 
 import keras
+import tensorflow as tf
 
 from tfmulti.utils.failpoints import failpoint
 from tfmulti.training import backup
@@ -42,6 +43,7 @@ from tfmulti.training.outputs import OUTPUTS
 from tfmulti.utils.atomic import write_json_atomic
 from tfmulti.config.train_config import TrainConfig
 from tfmulti.training.callbacks import EpochTimer, StopOnNonFiniteLoss
+from tfmulti.data import checks as data_checks
 from tfmulti.data.from_config import dataset_metrics
 from tfmulti.memory import estimate as memory
 
@@ -212,7 +214,34 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
                 if getattr(model, "tensor_parallel", 1) > 1
                 else footprint.pipeline_footprint(model, config.global_batch_size))
         print(f"{model.plan.table()}\n{footprint.format_footprint(rows)}", flush=True)
-    resumed_step, last_epoch = 0, {}
+    with _damaged_data_named(run):
+        history, resumed_step, last_epoch, results, backed_up = _fit_and_evaluate(
+            config, run, role, all_callbacks, verbose)
+    metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
+                       last_epoch)
+    extra, line = dataset_metrics(config, results)
+    metrics.update(extra)
+    if line:
+        print(line, flush=True)
+    failpoint("train.write")
+    if writes:
+        _write_outputs(config, model, metrics)
+        print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",
+              flush=True)
+    if backed_up is not None and not config.keep_backup:
+        # Only now: a crash during evaluation or the writes above resumes from
+        # the finished backup instead of training again.
+        backed_up.delete_backup()
+    failpoint("train.done")
+    return metrics
+
+
+def _fit_and_evaluate(config: TrainConfig, run: runs.Run, role, all_callbacks, verbose):
+    """Trains (through the backup when there is one) and evaluates: the history,
+    the step resumed from, the last epoch's metrics when nothing was left to
+    train, the test results and the backup's `FitResult` (None without one)."""
+    model = run.model
+    resumed_step, last_epoch, result = 0, {}, None
     if config.backup_dir:
         result = backup.fit(model, run.dataset_from, epochs=config.epochs,
                             steps_per_epoch=run.steps_per_epoch, backup_dir=config.backup_dir,
@@ -232,23 +261,18 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     failpoint("train.evaluate")
     results = (model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True, verbose=0)
                if run.test_input is not None else {})
-    metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
-                       last_epoch)
-    extra, line = dataset_metrics(config, results)
-    metrics.update(extra)
-    if line:
-        print(line, flush=True)
-    failpoint("train.write")
-    if writes:
-        _write_outputs(config, model, metrics)
-        print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",
-              flush=True)
-    if config.backup_dir and not config.keep_backup:
-        # Only now: a crash during evaluation or the writes above resumes from
-        # the finished backup instead of training again.
-        result.delete_backup()
-    failpoint("train.done")
-    return metrics
+    return history, resumed_step, last_epoch, results, result
+
+
+@contextlib.contextmanager
+def _damaged_data_named(run: runs.Run):
+    """A record damaged inside its payload passes the checks before training;
+    TensorFlow's DataLossError then names an offset only: this names the file
+    (a ValueError, one line and exit 2 from a recipe)."""
+    try:
+        yield
+    except tf.errors.DataLossError as e:
+        raise data_checks.data_loss_error(e, run.train_data, run.test_data) from None
 
 
 def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[float],
