@@ -165,20 +165,20 @@ def test_a_publish_killed_part_way_keeps_every_file_recorded(published, monkeypa
     os.makedirs(os.path.join(pending, "train"))
     for name in ("events.a", "events.b"):
         (published / ".tfmulti-pending" / "logs" / "train" / name).write_text(name)
-    sync = outputs._fsync
+    sync = outputs.fsync_path
 
     def stop_at_b(path):
         if path.endswith("events.b"):
             raise OSError(errno.EIO, "simulated stop")
         sync(path)
 
-    monkeypatch.setattr(outputs, "_fsync", stop_at_b)
+    monkeypatch.setattr(outputs, "fsync_path", stop_at_b)
     with pytest.raises(OSError, match="simulated stop"):
         _publish(published, OTHER, "the new run", events="logs/train/events.a")
     moved = ["logs/train/events.a", EVENTS, "metrics.json", "model.keras"]
     assert sorted(n for n in file_tree(published) if n.startswith(("logs", "m"))) == moved
     assert set(moved) <= set(outputs.read_record(str(published)).published)
-    monkeypatch.setattr(outputs, "_fsync", sync)
+    monkeypatch.setattr(outputs, "fsync_path", sync)
     assert outputs.claim(str(published), OTHER, overwrite=True, resumable=True) is False
     _publish(published, OTHER, "the new run", events="logs/train/events.b")
     assert outputs.read_record(str(published)).published == [

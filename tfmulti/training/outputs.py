@@ -39,7 +39,7 @@ import os
 import shutil
 from typing import Callable
 
-from tfmulti.utils.atomic import publish_staged, sync_directory, write_json_atomic
+from tfmulti.utils.atomic import fsync_path, publish_staged, sync_directory, write_json_atomic
 
 __all__ = ["OUTPUTS", "PENDING", "RUN_FILE", "Record", "claim", "lock", "pending_logs",
            "publish", "read_record"]
@@ -233,7 +233,7 @@ def publish(folder: str, config: dict, write: Callable[[str], None]) -> None:
         for name in logs:
             target = os.path.join(folder, name)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            _fsync(os.path.join(pending, name))
+            fsync_path(os.path.join(pending, name))
             os.replace(os.path.join(pending, name), target)
         for path in {os.path.dirname(os.path.join(folder, name)) for name in logs}:
             sync_directory(path)
@@ -249,14 +249,6 @@ def publish(folder: str, config: dict, write: Callable[[str], None]) -> None:
                       f"{e.strerror or e}; {fix}, or choose another model_dir.") from e
     _remove_empty_folders(os.path.join(folder, "logs"))
     shutil.rmtree(pending, ignore_errors=True)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_empty_folders(top: str) -> None:

@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 
 from tfmulti.utils.failpoints import failpoint
 
-__all__ = ["publish_staged", "sync_directory", "write_json_atomic"]
+__all__ = ["fsync_path", "publish_staged", "sync_directory", "write_json_atomic"]
 
 
-def _fsync(path: str) -> None:
+def fsync_path(path: str) -> None:
     """fsync a file or a folder by its path."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -33,7 +33,7 @@ def _fsync(path: str) -> None:
 
 def sync_directory(folder: str) -> None:
     """fsync a folder, so the renames into it survive a power loss."""
-    _fsync(folder)
+    fsync_path(folder)
 
 
 def publish_staged(folder: str, write: Callable[[str], None], order: Sequence[str]) -> None:
@@ -55,7 +55,7 @@ def publish_staged(folder: str, write: Callable[[str], None], order: Sequence[st
             path = os.path.join(stage, name)
             if not os.path.exists(path):
                 raise FileNotFoundError(f"staged output {name!r} was not written")
-            _fsync(path)
+            fsync_path(path)
         for name in order:
             failpoint("io.publish")
             os.replace(os.path.join(stage, name), os.path.join(folder, name))
