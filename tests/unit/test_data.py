@@ -389,6 +389,16 @@ def test_missing_cifar10_fails_fast(tmp_path):
     assert "dataset-fashion-mnist" not in message  # that hint is for fashion_mnist only
 
 
+def test_missing_prepared_data_is_one_error_without_tfds_warnings(tmp_path, caplog):
+    """TFDS warns "Variant folder ... has no dataset_info.json" through absl
+    logging when a version folder lacks its metadata: a recipe's one error
+    line would come second."""
+    (tmp_path / "mnist" / "3.0.1").mkdir(parents=True)
+    with caplog.at_level("WARNING"), pytest.raises(data.DataNotFoundError):
+        data.load("mnist", data_dir=str(tmp_path))
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
+
+
 @pytest.mark.parametrize("value", [0, -5, 2.5, True])
 def test_num_examples_must_be_positive(value):
     with pytest.raises(ValueError, match=rf"`num_examples` must be a positive integer \(or "

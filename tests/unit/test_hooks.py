@@ -112,3 +112,29 @@ def test_the_help_of_hook_flags_says_they_run_code(flag):
     config_flags.define_absl_flags(fv)
     assert (f"running their code as python -m would (--{flag}=os:abort calls os.abort): pass "
             f"only strings you trust.") in fv[flag].help
+
+
+def test_a_loss_that_cannot_take_y_true_and_y_pred_is_refused_in_one_line():
+    def three(y_true, y_pred, extra):
+        return y_pred
+
+    with pytest.raises(ValueError, match=r"^`loss` .*three\(y_true, y_pred, extra\) must take 2 "
+                                         r"arguments \(y_true, y_pred\); define it as "
+                                         r"def three\(y_true, y_pred\)\.$"):
+        hooks.check_takes(three, ("y_true", "y_pred"), "loss")
+    hooks.check_takes(lambda y_true, y_pred, sample_weight=None: y_pred, ("a", "b"), "loss")
+    hooks.check_takes(lambda *args: args, ("a", "b"), "loss")
+    hooks.check_takes(max, ("a", "b"), "loss")  # a builtin: left to the call
+
+
+def test_build_run_refuses_a_loss_hook_of_three_arguments_before_training(tmp_path,
+                                                                          monkeypatch):
+    from tfmulti.config.train_config import TrainConfig
+    from tfmulti.training.run import build_run
+
+    (tmp_path / "threeloss.py").write_text("def loss(a, b, c):\n    return a\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(ValueError, match=r"^`loss` loss\(a, b, c\) must take 2 arguments"):
+        build_run(TrainConfig(dataset="synthetic", num_examples=64, loss="threeloss:loss",
+                              distribution="one_device", global_batch_size=16, epochs=1))

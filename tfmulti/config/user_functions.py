@@ -28,7 +28,7 @@ import sys
 import types
 from typing import Callable
 
-__all__ = ["call", "import_user_module", "parameters", "resolve"]
+__all__ = ["call", "check_takes", "import_user_module", "parameters", "resolve"]
 
 
 def resolve(value, what: str) -> Callable:
@@ -118,6 +118,27 @@ def parameters(fn: Callable) -> set[str] | None:
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def check_takes(fn: Callable, positional: tuple[str, ...], what: str) -> None:
+    """Checks that `fn` can be called with the positional arguments
+    `positional` (e.g. a loss with `("y_true", "y_pred")`), before anything
+    calls it inside a traced training step, where a mismatch is a traceback.
+
+    Raises:
+        ValueError: naming the function, its signature and what it must take.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin without a readable signature: let the call decide
+    try:
+        signature.bind(*positional)
+    except TypeError:
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        raise ValueError(f"`{what}` {name}{signature} must take {len(positional)} arguments "
+                         f"({', '.join(positional)}); define it as "
+                         f"def {getattr(fn, '__name__', what)}({', '.join(positional)}).") from None
 
 
 def call(fn: Callable, offered: dict, what: str):

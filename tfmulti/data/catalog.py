@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gzip
+import logging
 import os
 from pathlib import Path
 
@@ -293,6 +294,19 @@ def check_prepared_files(name: str, split: str, data_dir: str) -> None:
                    " (`tfds build` with internet access, or download=True)."))
 
 
+@contextlib.contextmanager
+def _tfds_warnings_off():
+    """TFDS's warnings (absl logging) off: looking for prepared data that is not
+    there warns "Variant folder ... has no dataset_info.json" before the answer."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _normalize_image(image, label):
     return tf.cast(image, tf.float32) / 255.0, label
 
@@ -359,9 +373,10 @@ def load(
         return ds.map(_normalize_image, num_parallel_calls=tf.data.AUTOTUNE)
 
     try:
-        dataset = _load(False)
-    except AssertionError:  # TFDS: "could not find data in ..."
-        pass
+        with _tfds_warnings_off():  # a missing folder is our one line, not TFDS's warning
+            dataset = _load(False)
+    except (AssertionError, KeyError):  # TFDS: "could not find data in ...", or a version
+        pass  # folder without its metadata ("`splits` is empty")
     else:
         check_prepared_files(name, split, data_dir)
         return dataset

@@ -157,6 +157,7 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
         raise ValueError(f"`learning_rate` ({config.learning_rate}) applies to an optimizer "
                          f"given by name; set the rate on your "
                          f"{type(config.optimizer).__name__} instead.")
+    loss = _loss(config)
     if reuse is None:
         strategy = _strategy(config)
         run_data = load_data(config)
@@ -186,8 +187,7 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
             model, task=run_data.task, strategy=None if config.model_parallel else strategy,
             optimizer=config.optimizer,
             learning_rate=config.learning_rate if named_optimizer else None,
-            loss=hooks.resolve(config.loss, "loss") if config_lib.is_hook(config.loss)
-            else config.loss, metrics=list(config.metrics) if config.metrics else None,
+            loss=loss, metrics=list(config.metrics) if config.metrics else None,
             lr_scaling=config.lr_scaling, global_batch_size=examples_per_step,
             base_batch_size=config.base_batch_size, warmup_epochs=config.warmup_epochs,
             steps_per_epoch=steps_per_epoch, steps_per_execution=steps_per_execution,
@@ -195,6 +195,15 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
     check_model_fits(run_data, model)  # labels and inputs the model takes, before the first epoch
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
                test_input, steps_per_epoch, steps_per_execution, model)
+
+
+def _loss(config: TrainConfig):
+    """The loss: a Keras name, the user's function (resolved from its hook and
+    checked to take `(y_true, y_pred)`), or a loss object."""
+    loss = hooks.resolve(config.loss, "loss") if config_lib.is_hook(config.loss) else config.loss
+    if callable(loss) and not isinstance(loss, (str, keras.losses.Loss)):
+        hooks.check_takes(loss, ("y_true", "y_pred"), "loss")
+    return loss
 
 
 def _if_unknown_size(source, steps):
