@@ -445,3 +445,23 @@ def test_train_names_a_record_changed_inside_in_one_error(tmp_path):
                          distribution="one_device", global_batch_size=64, epochs=1)
     with pytest.raises(ValueError, match=rf"^{path} is damaged at byte offset {offset + 12}: "):
         tfmulti.train(config)
+
+
+def test_evaluating_a_test_split_of_files_gives_no_false_warning(records):
+    """Keras warns that the input "ran out of data" at the end of any
+    evaluation of unknown length; for a test split of files that is its end."""
+    import warnings
+
+    import tfmulti
+
+    def dataset():
+        return {"train": data.from_files(records, own_model.parse),
+                "test": data.from_files(records, own_model.parse)}
+
+    config = TrainConfig(dataset=dataset, model=lambda input_shape: own_model.build(input_shape),
+                         distribution="one_device", global_batch_size=16, epochs=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = tfmulti.train(config)
+    assert "test_loss" in metrics
+    assert not [w for w in caught if "ran out of data" in str(w.message)]

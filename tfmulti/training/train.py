@@ -27,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+import warnings
 
 import keras
 import tensorflow as tf
@@ -259,8 +260,15 @@ def _fit_and_evaluate(config: TrainConfig, run: runs.Run, role, all_callbacks, v
         history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=all_callbacks,
                             verbose=verbose).history
     failpoint("train.evaluate")
-    results = (model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True, verbose=0)
-               if run.test_input is not None else {})
+    results = {}
+    if run.test_input is not None:
+        with warnings.catch_warnings():
+            # Keras warns "Your input ran out of data; interrupting training" at the
+            # end of every evaluation of data whose length it does not know (files):
+            # there, running out is the end of the test split, not a fault.
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            results = model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True,
+                                     verbose=0)
     return history, resumed_step, last_epoch, results, result
 
 
