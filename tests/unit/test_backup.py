@@ -617,11 +617,11 @@ def test_an_unreadable_backup_stops_touching_nothing_and_resumes_once_readable(
                 if corrupt_newest else contextlib.nullcontext())
 
     for _ in range(2):  # and again: the first refusal changed nothing
-        with falls_back(), pytest.raises(OSError,
-                           match=rf"cannot read the backup file {unreadable[0]}\.data-00000-of-"
-                                 r"00001 \(No such file or directory\); nothing in it was "
-                                 r"changed: make it readable .* and rerun to resume, or pass "
-                                 r"discard_unreadable_backup=True to start from step 0"):
+        with falls_back(), pytest.raises(
+                OSError, match=rf"cannot read the backup file {unreadable[0]}\.data-00000-of-"
+                               r"00001 \(No such file or directory\); nothing in it was "
+                               r"changed: make it readable .* and rerun to resume, or pass "
+                               r"discard_unreadable_backup=True to start from step 0"):
             backup_fit(backup_dir)
         assert _snapshot(backup_dir) == before
     out = capsys.readouterr().out  # a corrupt newest one is still skipped, as before
