@@ -1,0 +1,31 @@
+"""The corpus: published keras-io example programs, their models as published,
+their downloads replaced by synthetic data of the same shapes with a rule a
+model can learn in a few steps. Each module offers tfmulti's hooks
+(`build`, the model function; `data`, the dataset function) and what plain
+Keras needs to run it as published (`COMPILE`, `FIT`), so that
+`tests/integration/test_corpus.py` can train it through every path and
+compare with plain Keras on one device.
+
+Each module's header names its source file in keras-team/keras-io and the
+commit read. The model code follows the source layer for layer, with the
+same classes, arguments and signatures (a layer whose `__init__` takes no
+`**kwargs` stays so); only the data loading is replaced, and sizes the
+published code takes from its data (sequence length, number of rows) come
+from the synthetic data. The code is written for this repository rather than
+pasted from the source (the source text is not copied into tfmulti's tree).
+
+Programs (module: what it exercises):
+- `mnist_convnet`: a Sequential convnet, one-hot labels, softmax, `num_classes=10`;
+- `timeseries_classification`: Conv1D + BatchNormalization, softmax, callbacks
+  that watch `val_loss` with `validation_split=0.2`;
+- `text_transformer`: its own `TransformerBlock` and `TokenAndPositionEmbedding`
+  (no `**kwargs`, no `get_config`), softmax;
+- `structured_data`: dict inputs, a `Normalization` layer adapted on the data,
+  categorical features one-hot encoded by lookup layers, its own `Classifier`
+  layer, a sigmoid output;
+- `vae`: a subclassed model with its own `train_step` and no labels;
+- `bidirectional_lstm`: Embedding + two Bidirectional LSTMs, sigmoid output.
+"""
+
+PROGRAMS = ("mnist_convnet", "timeseries_classification", "text_transformer",
+            "structured_data", "vae", "bidirectional_lstm")
