@@ -248,18 +248,22 @@ def _add_diagnose_parser(sub) -> None:
 
 def _check_export_paths(model_dir: str, output: str, overwrite: bool) -> None:
     """What `tfmulti export` needs, checked before TensorFlow starts: a readable
-    model.keras (a zip archive) in `model_dir`, and an `output` it may create."""
+    model.keras (a zip archive) in `model_dir`, or the model.weights.h5 a run writes
+    when its model cannot be saved whole, and an `output` it may create."""
     source = os.path.join(model_dir, "model.keras")
-    if not model_dir or not os.path.isfile(source):
+    weights = os.path.join(model_dir, "model.weights.h5")
+    if model_dir and not os.path.isfile(source) and os.path.isfile(weights):
+        source = weights
+    elif not model_dir or not os.path.isfile(source):
         raise ValueError(f"`model_dir` {model_dir!r} has no model.keras; pass the directory "
                          "a training run wrote (recipes/train.py --model_dir).")
     try:
         with open(source, "rb"):
             pass
     except OSError as e:
-        raise ValueError(f"cannot read {source} ({e.strerror}); pass a run whose model.keras "
-                         "this user can read.") from None
-    if not zipfile.is_zipfile(source):
+        raise ValueError(f"cannot read {source} ({e.strerror}); pass a run whose "
+                         f"{os.path.basename(source)} this user can read.") from None
+    if source != weights and not zipfile.is_zipfile(source):
         raise ValueError(f"{source} is not a Keras model file (not a .keras zip archive); "
                          "pass the directory a training run wrote.")
     if not output:
@@ -287,13 +291,19 @@ def _add_export_parser(sub) -> None:
         description="Loads MODEL_DIR/model.keras (what recipes/train.py --model_dir writes, "
                     "from any distribution) and writes it as a TensorFlow SavedModel that "
                     "loads on one device (tf.saved_model.load, keras.layers.TFSMLayer, "
-                    "TensorFlow Serving). Written to a temporary directory and renamed.")
+                    "TensorFlow Serving), its inputs named as the model's keras.Input. "
+                    "Written to a temporary directory and renamed. A model that Keras "
+                    "cannot rebuild from its file (or a run that saved model.weights.h5 "
+                    "only) is built again by --model=MODULE:FUNCTION, the run's model "
+                    "function, with the saved weights.")
     p.add_argument("--model_dir", required=True, help="the training run's --model_dir")
     p.add_argument("--output", required=True, help="the SavedModel directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--model", default=None, metavar="MODULE[:FUNCTION]",
-                   help="import this module first (the --model hook's), so that the custom "
-                        "layers it registers load; importing runs its code, like python -m")
+                   help="the run's --model hook: its module is imported first, so that the "
+                        "custom layers it defines load; with :FUNCTION, a model that does not "
+                        "load is built again by the function and given the saved weights; "
+                        "importing runs its code, like python -m")
     p.set_defaults(func=_cmd_export, parser=p)
 
 

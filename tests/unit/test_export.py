@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from tests._util import file_tree
+from tests._util import cli_main, file_tree
 from tests.workers import user_model
 from tfmulti import cli
 from tfmulti.training import export
@@ -163,8 +163,9 @@ def test_the_export_command(tmp_path, monkeypatch, capsys):
 
     code, _, err = run("--model_dir", "run", "--output", "serving")
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith("tfmulti export: error: cannot load run/model.keras (")
-    assert "pass --model=MODULE (the module that registers them)" in err
+    assert err == ("tfmulti export: error: cannot load run/model.keras: the class Scale is not "
+                   "known; pass --model=MODULE with the module that defines it "
+                   "(user_layers).\n")
     assert not os.path.exists("serving")
     code, out, err = run("--model_dir", "run", "--output", "serving",
                          "--model", "user_layers:build")
@@ -206,3 +207,88 @@ def test_the_model_module_is_found_without_shadowing_the_standard_library(tmp_pa
     monkeypatch.delitem(sys.modules, "configparser")
     import configparser  # any later import in the process
     assert not hasattr(configparser, "RAN") and hasattr(configparser, "ConfigParser")
+
+
+# ----------------------------------------------- a model Keras cannot rebuild from its file
+
+def _text_transformer_run(folder, *, weights_only: bool = False, input_shape=(64,)):
+    """A run folder of keras-io's text transformer (tests/corpus: its layers take no
+    **kwargs and have no get_config, as published): model.keras, or
+    model.weights.h5 alone, and a metrics.json that records the input shape
+    (None: not recorded). Returns the model's predictions on its test split."""
+    import json
+
+    from tests.corpus import text_transformer as tx
+
+    model = tx.build((tx.MAXLEN,))
+    os.makedirs(folder)
+    model.save_weights(os.path.join(folder, "model.weights.h5")) if weights_only \
+        else model.save(os.path.join(folder, "model.keras"))
+    recorded = {"model": "tests.corpus.text_transformer:build"}
+    if input_shape is not None:
+        recorded["input_shape"] = list(input_shape)
+    with open(os.path.join(folder, "metrics.json"), "w") as f:
+        json.dump(recorded, f)
+    (_, _), (x_test, _) = tx.data()
+    x = x_test[:8].astype(np.float32)  # the model's Input is float32, as published
+    return x, model.predict(x, verbose=0)
+
+
+def test_export_names_the_layer_that_cannot_be_rebuilt_and_what_to_add(tmp_path, capsys,
+                                                                      monkeypatch):
+    """Issue 28: `tfmulti export --model tx` said "pass --model=MODULE", which was
+    passed; the line names the layer, the cause and the three fixes. With the model
+    function (`--model=MODULE:FUNCTION`) the model is built again and given the
+    saved weights."""
+    monkeypatch.chdir(tmp_path)
+    x, expected = _text_transformer_run("run")
+    module = "tests.corpus.text_transformer"
+    prefix = "tfmulti export: error: cannot load run/model.keras: "
+    code, err, out = cli_main(["export", "--model_dir=run", "--output=serving"], capsys)
+    assert (code, out) == (2, "") and err == [
+        f"{prefix}the classes TokenAndPositionEmbedding, TransformerBlock are not known; pass "
+        f"--model=MODULE with the module that defines them ({module})."]
+    code, err, out = cli_main(["export", "--model_dir=run", "--output=serving",
+                               f"--model={module}"], capsys)
+    assert (code, out) == (2, "") and len(err) == 1, err
+    assert err[0].startswith(
+        f"{prefix}layer TokenAndPositionEmbedding 'token_and_position_embedding' (module "
+        f"{module}; also TransformerBlock) cannot be rebuilt from its saved config: "
+        "TokenAndPositionEmbedding.__init__() got an unexpected keyword argument 'trainable'; "
+        "in class TokenAndPositionEmbedding, take **kwargs in __init__ and pass them to "
+        "super().__init__(**kwargs), add a get_config() that returns the __init__ arguments, "
+        "and decorate it with @keras.saving.register_keras_serializable(); or export with "
+        f"--model={module}:FUNCTION"), err
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # nothing written
+    code, err, out = cli_main(["export", "--model_dir=run", "--output=serving",
+                               f"--model={module}:build"], capsys)
+    assert code == 0, err
+    np.testing.assert_allclose(_served(str(tmp_path / "serving"), x), expected, atol=1e-6)
+
+
+def test_export_of_a_run_that_saved_the_weights_only(tmp_path, capsys, monkeypatch):
+    """A run whose model cannot be saved whole writes model.weights.h5: its model
+    function builds the model again with the shape the run recorded; without the
+    function, or without a recorded shape, one line says what to pass."""
+    monkeypatch.chdir(tmp_path)
+    x, expected = _text_transformer_run("run", weights_only=True)
+    _text_transformer_run("unrecorded", weights_only=True, input_shape=None)
+    module = "tests.corpus.text_transformer"
+    for argv, message in [
+        (["--model_dir=run", f"--model={module}"],
+         "run holds the weights only (model.weights.h5: its model could not be saved whole); "
+         "pass --model=MODULE:FUNCTION, the model function the run trained, to build it "
+         "again."),
+        (["--model_dir=unrecorded", f"--model={module}:build"],
+         f"--model '{module}:build' takes `input_shape`, which unrecorded does not record"),
+        (["--model_dir=run", f"--model={module}:data"],
+         f"--model '{module}:data' returned tuple; expected a keras.Model."),
+    ]:
+        code, err, out = cli_main(["export", *argv, "--output=serving"], capsys)
+        assert (code, out, len(err)) == (2, "", 1), err
+        assert err[0].startswith(f"tfmulti export: error: {message}"), err
+    assert sorted(os.listdir(tmp_path)) == ["run", "unrecorded"]
+    code, err, out = cli_main(["export", "--model_dir=run", "--output=serving",
+                               f"--model={module}:build"], capsys)
+    assert code == 0, err
+    np.testing.assert_allclose(_served(str(tmp_path / "serving"), x), expected, atol=1e-6)

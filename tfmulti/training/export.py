@@ -28,9 +28,13 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import shutil
 import tempfile
+import types
+import zipfile
 
 import keras
 import tensorflow as tf
@@ -38,9 +42,11 @@ import tensorflow as tf
 from tfmulti.config import user_functions
 from tfmulti.runtime import strategy as strategy_lib
 
-__all__ = ["from_model_dir", "import_model_module", "saved_model"]
+__all__ = ["from_model_dir", "import_model_module", "rebuild", "saved_model", "user_objects"]
 
 MODEL_FILE = "model.keras"
+WEIGHTS_FILE = "model.weights.h5"
+"""What a run whose model cannot be saved whole writes instead of `MODEL_FILE`."""
 
 
 def _one_device_model(model, scratch: str):
@@ -118,55 +124,244 @@ def saved_model(model, path: str, *, overwrite: bool = False,
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def import_model_module(spec: str) -> None:
+def import_model_module(spec: str) -> types.ModuleType:
     """Imports the module of a `--model=package.module[:function]` hook (found on
     `sys.path` or in the current directory, which goes after the standard library:
     `tfmulti.config.user_functions.import_user_module`), so that the custom layers, losses
     and models it registers (`keras.saving.register_keras_serializable`) load.
 
+    Returns:
+        The module.
+
     Raises:
-        ValueError: the module cannot be imported.
+        ValueError: the module cannot be imported (or its import raised).
     """
     module = spec.partition(":")[0].strip()
     if not module:
         raise ValueError(f"`model` must name a module (package.module[:function]), got "
                          f"{spec!r}.")
     try:
-        user_functions.import_user_module(module)
+        return user_functions.import_user_module(module)
     except ImportError as e:
         raise ValueError(f"`model` {spec!r}: cannot import {module!r} ({e}); pass a module on "
                          "sys.path or in the current directory.") from e
+    except Exception as e:  # pylint: disable=broad-except  (the user's module raised)
+        raise ValueError(f"`model` {spec!r}: importing {module!r} raised "
+                         f"{type(e).__name__}: {e}") from e
+
+
+_KERAS_BASES = (keras.layers.Layer, keras.losses.Loss, keras.metrics.Metric,
+                keras.optimizers.Optimizer, keras.initializers.Initializer,
+                keras.regularizers.Regularizer, keras.constraints.Constraint,
+                keras.optimizers.schedules.LearningRateSchedule)
+
+
+def user_objects(module: types.ModuleType) -> dict:
+    """The Keras classes (layers, models, losses, metrics, ...) and the functions
+    that a user's module defines or imports, by name: what a model saved from it may
+    name without having registered them (keras-io's layers are not registered)."""
+    found = {}
+    for name, value in vars(module).items():
+        if name.startswith("__"):
+            continue
+        if isinstance(value, type) and issubclass(value, _KERAS_BASES):
+            if not value.__module__.startswith("keras."):
+                found[name] = value
+        elif inspect.isfunction(value) and value.__module__ == module.__name__:
+            found[name] = value
+    return found
+
+
+def _saved_entries(source: str) -> list[dict]:
+    """The serialized objects of a `.keras` file's config.json that Keras itself
+    does not define (the user's layers, models, losses...), outermost first."""
+    try:
+        with zipfile.ZipFile(source) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return []
+    found, stack = [], [config]
+    while stack:
+        item = stack.pop(0)
+        if isinstance(item, dict):
+            module = item.get("module")
+            if ("class_name" in item and isinstance(item.get("config"), dict)
+                    and isinstance(module, str) and module.split(".")[0] != "keras"):
+                found.append(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def _rebuild_problem(entry: dict, custom: dict) -> str | None:
+    """Why the saved object `entry` cannot be rebuilt (its class not found, or
+    its `from_config` failing), or None when it can."""
+    class_name = entry["class_name"]
+    registered = entry.get("registered_name") or class_name
+    cls = (keras.saving.get_registered_object(registered, custom_objects=custom)
+           or custom.get(class_name))
+    if cls is None:
+        return "not found"
+    if not isinstance(cls, type) or not hasattr(cls, "from_config"):
+        return None
+    try:
+        with keras.saving.custom_object_scope(custom):
+            cls.from_config(dict(entry["config"]))
+    except Exception as e:  # pylint: disable=broad-except  (the user's class raised)
+        while e.__cause__ or e.__context__:  # Keras wraps the class's own error
+            e = e.__cause__ or e.__context__
+        text = str(e).strip()
+        return (text.splitlines()[0] if text else type(e).__name__)[:200]
+    return None
+
+
+def _load_failure(source: str, error: Exception, custom: dict, spec: str | None) -> str:
+    """The one line that says why `source` did not load: the user's class that
+    Keras cannot find or rebuild (class, name and what to add), else Keras' own
+    first line."""
+    problems = [(entry, _rebuild_problem(entry, custom)) for entry in _saved_entries(source)]
+    missing = [e for e, p in problems if p == "not found"]
+    broken = [(e, p) for e, p in problems if p not in (None, "not found")]
+    if broken:
+        entry, problem = broken[0]
+        name = entry.get("name") or entry["config"].get("name")
+        others = sorted({e["class_name"] for e, _ in broken[1:]} - {entry["class_name"]})
+        also = f"; also {', '.join(others)}" if others else ""
+        rebuild = ("" if spec and ":" in spec else
+                   f"; or export with --model={entry['module']}:FUNCTION (the run's model "
+                   "function), which builds the model again and loads the saved weights into it")
+        return (f"cannot load {source}: layer {entry['class_name']} {name!r} (module "
+                f"{entry['module']}{also}) cannot be rebuilt from its saved config: {problem}; "
+                f"in class {entry['class_name']}, take **kwargs in __init__ and pass them to "
+                "super().__init__(**kwargs), add a get_config() that returns the __init__ "
+                f"arguments, and decorate it with @keras.saving.register_keras_serializable()"
+                f"{rebuild}.")
+    if missing:
+        names = sorted({e["class_name"] for e in missing})
+        modules = ", ".join(sorted({e["module"] for e in missing}))
+        known = (f"the class {names[0]} is not known" if len(names) == 1 else
+                 f"the classes {', '.join(names)} are not known")
+        it = "it" if len(names) == 1 else "them"
+        where = (f"{spec!r} does not define {it}; pass --model=MODULE with the module that "
+                 f"does ({modules})" if spec else
+                 f"pass --model=MODULE with the module that defines {it} ({modules})")
+        return f"cannot load {source}: {known}; {where}."
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    return (f"cannot load {source} ({first[:300]}); if it uses custom layers, pass "
+            "--model=MODULE (the module that defines them).")
+
+
+def _recorded(model_dir: str) -> dict:
+    """What the run recorded about itself: its metrics.json, with its
+    configuration (the run file) under "config"; empty where unreadable."""
+    from tfmulti.training import outputs
+
+    try:
+        with open(os.path.join(model_dir, "metrics.json")) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        metrics = {}
+    record = outputs.read_record(model_dir)
+    metrics = metrics if isinstance(metrics, dict) else {}
+    return {**metrics, "config": (record.config if record and isinstance(record.config, dict)
+                                  else {})}
+
+
+def _shape(value):
+    """A recorded input shape (JSON lists) as Keras takes it (tuples, dicts of tuples)."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    return tuple(value) if isinstance(value, list) else value
+
+
+def rebuild(model_dir: str, spec: str, weights: str) -> keras.Model:
+    """The run's model built again by its model function `spec`
+    ("module:function"), with the input shape, classes, dropout and seed the run
+    recorded, and the weights of `weights` (a .weights.h5 file, or a .keras file's).
+
+    Raises:
+        ValueError: the function cannot be called with what the run recorded,
+            or the weights do not fit the model it returns.
+    """
+    fn = user_functions.resolve(spec, "model")
+    recorded = _recorded(model_dir)
+    config = recorded["config"]
+    offered = {"dropout": config.get("dropout", 0.2), "seed": config.get("seed")}
+    for name in ("input_shape", "num_classes"):
+        if recorded.get(name) is not None:
+            offered[name] = _shape(recorded[name])
+    wanted = user_functions.parameters(fn)
+    if "input_shape" not in offered and (wanted is None or "input_shape" in wanted):
+        raise ValueError(f"--model {spec!r} takes `input_shape`, which {model_dir} does not "
+                         "record (metrics.json has no input_shape); train again with this "
+                         "tfmulti, or export from Python: build the model, "
+                         f"model.load_weights({weights!r}), then "
+                         "tfmulti.training.export.saved_model(model, OUTPUT).")
+    model = user_functions.call(fn, offered, "model")
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"--model {spec!r} returned {type(model).__name__}; expected a "
+                         "keras.Model.")
+    if not model.built and "input_shape" in offered:
+        model.build(offered["input_shape"])
+    try:
+        model.load_weights(weights)
+    except (TypeError, ValueError, KeyError, OSError) as e:
+        text = str(e).strip()
+        first = text.splitlines()[0] if text else type(e).__name__
+        raise ValueError(f"the model --model {spec!r} builds does not take the weights of "
+                         f"{weights} ({first[:200]}); pass the model function this run "
+                         "trained.") from e
+    return model
 
 
 def from_model_dir(model_dir: str, output: str, *, overwrite: bool = False,
                    model_module: str | None = None) -> str:
-    """Exports a run's `model_dir/model.keras` (what `recipes/train.py
-    --model_dir` writes) as a SavedModel at `output`: `tfmulti export`.
+    """Exports a run's model (what `recipes/train.py --model_dir` writes) as a
+    SavedModel at `output`: `tfmulti export`.
+
+    The run's `model.keras` is loaded, with the Keras classes of `model_module`
+    known (registered or not). Where that cannot rebuild the model (a custom
+    layer without `**kwargs` or `get_config`), or the run saved only
+    `model.weights.h5`, a `model_module` of the form "module:function" (the
+    run's model function) builds the model again and the saved weights are
+    loaded into it (`rebuild`).
 
     Args:
         model_dir: the run's output directory.
         output: the SavedModel directory to create.
         overwrite: replace an existing `output`.
-        model_module: a module to import first (`import_model_module`), for
-            models with custom objects.
+        model_module: the run's `--model` hook, "module" or "module:function":
+            its module is imported first (`import_model_module`), so that the
+            models with custom objects load.
 
     Returns:
         `output`.
 
     Raises:
-        ValueError: no model in `model_dir`, a model that does not load (an
-            unregistered custom object), or an `output` that exists.
+        ValueError: no model in `model_dir`, a model that does not load (the
+            line names the layer and what it lacks), or an `output` that exists.
     """
-    if model_module:
-        import_model_module(model_module)
+    custom = user_objects(import_model_module(model_module)) if model_module else {}
     source = os.path.join(model_dir, MODEL_FILE)
+    weights = os.path.join(model_dir, WEIGHTS_FILE)
+    function = model_module if model_module and ":" in model_module else None
     if not os.path.isfile(source):
+        if os.path.isfile(weights):
+            if function is None:
+                raise ValueError(f"{model_dir} holds the weights only ({WEIGHTS_FILE}: its "
+                                 "model could not be saved whole); pass --model=MODULE:FUNCTION, "
+                                 "the model function the run trained, to build it again.")
+            return saved_model(rebuild(model_dir, function, weights), output,
+                               overwrite=overwrite)
         raise ValueError(f"`model_dir` {model_dir!r} has no {MODEL_FILE}; pass the directory "
                          "a training run wrote (recipes/train.py --model_dir).")
     try:
-        model = keras.saving.load_model(source, compile=False)
+        model = keras.saving.load_model(source, compile=False, custom_objects=custom)
     except (TypeError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"cannot load {source} ({first[:300]}); if it uses custom layers, "
-                         "pass --model=MODULE (the module that registers them).") from e
+        if function is not None:
+            model = rebuild(model_dir, function, source)
+        else:
+            raise ValueError(_load_failure(source, e, custom, model_module)) from e
     return saved_model(model, output, overwrite=overwrite)
