@@ -28,7 +28,8 @@ import sys
 import types
 from typing import Callable
 
-__all__ = ["call", "check_takes", "import_user_module", "parameters", "resolve"]
+__all__ = ["call", "check_takes", "has_default", "import_user_module", "parameters",
+           "resolve"]
 
 
 def resolve(value, what: str) -> Callable:
@@ -118,6 +119,17 @@ def parameters(fn: Callable) -> set[str] | None:
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def has_default(fn: Callable, name: str) -> bool:
+    """Whether `fn` takes the keyword argument `name` with a default of its
+    own (which tfmulti leaves in place rather than pass a value it does not know)."""
+    try:
+        parameter = inspect.signature(fn).parameters.get(name)
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.default is not parameter.empty \
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
 
 
 def check_takes(fn: Callable, positional: tuple[str, ...], what: str) -> None:

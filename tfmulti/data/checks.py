@@ -11,8 +11,9 @@ a TensorFlow traceback mid-training (or a model trained on garbage):
   split (of files, only a few of this worker's own TFRecord files are read:
   a reader of the user's is left alone);
 * `check_model_fits`: the labels within the model's classes (for the
-  sparse categorical cross-entropy, tfmulti's default) and text features
-  only for a model with text inputs.
+  sparse categorical cross-entropy, tfmulti's default for class ids),
+  one-hot labels shaped like the model's output, a binary classifier's
+  labels 0 to 1, and text features only for a model with text inputs.
 
 Each reads at most the first `SAMPLE` examples of a split.
 
@@ -41,7 +42,7 @@ from tfmulti.data.sources import FileSource
 from tfmulti.runtime import roles
 
 __all__ = ["SAMPLE", "check_model_fits", "check_splits", "check_tfrecord_files",
-           "data_loss_error", "first_examples", "tfrecord_files"]
+           "data_loss_error", "first_examples", "one_hot_width", "tfrecord_files"]
 
 SAMPLE = 256
 """Examples read from the start of each split by the checks."""
@@ -49,6 +50,8 @@ _READERS = ("TFRecordDataset", "TFRecordDatasetV2")
 _MAX_NAMES = 100000
 _PART_NAMES = ("features", "labels", "sample weights")
 _SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
+_ONE_HOT_LOSSES = ("categorical_crossentropy", "CategoricalCrossentropy")
+_BINARY_LOSSES = ("binary_crossentropy", "BinaryCrossentropy")
 
 
 # ----------------------------------------------------------------------------- TFRecord files
@@ -330,6 +333,36 @@ def check_splits(train, test=None, *, samples: dict | None = None, role=None) ->
     return samples
 
 
+def one_hot_width(labels, examples=None) -> int | None:
+    """The width of one-hot labels, else None: labels (`labels`, their
+    per-example `tf.TensorSpec`) with a last axis of 2 or more whose rows,
+    in the first `examples` (`check_splits`), are all 0s and a single 1;
+    without examples (files not read), float labels with such an axis.
+
+    Example:
+        >>> import numpy as np, tensorflow as tf
+        >>> spec = tf.TensorSpec((3,), tf.float32)
+        >>> one_hot_width(spec, [(np.zeros(2), np.eye(3)[i]) for i in range(3)])
+        3
+        >>> one_hot_width(spec, [(np.zeros(2), np.array([0.2, 0.3, 0.5]))]) is None
+        True
+    """
+    if not isinstance(labels, tf.TensorSpec) or not labels.shape.rank:
+        return None
+    width = labels.shape[-1]
+    if width is None or width < 2:
+        return None
+    if not examples:
+        return width if labels.dtype.is_floating else None
+    parts = [np.asarray(e[1]) for e in examples if isinstance(e, tuple) and len(e) >= 2]
+    if not parts or any(p.shape[-1:] != (width,) for p in parts):
+        return None
+    rows = np.concatenate([p.reshape(-1, width) for p in parts])
+    if rows.dtype.kind not in "biuf" or not np.isin(rows, (0, 1)).all():
+        return None
+    return width if (rows.sum(axis=1) == 1).all() else None
+
+
 def _model_output(model) -> tuple | None:
     """The shape of the model's one output, or None (several, or not known)."""
     try:
@@ -353,10 +386,33 @@ def _fits_ids(label_shape: tuple, output: tuple) -> bool:
     return False
 
 
-def _sparse_loss(model) -> bool:
+def _loss_name(model) -> str:
     loss = getattr(model, "loss", None)
-    name = loss if isinstance(loss, str) else type(loss).__name__
-    return name in _SPARSE_LOSSES
+    return loss if isinstance(loss, str) else type(loss).__name__
+
+
+def _check_one_hot(split: str, shape: tuple, output: tuple | None) -> None:
+    """One-hot labels of `shape` per example fit the model's `output`."""
+    if output is None or len(shape) == len(output) - 1 and all(
+            o is None or o == g for o, g in zip(output[1:], shape)):
+        return
+    raise ValueError(
+        f"the {split} split's labels have shape {shape} per example, but the categorical "
+        f"cross-entropy takes one-hot rows shaped like the model's output {output}; give the "
+        f"model {shape[-1] if shape else 'as many'} outputs (a model function that takes "
+        "`num_classes` gets the labels' width), or labels of shape "
+        f"{tuple(output[1:])}.")
+
+
+def _check_binary(split: str, labels: np.ndarray) -> None:
+    """Labels for the binary cross-entropy (a sigmoid output) are 0 to 1."""
+    outside = labels[(labels < 0) | (labels > 1)]
+    if outside.size:
+        raise ValueError(
+            f"the {split} split holds label {outside[0]:g}, but the model ends in a sigmoid "
+            "(a binary or multi-label classifier), which takes labels 0 to 1; for "
+            f"{int(labels.max()) + 1} classes end the model in one output per class (e.g. "
+            f"Dense({int(labels.max()) + 1}, activation='softmax')), or fix the labels.")
 
 
 def _text_inputs(model) -> bool | None:
@@ -370,11 +426,12 @@ def _text_inputs(model) -> bool | None:
 
 
 def check_model_fits(run_data, model, *, samples: dict | None = None) -> None:
-    """Refuses data the model cannot train on, before the first epoch: with
-    the sparse categorical cross-entropy (tfmulti's default for
-    classification), labels outside the model's classes (its output units,
-    else `run_data.num_classes`); text features for a model without text
-    inputs.
+    """Refuses data the model cannot train on, before the first epoch: for
+    a classifier, with the sparse categorical cross-entropy (tfmulti's
+    default for class ids), labels outside the model's classes (its output
+    units, else `run_data.num_classes`); with the categorical one (one-hot
+    labels), labels not shaped like the output; with the binary one, labels
+    outside 0 to 1; text features for a model without text inputs.
 
     Args:
         run_data: the run's `tfmulti.data.from_config.RunData`.
@@ -389,7 +446,8 @@ def check_model_fits(run_data, model, *, samples: dict | None = None) -> None:
                            samples=samples if samples is not None else run_data.samples)
     run_data.samples = samples
     classes, output = None, _model_output(model)
-    if run_data.task == "classification" and _sparse_loss(model):
+    loss = _loss_name(model) if run_data.task == "classification" else None
+    if loss in _SPARSE_LOSSES:
         classes = (output[-1] if output and output[-1] else None) or run_data.num_classes
     text_ok = _text_inputs(model)
     for split, examples in samples.items():
@@ -398,9 +456,17 @@ def check_model_fits(run_data, model, *, samples: dict | None = None) -> None:
                 raise ValueError(f"the {split} split's {name} are text (e.g. {_first(value)}), but "
                                  "the model's inputs take numbers; encode them first (or "
                                  "give the model a string input, e.g. with TextVectorization).")
-        if classes is None or not examples or len(examples[0]) < 2:
+        if not examples or not isinstance(examples[0], tuple) or len(examples[0]) < 2:
             continue
         shape = np.asarray(examples[0][1]).shape
+        if loss in _ONE_HOT_LOSSES:
+            _check_one_hot(split, shape, output)
+        if loss in _BINARY_LOSSES:
+            values = np.concatenate([np.asarray(e[1]).reshape(-1) for e in examples])
+            if values.dtype.kind in "iuf":
+                _check_binary(split, values)
+        if classes is None:
+            continue
         if output is not None and not _fits_ids(shape, output):
             raise ValueError(
                 f"the {split} split's labels have shape {shape} per example, but the sparse "

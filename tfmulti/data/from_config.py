@@ -21,6 +21,7 @@ from tfmulti.config import user_functions as hooks
 from tfmulti.config.train_config import TRANSFORMER, TrainConfig
 from tfmulti.data import catalog, checks, text
 from tfmulti.data.sources import FileSource, as_dataset
+from tfmulti.data.validation import hold_out
 
 __all__ = ["RunData", "dataset_metrics", "features_spec", "is_text_dataset", "load_data"]
 
@@ -34,11 +35,16 @@ class RunData:
             is None when the data has no test split (nothing is evaluated).
         input_shape: the per-example feature shape (a dict of shapes for dict
             features).
-        task: "classification" or "regression" (None: the user's loss decides).
+        task: "classification" or "regression" (None: the user's loss decides);
+            a dataset function's labels that are integers or one-hot rows
+            are a classification's, others a regression's, unless it says.
         num_classes: classes of a classification dataset when known (given,
-            or read from the labels when a model asks for it), else None.
+            the width of one-hot labels, or read from integer labels when a
+            model asks for it), else None.
         samples: the first examples of each split, by split name, once the
             checks have read them (`tfmulti.data.checks`), else None.
+        validation: the validation split (held out by `validation_split`, or
+            the dataset function's "validation"), else None.
     """
 
     train: object
@@ -47,22 +53,48 @@ class RunData:
     task: str | None
     num_classes: int | None = None
     samples: dict | None = dataclasses.field(default=None, repr=False, compare=False)
+    validation: object = None
 
     @property
     def info(self) -> dict:
-        return {"input_shape": self.input_shape, "num_classes": self.num_classes,
+        """The input shape, classes and task; and "validation", the validation
+        split, when there is one."""
+        info = {"input_shape": self.input_shape, "num_classes": self.num_classes,
                 "task": self.task}
+        return info if self.validation is None else {**info, "validation": self.validation}
 
     def classes(self) -> int:
-        """`num_classes`, read from the training labels (one pass) when unknown.
+        """`num_classes`, when unknown: the width of one-hot labels, else read
+        from the integer training labels (one pass).
 
         Raises:
-            ValueError: the labels are not integers, or the data is not
-                (features, labels).
+            ValueError: the labels are neither one-hot nor integers, or the
+                data is not (features, labels).
         """
         if self.num_classes is None:
-            self.num_classes = _count_classes(self.train)
+            self.num_classes = self.one_hot_width() or _count_classes(self.train)
         return self.num_classes
+
+    def one_hot_width(self) -> int | None:
+        """The width of the training labels when they are one-hot rows
+        (`tfmulti.data.checks.one_hot_width`), else None."""
+        return checks.one_hot_width(_labels_spec(_spec_of(self.train)),
+                                    (self.samples or {}).get("training"))
+
+    def one_hot_labels(self, output_shape=None) -> bool:
+        """Whether a classifier's labels are one-hot rows: shaped per example
+        like the model's output (`output_shape`, batch axis first) with 2 or
+        more columns; where the output shape is not known, rows of 0s and a
+        single 1 (`one_hot_width`)."""
+        if self.task != "classification":
+            return False
+        labels = _labels_spec(_spec_of(self.train))
+        if output_shape and isinstance(labels, tf.TensorSpec) and labels.shape.rank:
+            output = tuple(output_shape)[1:]
+            return (len(output) == labels.shape.rank and bool(output[-1]) and output[-1] >= 2
+                    and all(o is None or g is None or o == g
+                            for o, g in zip(output, labels.shape)))
+        return self.one_hot_width() is not None
 
 
 def _spec_of(source):
@@ -115,15 +147,16 @@ def _user_data(config: TrainConfig, data_dir: str) -> RunData:
                              "num_examples": config.num_examples}, "dataset")
     name = config.dataset_name
     if isinstance(result, dict):
-        unknown = set(result) - {"train", "test", "num_classes", "task"}
+        unknown = set(result) - {"train", "test", "validation", "num_classes", "task"}
         if "train" not in result or unknown:
             raise ValueError(
                 f"the dataset function {name} returned a dict with keys {sorted(result)}; "
-                "expected 'train' and optionally 'test', 'num_classes', 'task'.")
+                "expected 'train' and optionally 'test', 'validation', 'num_classes', 'task'.")
         train, test = result["train"], result.get("test")
+        validation = _as_source(result.get("validation"), "validation")
         num_classes, task = result.get("num_classes"), result.get("task")
     elif isinstance(result, tuple) and len(result) == 2:
-        (train, test), num_classes, task = result, None, None
+        (train, test), num_classes, task, validation = result, None, None, None
     else:
         raise ValueError(
             f"the dataset function {name} returned {type(result).__name__}"
@@ -136,12 +169,15 @@ def _user_data(config: TrainConfig, data_dir: str) -> RunData:
     spec = _spec_of(train)
     features = spec[0] if isinstance(spec, tuple) else spec
     labels = _labels_spec(spec)
+    samples = checks.check_splits(train, test)  # before anything trains or counts
+    one_hot = checks.one_hot_width(labels, samples.get("training"))
     if task is None:
         task = config.builtin_task
     if task is None and isinstance(labels, tf.TensorSpec):
-        task = "classification" if labels.dtype.is_integer else "regression"
-    samples = checks.check_splits(train, test)  # before anything trains or counts
-    return RunData(train, test, _shape(features), task, num_classes, samples)
+        task = "classification" if labels.dtype.is_integer or one_hot else "regression"
+    if task == "classification" and num_classes is None:
+        num_classes = one_hot  # the labels' width (class ids: counted if a model asks)
+    return RunData(train, test, _shape(features), task, num_classes, samples, validation)
 
 
 def load_data(config: TrainConfig) -> RunData:
@@ -178,6 +214,13 @@ def load_data(config: TrainConfig) -> RunData:
                          num_examples=test_examples)
         info = catalog.dataset_info(config.dataset, data_dir)
         run_data = RunData(train, test, info["input_shape"], info["task"], info["num_classes"])
+    if config.validation_split:
+        if run_data.validation is not None:
+            raise ValueError(
+                f"`validation_split` ({config.validation_split}) holds out training examples, "
+                f"but the dataset function {config.dataset_name} returns a 'validation' split "
+                "too; use one of them (validation_split=0, or no 'validation' entry).")
+        run_data.train, run_data.validation = hold_out(run_data.train, config.validation_split)
     wanted = config.builtin_task
     if wanted is not None and run_data.task is not None and wanted != run_data.task:
         fix = ("dataset='synthetic_regression'" if wanted == "regression"

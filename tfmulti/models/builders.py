@@ -26,7 +26,7 @@ from tfmulti.config.train_config import (LR_SCALINGS, MIXED_PRECISION, MODEL_TAS
 
 __all__ = ["INPUT_SHAPES", "WarmupSchedule", "build_model", "compile_model", "default_loss",
            "default_metrics", "make_optimizer", "mixed_precision_policy", "model_task",
-           "scaled_learning_rate"]
+           "output_head", "scaled_learning_rate"]
 
 
 def _mlp(input_shape, num_classes, dropout):
@@ -156,32 +156,79 @@ def scaled_learning_rate(
     return learning_rate * factor
 
 
-def default_loss(task: str, model: keras.Model | None = None):
-    """The loss tfmulti uses for `task` when none is given: sparse categorical
-    cross-entropy for "classification" (on logits, unless `model`'s last layer
-    is a softmax: then on probabilities), mean squared error for "regression"."""
+def default_loss(task: str, model: keras.Model | None = None, *, one_hot: bool = False):
+    """The loss tfmulti uses for `task` when none is given, chosen from the
+    layer that makes `model`'s output (looked for inside nested models and a
+    `PipelineModel`'s stages, `output_head`): for "classification", the binary
+    cross-entropy on probabilities for a sigmoid output, else the categorical
+    cross-entropy for `one_hot` labels or the sparse one for class ids, on
+    probabilities after a softmax, else on logits. Mean squared error for
+    "regression"."""
     checks.one_of("task", task, TASKS)
-    if task == "classification":
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=not _ends_in_softmax(model))
-    return keras.losses.MeanSquaredError()
+    if task == "regression":
+        return keras.losses.MeanSquaredError()
+    activation = output_head(model)[0] if model is not None else None
+    if activation == "sigmoid":
+        return keras.losses.BinaryCrossentropy()
+    kind = keras.losses.CategoricalCrossentropy if one_hot else \
+        keras.losses.SparseCategoricalCrossentropy
+    return kind(from_logits=activation != "softmax")
 
 
-def default_metrics(task: str) -> list:
-    """Accuracy for "classification", mean absolute error for "regression"."""
+def default_metrics(task: str, model: keras.Model | None = None, *,
+                    one_hot: bool = False) -> list:
+    """Accuracy for "classification" (of the kind `default_loss` picks: binary,
+    one-hot or class ids), mean absolute error for "regression"."""
     checks.one_of("task", task, TASKS)
-    if task == "classification":
-        return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-    return [keras.metrics.MeanAbsoluteError(name="mae")]
+    if task == "regression":
+        return [keras.metrics.MeanAbsoluteError(name="mae")]
+    if model is not None and output_head(model)[0] == "sigmoid":
+        return [keras.metrics.BinaryAccuracy(name="accuracy")]
+    if one_hot:
+        return [keras.metrics.CategoricalAccuracy(name="accuracy")]
+    return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
 
-def _ends_in_softmax(model) -> bool:
-    layers = getattr(model, "layers", None)
-    if not layers:
-        return False
-    last = layers[-1]
-    activation = getattr(last, "activation", None)
-    return isinstance(last, keras.layers.Softmax) or activation is keras.activations.softmax \
-        or getattr(activation, "__name__", None) == "softmax"
+_ACTIVATIONS = ("softmax", "sigmoid")
+
+
+def output_head(model) -> tuple[str | None, tuple | None]:
+    """The activation ("softmax", "sigmoid" or None) of the layer that makes
+    `model`'s one output, and that output's shape (None where unknown).
+
+    The layer is found where the output is made, inside nested models (a
+    `Sequential` of models, a `PipelineModel`'s last stage), so a model
+    ending in `Dense(..., activation="softmax")`, `keras.layers.Softmax()`,
+    `keras.layers.Activation("sigmoid")` or `keras.ops.softmax` says so
+    wherever it is trained. A subclassed model without symbolic outputs: its
+    last layer."""
+    op, shape = model, None
+    for _ in range(64):  # nesting depth; models do not contain themselves
+        if not isinstance(op, keras.Model):
+            break
+        found = None
+        try:
+            outputs = op.outputs
+        except (AttributeError, ValueError, TypeError, RuntimeError):
+            outputs = None
+        if outputs:
+            if len(outputs) != 1:
+                return None, None
+            shape = tuple(outputs[0].shape)
+            history = getattr(outputs[0], "_keras_history", None)
+            found = history[0] if history else None
+        if found is None:
+            layers = getattr(op, "layers", None)
+            found = layers[-1] if layers else None
+        if found is None or found is op:
+            break
+        op = found
+    if op is model:
+        return None, shape
+    kind = type(op).__name__.lower()  # keras.layers.Softmax, keras.ops.softmax's operation
+    name = kind if kind in _ACTIVATIONS else getattr(getattr(op, "activation", None),
+                                                        "__name__", None)
+    return (name if name in _ACTIVATIONS else None), shape
 
 
 def make_optimizer(optimizer="adam", learning_rate: float = 1e-3):
@@ -217,12 +264,12 @@ def _adopt_optimizer(opt, strategy):
         return opt.__class__.from_config(opt.get_config())
 
 
-def _loss(loss, task, model):
+def _loss(loss, task, model, one_hot):
     if loss is None:
         if task is None:
             raise ValueError("pass `task` ('classification' or 'regression') for tfmulti's "
                              "default loss and metrics, or your own `loss`.")
-        return default_loss(task, model)
+        return default_loss(task, model, one_hot=one_hot)
     if isinstance(loss, str):
         try:
             keras.losses.get(loss)
@@ -233,9 +280,9 @@ def _loss(loss, task, model):
     return loss
 
 
-def _metrics(metrics, task):
+def _metrics(metrics, task, model, one_hot):
     if metrics is None:
-        return default_metrics(task) if task is not None else []
+        return default_metrics(task, model, one_hot=one_hot) if task is not None else []
     if isinstance(metrics, str):
         raise ValueError(f"`metrics` must be a list, got the string {metrics!r}; e.g. "
                          f"[{metrics!r}].")
@@ -266,6 +313,7 @@ def compile_model(
     steps_per_epoch: int | None = None,
     steps_per_execution: int | str = "auto",
     accumulate_steps: int = 1,
+    one_hot_labels: bool = False,
     **compile_kwargs,
 ) -> keras.Model:
     """Compiles `model` under `strategy.scope()`: the user's optimizer, loss and
@@ -286,9 +334,11 @@ def compile_model(
         learning_rate: the rate tuned for `base_batch_size`, for an optimizer
             given by name (default 1e-3); an optimizer object brings its own.
         loss: a Keras loss name, object or function `loss(y_true, y_pred)`;
-            default: `default_loss(task, model)`.
+            default: `default_loss(task, model, one_hot=one_hot_labels)`,
+            chosen from the layer that makes the model's output.
         metrics: Keras metric names or objects; default:
-            `default_metrics(task)` (none when `task` is not given).
+            `default_metrics(task, model, one_hot=one_hot_labels)` (none
+            when `task` is not given).
         lr_scaling: "none" (default), "linear" or "sqrt"; scales the rate by
             `global_batch_size / base_batch_size`.
         global_batch_size: needed unless `lr_scaling` is "none" (with
@@ -310,6 +360,9 @@ def compile_model(
             (`tfmulti.models.accumulation.accumulate_gradients`; it works under every
             strategy, where Keras' own `gradient_accumulation_steps` fails
             with 2+ replicas). 1 (the default) updates at every step.
+        one_hot_labels: the labels are one-hot rows (as many columns as the
+            model's outputs): the default loss and accuracy are the
+            categorical ones; False (the default): class ids.
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
 
     Returns:
@@ -376,8 +429,9 @@ def compile_model(
             opt = make_optimizer(optimizer, rate)
         elif rate is not None and rate != tuned or isinstance(rate, WarmupSchedule):
             opt.learning_rate = rate
-        compile_kwargs["metrics"] = _metrics(compile_kwargs.get("metrics", metrics), task)
-        model.compile(optimizer=opt, loss=_loss(loss, task, model),
+        compile_kwargs["metrics"] = _metrics(compile_kwargs.get("metrics", metrics), task, model,
+                                             one_hot_labels)
+        model.compile(optimizer=opt, loss=_loss(loss, task, model, one_hot_labels),
                       steps_per_execution=steps_per_execution, **compile_kwargs)
     accumulation.accumulate_gradients(model, accumulate_steps)
     return model

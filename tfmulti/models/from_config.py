@@ -29,6 +29,20 @@ def transformer_sizes(config: TrainConfig) -> dict:
                 num_layers=config.num_layers, dropout=config.dropout)
 
 
+def _num_classes(run_data, fn) -> int | None:
+    """The classes to pass a model function that takes `num_classes`: the
+    data's (given by the dataset function, or the width of one-hot labels);
+    else, for classification, counted from the integer labels unless the
+    function has a default of its own (then None: it keeps it); None for
+    other tasks."""
+    if run_data.task != "classification":
+        return None
+    known = run_data.num_classes or run_data.one_hot_width()
+    if known is not None or hooks.has_default(fn, "num_classes"):
+        return known
+    return run_data.classes()
+
+
 def build_model_for(config: TrainConfig, run_data, strategy=None) -> keras.Model:
     """The run's model, unpartitioned: a built-in builder's, or the user's
     model function's, built under `strategy`'s scope (none: the current one).
@@ -50,8 +64,9 @@ def build_model_for(config: TrainConfig, run_data, strategy=None) -> keras.Model
                "seed": config.seed}
     wanted = hooks.parameters(fn)
     if wanted is None or "num_classes" in wanted:
-        offered["num_classes"] = (run_data.classes() if run_data.task == "classification"
-                                  else None)
+        classes = _num_classes(run_data, fn)
+        if classes is not None or wanted is not None and not hooks.has_default(fn, "num_classes"):
+            offered["num_classes"] = classes  # never None over the function's own default
     if config.seed is not None:
         keras.utils.set_random_seed(config.seed)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():

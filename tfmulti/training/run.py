@@ -191,7 +191,8 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
             lr_scaling=config.lr_scaling, global_batch_size=examples_per_step,
             base_batch_size=config.base_batch_size, warmup_epochs=config.warmup_epochs,
             steps_per_epoch=steps_per_epoch, steps_per_execution=steps_per_execution,
-            accumulate_steps=config.accumulate_steps, jit_compile=config.jit_compile)
+            accumulate_steps=config.accumulate_steps, jit_compile=config.jit_compile,
+            one_hot_labels=run_data.one_hot_labels(models.output_head(model)[1]))
     check_model_fits(run_data, model)  # labels and inputs the model takes, before the first epoch
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
                test_input, steps_per_epoch, steps_per_execution, model)
