@@ -84,17 +84,24 @@ class RunData:
     def one_hot_labels(self, output_shape=None) -> bool:
         """Whether a classifier's labels are one-hot rows: shaped per example
         like the model's output (`output_shape`, batch axis first) with 2 or
-        more columns; where the output shape is not known, rows of 0s and a
-        single 1 (`one_hot_width`)."""
+        more columns, or else (not class ids of that output either) rows of
+        0s and a single 1 (`one_hot_width`)."""
         if self.task != "classification":
             return False
         labels = _labels_spec(_spec_of(self.train))
-        if output_shape and isinstance(labels, tf.TensorSpec) and labels.shape.rank:
-            output = tuple(output_shape)[1:]
-            return (len(output) == labels.shape.rank and bool(output[-1]) and output[-1] >= 2
-                    and all(o is None or g is None or o == g
-                            for o, g in zip(output, labels.shape)))
+        if output_shape and isinstance(labels, tf.TensorSpec) and labels.shape.rank is not None:
+            output, shape = tuple(output_shape)[1:], tuple(labels.shape)
+            if output and (_alike(shape, output[:-1]) or _alike(shape, output[:-1] + (1,))):
+                return False  # class ids, one per output row
+            if output and output[-1] and output[-1] >= 2 and _alike(shape, output):
+                return True
         return self.one_hot_width() is not None
+
+
+def _alike(shape: tuple, other: tuple) -> bool:
+    """Same rank, and equal sizes where both are known."""
+    return len(shape) == len(other) and all(
+        a is None or b is None or a == b for a, b in zip(shape, other))
 
 
 def _spec_of(source):
