@@ -3,12 +3,15 @@
     tfmulti env [--json] [--num_virtual_devices N] [--gpus_per_worker K --num_workers N]
     tfmulti prepare-data [--dataset fashion_mnist|tfmulti_text] [--data_dir DIR]
                          [--source_dir DIR]
-    tfmulti estimate-memory [--model mlp] [--distribution one_device] [--num_devices N]
+    tfmulti estimate-memory [--model mlp] [--dataset D --data_dir DIR --download --task T]
+                            [--distribution one_device]
+                            [--num_virtual_devices N | --devices D,... | --num_devices N]
                             [--num_stages S --num_microbatches M --num_replicas R --remat]
                             [--tensor_parallel T --seq_len L --d_model D --num_heads H
                              --num_layers N]
                             [--global_batch_size B] [--optimizer adam]
-                            [--mixed_precision none] [--partition params] [--json]
+                            [--mixed_precision none] [--partition params]
+                            [--device_memory_mb MB] [--json]
     tfmulti launch --num_workers N [--oversubscribe] [--pin_cpus] [--port P]
                    [--startup_timeout S] [--no_isolate] [--grace_period S] [--max_restarts K]
                    [--hosts HOST[:N],... --host_rank R | --hosts slurm] [--secret_file PATH]
@@ -34,7 +37,7 @@ import zipfile
 from tfmulti.config import flags as config_flags
 from tfmulti.config.train_config import (MAX_COUNT, MAX_DEVICES, check_directory, check_limits,
                                          validate_for_diagnose)
-from tfmulti.memory.arguments import check_estimate_arguments
+from tfmulti.memory.arguments import config_arguments
 from tfmulti.cluster import exit_codes
 from tfmulti.utils import checks
 
@@ -46,10 +49,14 @@ run), so an hour each is already a long day."""
 # TrainConfig fields that `diagnose` does not take: it trains no epochs and writes nothing.
 DIAGNOSE_EXCLUDES = ("epochs", "steps_per_epoch", "backup_dir", "backup_every_steps",
                      "keep_backup", "discard_unreadable_backup", "model_dir", "verbose")
-ESTIMATE_FIELDS = ("model", "dataset", "distribution", "num_stages", "num_microbatches",
+# The training flags that bear on a memory estimate, spelled as for training: the model
+# and its data (shapes, classes), the layout (devices, stages, micro-batches, replicas),
+# the batch, the optimizer's slots, the precision and the per-device budget.
+ESTIMATE_FIELDS = ("model", "dataset", "data_dir", "download", "task", "distribution",
+                   "num_virtual_devices", "devices", "num_stages", "num_microbatches",
                    "num_replicas", "remat", "tensor_parallel", "global_batch_size", "optimizer",
                    "mixed_precision", "partition", "dropout", "seq_len", "d_model", "num_heads",
-                   "num_layers")
+                   "num_layers", "device_memory_mb")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,16 +102,19 @@ def _cmd_prepare_data(args: argparse.Namespace) -> int:
 
 def _cmd_estimate_memory(args: argparse.Namespace) -> int:
     given = {k: v for k, v in vars(args).items() if k in ESTIMATE_FIELDS}
-    if given.get("remat") is False:
-        given.pop("remat")  # --remat=false: the default, applies to any distribution
     checks.positive_int("num_devices", args.num_devices, maximum=MAX_DEVICES, none_ok=True)
     check_limits(**given)  # before TensorFlow, as the train flags' bounds
-    check_estimate_arguments(num_devices=args.num_devices, **given)
+    config = config_flags.config_from_args(args, distribution=given.get("distribution",
+                                                                        "one_device"))
+    config.validate()
+    config_arguments(config, num_devices=args.num_devices, given=given)
     from tfmulti.memory import estimate as memory
 
-    estimate = memory.estimate_memory(num_devices=args.num_devices, **given)
+    estimate = memory.estimate_for_config(config, num_devices=args.num_devices, given=given)
     print(json.dumps(estimate, indent=2) if args.json
-          else memory.format_memory_estimate(estimate))
+          else memory.format_memory_estimate(estimate), flush=True)
+    if config.device_memory_mb is not None:
+        memory.check_fits(estimate, config.device_memory_mb)
     return 0
 
 
@@ -112,11 +122,14 @@ def _add_estimate_memory_parser(sub) -> None:
     p = sub.add_parser(
         "estimate-memory", help="training memory per device for a model and distribution",
         description="Parameters, gradients, optimizer slots and activations per device, "
-                    "counted from the model's shapes (no devices needed).")
+                    "counted from the model's shapes (no devices needed). Takes the training "
+                    "flags that bear on memory, as recipes/train.py spells them; with "
+                    "--device_memory_mb, exits 2 when a device cannot hold its share.")
     config_flags.add_arguments(p, only=ESTIMATE_FIELDS, suppress_defaults=True,
                                defaults={"distribution": "one_device"})
     p.add_argument("--num_devices", type=int, default=None,
-                   help="data-parallel devices (default 1; pipeline/hybrid: replicas x stages)")
+                   help="the old name of --num_virtual_devices: data-parallel devices "
+                        "(default 1; pipeline/hybrid: replicas x stages)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_estimate_memory, parser=p)
 

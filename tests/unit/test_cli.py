@@ -128,8 +128,9 @@ def test_diagnose_unknown_option_names_the_command(capsys, no_diagnose):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--distribution", "bogus"], "--distribution must be one of ['one_device', 'mirrored', "
-                                  "'pipeline', 'hybrid'], got 'bogus'."),
+    (["--distribution", "bogus"], "--distribution must be one of ['auto', 'one_device', "
+                                  "'mirrored', 'multi_worker', 'pipeline', 'hybrid'], got "
+                                  "'bogus'."),
     (["--distribution", "mirrored", "--num_devices", "3"],
      "--global_batch_size (256) must be divisible by the number of replicas (3)"),
     (["--mixed_precision=int8"],

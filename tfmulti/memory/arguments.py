@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 
 from tfmulti.utils import checks
-from tfmulti.config.train_config import (MIXED_PRECISION, MODEL_PARALLEL, MODEL_TASKS,
-                                         OPTIMIZERS, TRANSFORMER, TrainConfig,
-                                         check_transformer_sizes, is_hook)
+from tfmulti.config.train_config import (BUILTIN_MODELS, MIXED_PRECISION, MODEL_PARALLEL,
+                                         MODEL_TASKS, OPTIMIZERS, TASKS, TRANSFORMER,
+                                         TrainConfig, check_transformer_sizes, is_hook)
 
-__all__ = ["DISTRIBUTIONS", "MODELS", "Layout", "check_estimate_arguments"]
+__all__ = ["DISTRIBUTIONS", "MODELS", "Layout", "check_estimate_arguments", "config_arguments"]
 
 DISTRIBUTIONS = ("one_device", "mirrored", "pipeline", "hybrid")
 MODELS = tuple(dict.fromkeys((*MODEL_TASKS, TRANSFORMER)))
@@ -83,7 +83,7 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
                              dropout: float = 0.2, tensor_parallel: int | None = None,
                              seq_len: int | None = None, d_model: int | None = None,
                              num_heads: int | None = None,
-                             num_layers: int | None = None) -> Layout:
+                             num_layers: int | None = None, task: str = "auto") -> Layout:
     """Checks `estimate_memory`'s arguments (same names and defaults; see
     there) and returns the layout.
 
@@ -95,11 +95,10 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
         checks.one_of("model", model, MODELS,
                        hint="or your own model as package.module:function")
     checks.one_of("distribution", distribution, DISTRIBUTIONS)
-    if own_model and distribution in MODEL_PARALLEL:
-        raise ValueError(f"estimating distribution {distribution!r} splits a built-in model "
-                         "into stages; for your own model, build it as a PipelineModel and "
-                         "read tfmulti.memory.footprint.pipeline_footprint(model, batch_size), "
-                         "or estimate 'one_device' / 'mirrored'.")
+    checks.one_of("task", task, ("auto", *TASKS))
+    if not own_model and task not in ("auto", BUILTIN_MODELS[model]):
+        raise ValueError(f"`task` {task!r} does not fit `model` {model!r}, which does "
+                         f"{BUILTIN_MODELS[model]}; leave task='auto'.")
     checks.one_of("optimizer", optimizer, OPTIMIZERS)
     checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
     checks.positive_int("global_batch_size", global_batch_size)
@@ -137,3 +136,88 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
     if distribution in MODEL_PARALLEL:
         checks.one_of("partition", partition, ("params", "flops"))
     return Layout(settings, replicas, stages, micro, T, sizes)
+
+
+def config_arguments(config: TrainConfig, *, num_devices: int | None = None,
+                     given: tuple | set | None = None) -> dict:
+    """`estimate_memory`'s arguments for a training configuration, its layout
+    read as the run reads it, checked (`check_estimate_arguments`) without
+    TensorFlow: `tfmulti estimate-memory`'s flags are the training flags.
+
+    A mirrored run's devices are `devices`, else `num_virtual_devices` (or
+    `num_devices`, their old name on the command line); "auto" is mirrored
+    over the devices named, one_device on one. A pipeline or hybrid uses
+    its `num_stages`, `num_microbatches`, `num_replicas`, `remat`,
+    `tensor_parallel` and `partition`. The model's shapes come from
+    `dataset` where `given` names it (a whole configuration: for your own
+    model; a built-in model has its own).
+
+    Args:
+        config: the training configuration.
+        num_devices: the data-parallel devices by their old name (the command
+            line's `--num_devices`).
+        given: the fields set on the command line (None: a whole training
+            configuration): a pipeline setting given for a distribution that
+            does not use it is refused, as by `check_estimate_arguments`.
+
+    Raises:
+        ValueError: a distribution whose devices the configuration does not
+            name (auto without devices, multi_worker, mirrored without
+            `devices` or `num_virtual_devices`), partition "time" (measured
+            when the run starts), or what `check_estimate_arguments` refuses.
+    """
+    given = set(given) if given is not None else None
+    distribution = config.distribution
+    named = len(config.devices) if config.devices else config.num_virtual_devices or None
+    if num_devices is not None and named is not None and num_devices != named:
+        raise ValueError(f"`num_devices` ({num_devices}) and `num_virtual_devices` ({named}) "
+                         "disagree; pass `num_virtual_devices` alone (`num_devices` is its "
+                         "old name).")
+    count = named or num_devices
+    if distribution == "auto":
+        if count is None:
+            raise ValueError("distribution 'auto' decides the devices when it runs; name them "
+                             "(`num_virtual_devices` or `devices`) or pick "
+                             "distribution='one_device', 'mirrored', 'pipeline' or 'hybrid'.")
+        distribution = "mirrored" if count > 1 else "one_device"
+    own = not (isinstance(config.model, str) and config.model in BUILTIN_MODELS)
+    arguments = dict(model=config.model, distribution=distribution,
+                     global_batch_size=config.global_batch_size, optimizer=config.optimizer,
+                     mixed_precision=config.mixed_precision, dropout=config.dropout,
+                     task=config.task)
+    if (own and given is None) or (given is not None and "dataset" in given):
+        arguments["dataset"] = config.dataset
+    pipeline = ("num_stages", "num_microbatches", "num_replicas", "remat", "tensor_parallel")
+    if distribution == "mirrored":
+        if not count:
+            raise ValueError("a memory estimate of distribution 'mirrored' needs its devices: "
+                             "set `devices` or `num_virtual_devices`.")
+        arguments["num_devices"] = count
+    elif distribution == "one_device":
+        if num_devices is not None:
+            arguments["num_devices"] = num_devices
+    elif distribution in MODEL_PARALLEL:
+        if config.partition == "time":
+            raise ValueError("a memory estimate cannot cut stages by measured time "
+                             "(partition 'time'); use partition 'params' or 'flops'.")
+        used = _PIPELINE_SETTINGS[distribution]
+        arguments.update({name: getattr(config, name) for name in used},
+                         partition=config.partition)
+        if num_devices is not None:
+            arguments["num_devices"] = num_devices
+        pipeline = tuple(name for name in pipeline if name not in used)
+    else:
+        raise ValueError(f"a memory estimate of distribution {distribution!r} needs its devices "
+                         "per worker: estimate one worker with distribution='mirrored' and its "
+                         "`num_virtual_devices` (or `devices`).")
+    # A pipeline setting given for a distribution that does not use it is refused.
+    arguments.update({name: getattr(config, name) for name in pipeline
+                      if given is not None and name in given
+                      and not (name == "remat" and config.remat is False)})
+    if config.model == TRANSFORMER:
+        arguments.update({k: getattr(config, k) for k in _SIZES})
+    else:  # sizes given for another model are refused
+        arguments.update({k: getattr(config, k) for k in _SIZES
+                          if given is not None and k in given})
+    check_estimate_arguments(**arguments)
+    return arguments

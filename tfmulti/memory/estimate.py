@@ -21,6 +21,8 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+
 import keras
 
 from tfmulti.utils import checks
@@ -32,7 +34,7 @@ from tfmulti.models import transformer
 from tfmulti.data.from_config import features_spec, load_data
 from tfmulti.models.from_config import build_model_for
 from tfmulti.config.train_config import MODEL_PARALLEL, TRANSFORMER, TrainConfig, is_hook
-from tfmulti.memory.arguments import DISTRIBUTIONS, check_estimate_arguments
+from tfmulti.memory.arguments import DISTRIBUTIONS, check_estimate_arguments, config_arguments
 from tfmulti.parallel import placement
 from tfmulti.parallel import chain as blocks
 from tfmulti.parallel.partition import plan_partition
@@ -66,6 +68,7 @@ def estimate_memory(
     d_model: int | None = None,
     num_heads: int | None = None,
     num_layers: int | None = None,
+    task: str = "auto",
 ) -> dict:
     """Estimates the training memory of each device.
 
@@ -78,7 +81,11 @@ def estimate_memory(
         dataset: the data whose shapes the model takes (a dataset name or
             your dataset function, as for training); needed for your own
             model unless its function takes no `input_shape`.
-        distribution: "one_device" (the default), "mirrored", "pipeline" or "hybrid".
+        distribution: "one_device" (the default), "mirrored", "pipeline" or "hybrid"
+            (a built-in model's or your own model's chain of blocks cut into
+            stages as `PipelineModel` cuts it, each counted as
+            `tfmulti.memory.footprint.pipeline_footprint` counts a placed
+            stage).
         num_devices: data-parallel devices (default 1); for pipeline/hybrid it
             defaults to, and must equal, replicas x stages.
         num_stages: pipeline stages (pipeline and hybrid only; default 2).
@@ -100,6 +107,8 @@ def estimate_memory(
             R x S x T devices in all.
         seq_len, d_model, num_heads, num_layers: the transformer's sizes
             (model "transformer" only; default `TrainConfig`'s).
+        task: "auto", "classification" or "regression", as for training (your
+            own model's function is offered `num_classes` for classification).
 
     Returns:
         A dict with the arguments and "devices": one row per device with
@@ -119,14 +128,25 @@ def estimate_memory(
             remat with layers it cannot recompute (dropout above 0), or
             transformer sizes that T does not split evenly.
     """
-    layout = check_estimate_arguments(
-        model, dataset=dataset, distribution=distribution, num_devices=num_devices,
-        num_stages=num_stages,
-        num_microbatches=num_microbatches, num_replicas=num_replicas, remat=remat,
-        global_batch_size=global_batch_size, optimizer=optimizer,
+    return _estimate(dict(
+        model=model, dataset=dataset, distribution=distribution, num_devices=num_devices,
+        num_stages=num_stages, num_microbatches=num_microbatches, num_replicas=num_replicas,
+        remat=remat, global_batch_size=global_batch_size, optimizer=optimizer,
         mixed_precision=mixed_precision, partition=partition, dropout=dropout,
         tensor_parallel=tensor_parallel, seq_len=seq_len, d_model=d_model,
-        num_heads=num_heads, num_layers=num_layers)
+        num_heads=num_heads, num_layers=num_layers, task=task))
+
+
+def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
+    """`estimate_memory(**arguments)`; your own model's data read as
+    `data_config` says (its data_dir, download, seed...), when given."""
+    arguments = {**{name: p.default for name, p in
+                    inspect.signature(estimate_memory).parameters.items()}, **arguments}
+    layout = check_estimate_arguments(**arguments)
+    model, dataset, distribution, global_batch_size, optimizer, mixed_precision, partition, \
+        dropout = (arguments[k] for k in ("model", "dataset", "distribution",
+                                          "global_batch_size", "optimizer", "mixed_precision",
+                                          "partition", "dropout"))
     settings, replicas, stages, micro = (layout.settings, layout.replicas, layout.stages,
                                          layout.micro_batch)
     pipelined = distribution in MODEL_PARALLEL
@@ -135,10 +155,13 @@ def estimate_memory(
         raise ValueError(f"estimate-memory counts the slots of {sorted(footprint.OPTIMIZER_SLOTS)}"
                          f", not {optimizer!r}; estimate with the closest one.")
     if callable(model) or is_hook(model) or dataset is not None:
+        data = (data_config or TrainConfig()).replace(
+            model=model, dataset="synthetic" if dataset is None else dataset, dropout=dropout,
+            task=arguments["task"])
         return _estimate_any_model(
-            model, dataset, distribution=distribution, replicas=layout.replicas,
-            micro=layout.micro_batch, slots=slots, global_batch_size=global_batch_size,
-            optimizer=optimizer, mixed_precision=mixed_precision, dropout=dropout)
+            data, dataset is not None, distribution=distribution, layout=layout, slots=slots,
+            global_batch_size=global_batch_size, optimizer=optimizer,
+            mixed_precision=mixed_precision, partition=partition)
     summary = {
         "model": model, "distribution": distribution, "num_replicas": replicas,
         "num_stages": stages, "tensor_parallel": layout.tensor_parallel,
@@ -198,13 +221,25 @@ def _transformer_rows(layout, summary: dict, slots: int, partition: str,
     without values (its shapes only), cut into stages as `PipelineModel`
     cuts it, each stage's layers shared out over its T devices as
     `tfmulti.parallel.tensor_split.split_transformer` splits them."""
-    R, S, T = layout.replicas, layout.stages, layout.tensor_parallel
+    T = layout.tensor_parallel
     policy = _CPU_POLICY.get(summary["mixed_precision"], summary["mixed_precision"])
     with models.mixed_precision_policy(policy), placement.deferred_variables():
         model = transformer.build_transformer(**layout.sizes, dropout=dropout)
     if summary["remat"]:
         check_remat(model.layers)
-    chain = blocks.chain_of(model)
+    return _chain_rows(
+        blocks.chain_of(model), layout, summary, slots, partition,
+        kind_of=lambda op: (transformer.TENSOR_PARALLEL.get(transformer.role_of(op.name))
+                            if T > 1 else None))
+
+
+def _chain_rows(chain, layout, summary: dict, slots: int, partition: str,
+                kind_of=lambda op: None) -> list[dict]:
+    """The rows of a model's chain of blocks over R x S x T devices: cut into
+    stages as `PipelineModel` cuts it (`plan_partition`), each stage counted
+    as `footprint.pipeline_footprint` counts a placed one, its layers shared
+    out over its T devices by `kind_of(layer)` (None: whole, on the first)."""
+    R, S, T = layout.replicas, layout.stages, layout.tensor_parallel
     stage_rows = []
     for s, cut in enumerate(plan_partition(chain, S, method=partition).slices):
         weights = [[] for _ in range(T)]
@@ -212,10 +247,9 @@ def _transformer_rows(layout, summary: dict, slots: int, partition: str,
         seen = set()
         for node in chain.stage_nodes(cut.start, cut.stop):
             op = node.operation
-            kind = transformer.TENSOR_PARALLEL.get(transformer.role_of(op.name)) if T > 1 else None
             inputs = {id(t): footprint.tensor_bytes(t) for t in node.input_tensors}
             outputs = footprint.output_bytes(node)
-            for t, share in enumerate(device_shares(op, kind, T)):
+            for t, share in enumerate(device_shares(op, kind_of(op), T)):
                 if id(op) not in seen and isinstance(op, keras.layers.Layer):
                     weights[t].extend(share.weights)
                 kept[t] += share.output * outputs + share.input * sum(inputs.values())
@@ -262,46 +296,30 @@ def check_fits(estimate: dict, device_memory_mb: float) -> None:
         f"device {row['device']} (replica {row['replica']}, stage {row['stage']}, shard "
         f"{row['shard']}) needs {tables.mib(row['total'])} to train {estimate['model']} under "
         f"{estimate['distribution']} ({parts}), over the budget of {budget:g} MiB per device; "
-        f"split the model over more devices (num_stages, tensor_parallel), hold fewer "
-        f"examples at once (a smaller global_batch_size, more num_microbatches, remat) or use "
-        f"sgd (no optimizer slots).")
+        f"split the model over more devices (`num_stages`, `tensor_parallel`), hold fewer "
+        f"examples at once (a smaller `global_batch_size`, more `num_microbatches`, `remat`) "
+        f"or use sgd (no optimizer slots).")
 
 
-def estimate_for_config(config: TrainConfig) -> dict:
-    """`estimate_memory` for a training configuration's model and layout.
+def estimate_for_config(config: TrainConfig, *, num_devices: int | None = None,
+                        given: tuple | set | None = None) -> dict:
+    """`estimate_memory` for a training configuration's model and layout, read
+    as the run reads them (`tfmulti.memory.arguments.config_arguments`, which
+    says how): `tfmulti estimate-memory` takes the training flags.
+
+    Args:
+        config: the training configuration.
+        num_devices: `--num_devices`, the command line's old name for the
+            data-parallel devices.
+        given: the fields the command line set (None: a whole configuration).
 
     Raises:
         ValueError: a distribution whose devices the configuration does not
-            name (auto, multi_worker, mirrored without `devices` or
-            `num_virtual_devices`), or partition "time" (measured when the
-            run starts).
+            name (auto without devices, multi_worker, mirrored without
+            `devices` or `num_virtual_devices`), or partition "time" (measured
+            when the run starts).
     """
-    distribution, layout = config.distribution, {}
-    if distribution == "mirrored":
-        count = len(config.devices) if config.devices else config.num_virtual_devices
-        if not count:
-            raise ValueError("a memory estimate of distribution 'mirrored' needs its devices: "
-                             "set `devices` or `num_virtual_devices`.")
-        layout["num_devices"] = count
-    elif distribution in MODEL_PARALLEL:
-        if config.partition == "time":
-            raise ValueError("a memory estimate cannot cut stages by measured time "
-                             "(partition 'time'); use partition 'params' or 'flops'.")
-        layout.update(num_stages=config.num_stages, num_microbatches=config.num_microbatches,
-                      remat=config.remat, tensor_parallel=config.tensor_parallel,
-                      partition=config.partition,
-                      **({"num_replicas": config.num_replicas} if distribution == "hybrid"
-                         else {}))
-    elif distribution != "one_device":
-        raise ValueError(f"a memory estimate needs the layout's devices; distribution "
-                         f"{distribution!r} decides them when it runs: use one_device, "
-                         f"mirrored, pipeline or hybrid.")
-    sizes = ({k: getattr(config, k) for k in ("seq_len", "d_model", "num_heads", "num_layers")}
-             if config.model == TRANSFORMER else {})
-    return estimate_memory(config.model, distribution=distribution,
-                           global_batch_size=config.global_batch_size,
-                           optimizer=config.optimizer, mixed_precision=config.mixed_precision,
-                           dropout=config.dropout, **layout, **sizes)
+    return _estimate(config_arguments(config, num_devices=num_devices, given=given), config)
 
 
 def check_config(config: TrainConfig) -> None:
@@ -325,10 +343,12 @@ def check_config(config: TrainConfig) -> None:
         check_fits(estimate_for_config(config), config.device_memory_mb)
 
 
-def _user_model(model, dataset, dropout):
-    """(the built model, its input shape, its input dtype) for any model and data."""
-    config = TrainConfig(model=model, dataset=dataset or "synthetic", dropout=dropout)
-    if dataset is None and not config.builtin_model:
+def _user_model(config: TrainConfig, data_given: bool):
+    """(the built model, its input shape, its input dtype) for any model and
+    data (`config`'s; without `data_given`, the model function must take no
+    `input_shape`)."""
+    model, dropout = config.model, config.dropout
+    if not data_given and not config.builtin_model:
         fn = hooks.resolve(model, "model")
         wanted = hooks.parameters(fn)
         if wanted is None or "input_shape" in wanted:
@@ -348,21 +368,33 @@ def _user_model(model, dataset, dropout):
     return build_model_for(config, run_data), run_data.input_shape, dtype
 
 
-def _estimate_any_model(model, dataset, *, distribution, replicas, micro, slots,
-                        global_batch_size, optimizer, mixed_precision, dropout) -> dict:
-    with models.mixed_precision_policy(_CPU_POLICY.get(mixed_precision, mixed_precision)):
-        built, input_shape, input_dtype = _user_model(model, dataset, dropout)
-        row = footprint.model_footprint(built, input_shape, micro_batch=micro,
-                                        optimizer_slots=slots, input_dtype=input_dtype)
-    name = model if isinstance(model, str) else TrainConfig(model=model).model_name
-    return {
-        "model": name, "distribution": distribution, "num_devices": replicas,
-        "num_replicas": replicas, "num_stages": 1, "tensor_parallel": 1, "num_microbatches": 1,
-        "remat": False, "global_batch_size": global_batch_size, "optimizer": optimizer,
+def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, layout, slots,
+                        global_batch_size, optimizer, mixed_precision, partition) -> dict:
+    pipelined = distribution in MODEL_PARALLEL
+    summary = {
+        "model": config.model_name, "distribution": distribution,
+        "num_devices": layout.replicas * layout.stages, "num_replicas": layout.replicas,
+        "num_stages": layout.stages, "tensor_parallel": 1,
+        "num_microbatches": layout.settings["num_microbatches"] if pipelined else 1,
+        "remat": layout.settings["remat"] if pipelined else False,
+        "global_batch_size": global_batch_size, "optimizer": optimizer,
         "mixed_precision": mixed_precision,
-        "devices": [{"device": r, "replica": r, "stage": 0, "shard": 0, **row}
-                    for r in range(replicas)],
     }
+    with models.mixed_precision_policy(_CPU_POLICY.get(mixed_precision, mixed_precision)):
+        built, input_shape, input_dtype = _user_model(config, data_given)
+        if not pipelined:
+            row = footprint.model_footprint(built, input_shape, micro_batch=layout.micro_batch,
+                                            optimizer_slots=slots, input_dtype=input_dtype)
+            return {**summary, "devices": [{"device": r, "replica": r, "stage": 0, "shard": 0,
+                                            **row} for r in range(layout.replicas)]}
+        # Cut as the run's PipelineModel cuts it: a functional model's graph,
+        # a stack's layers on its input shape.
+        chain = blocks.chain_of(built, input_shape=None if isinstance(input_shape, dict)
+                                else input_shape)
+        if summary["remat"]:
+            check_remat(chain.layers)
+        rows = _chain_rows(chain, layout, summary, slots, partition)
+    return {**summary, "devices": rows}
 
 
 def format_memory_estimate(estimate: dict) -> str:
