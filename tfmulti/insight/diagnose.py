@@ -99,6 +99,16 @@ class Diagnosis:
     notes: list
     elapsed_s: float
     profile_dir: str | None = None
+    problems: list = dataclasses.field(default_factory=list)
+    rounds: list = dataclasses.field(default_factory=list)
+    seconds: float | None = None
+
+    @property
+    def consistent(self) -> bool:
+        """False when the timings do not add up even after measuring again
+        (`problems` says why): the machine was too noisy to tell where the time
+        goes, and `bottleneck`, `utilization` and the split are only a guess."""
+        return not self.problems
 
     @property
     def num_replicas(self) -> int:
@@ -127,7 +137,8 @@ class Diagnosis:
         for item, a in zip(out["advice"], self.advice):
             item.update(arguments=a.arguments, flags=a.flags)
         out.update(num_replicas=self.num_replicas, bottleneck=self.bottleneck,
-                   utilization=self.utilization, examples_per_second=self.examples_per_second)
+                   utilization=self.utilization, examples_per_second=self.examples_per_second,
+                   consistent=self.consistent)
         return out
 
     def __repr__(self) -> str:
@@ -135,9 +146,20 @@ class Diagnosis:
                 f"examples_per_second={self.examples_per_second:.0f}, "
                 f"utilization={self.utilization:.2f}, advice={[a.arguments for a in self.advice]})")
 
+    def noise_line(self, flags: bool = False) -> str:
+        """The one line that says the timings do not add up, and what to do."""
+        more = max(5.0, 4 * (self.seconds or 1.0))
+        rounds = len(self.rounds) or 1
+        return (f"NOT CONSISTENT after {rounds} round(s) of timings: "
+                f"{'; '.join(self.problems)}. The machine is too noisy to tell where the time "
+                f"goes: rerun diagnose on a quiet machine, timing more steps "
+                f"({'--seconds=' if flags else 'seconds='}{more:g}).")
+
     def format(self, flags: bool = False) -> str:
         """The report as text: timings, time split, bottleneck, ranked advice
-        (each change as Python arguments, or as command-line flags)."""
+        (each change as Python arguments, or as command-line flags). When the
+        timings do not add up, one line says so instead of the split and the
+        bottleneck."""
         t = self.times
         split = t.split()
         ms = lambda s: f"{s * 1e3:.2f} ms"  # noqa: E731
@@ -152,15 +174,18 @@ class Diagnosis:
             f"{ms(t.compute_fixed_s)} of it fixed per step (does not grow with the batch)",
             f"together (fit)   {ms(t.fit_s)} per step = {self.examples_per_second:,.0f} "
             f"examples/s",
-            "time split       " + ", ".join(
-                f"{k.replace('_', ' ')} {v / t.fit_s:.0%}" for k, v in split.items()),
-            f"device utilization (estimate): {self.utilization:.0%} of each step is "
-            f"per-example arithmetic",
         ]
+        if self.consistent:
+            lines += [
+                "time split       " + ", ".join(
+                    f"{k.replace('_', ' ')} {v / t.fit_s:.0%}" for k, v in split.items()),
+                f"device utilization (estimate): {self.utilization:.0%} of each step is "
+                f"per-example arithmetic"]
         if self.per_call_overhead_s is not None:
             lines.append(f"per-call overhead (estimate): {ms(self.per_call_overhead_s)} per "
                          f"tf.function call")
-        lines.append(f"BOTTLENECK: {_verdict(self)}")
+        lines.append(f"BOTTLENECK: {_verdict(self)}" if self.consistent else
+                     self.noise_line(flags))
         if self.advice:
             lines.append("advice, best first (gain in examples/s):")
             for i, a in enumerate(self.advice, 1):
@@ -192,7 +217,9 @@ class Diagnosis:
         fig, ax = plt.subplots(figsize=(8, 3))
         timing.plot_step_times(
             rows, ax, f"{self.bottleneck}-bound: {self.examples_per_second:,.0f} examples/s, "
-                      f"utilization {self.utilization:.0%}")
+                      f"utilization {self.utilization:.0%}" if self.consistent else
+                      f"the timings do not add up (too noisy to tell): "
+                      f"{self.examples_per_second:,.0f} examples/s")
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)
@@ -208,19 +235,23 @@ def onednn_would_help() -> bool:
 
 
 def _verdict(d: Diagnosis) -> str:
+    """The bottleneck in words, its figures taken from the split (parts of the step
+    that add up to it)."""
     t = d.times
+    split = t.split()
     if d.bottleneck == "overhead":
+        overhead = split["fixed_per_step"] + split["call_overhead"]
         return (f"per-step overhead. Of {t.fit_s * 1e3:.2f} ms per step, "
-                f"{t.overhead_s * 1e3:.2f} ms ({t.overhead_s / t.fit_s:.0%}) does not grow "
-                f"with the batch: {t.compute_fixed_s * 1e3:.2f} ms fixed in the step (op "
+                f"{overhead * 1e3:.2f} ms ({overhead / t.fit_s:.0%}) does not grow "
+                f"with the batch: {split['fixed_per_step'] * 1e3:.2f} ms fixed in the step (op "
                 f"dispatch, all-reduce latency, optimizer update) and "
-                f"{t.call_overhead_s * 1e3:.2f} ms around it (Python, callbacks, one "
+                f"{split['call_overhead'] * 1e3:.2f} ms around it (Python, callbacks, one "
                 f"tf.function call per {d.steps_per_execution} step(s)). Fewer, larger steps "
                 f"and more steps per call help.")
     if d.bottleneck == "input":
         return (f"the input pipeline. It needs {t.input_s * 1e3:.2f} ms per batch, the step "
                 f"{t.compute_s * 1e3:.2f} ms: the devices wait for data.")
-    return (f"compute. The per-example arithmetic takes {t.work_s * 1e3:.2f} of "
+    return (f"compute. The per-example arithmetic takes {split['compute'] * 1e3:.2f} of "
             f"{t.fit_s * 1e3:.2f} ms per step; only cheaper arithmetic (mixed precision, XLA "
             f"on GPUs) or more devices help.")
 
@@ -308,6 +339,25 @@ class _Diagnoser:
         steps = timing.steps_for(self.seconds, estimate_s, steps_per_execution)
         return statistics.median(timing.time_fit(model, dist, steps, epochs)), dist, model
 
+    def measure(self, model, dist, steps: int, calls: list, timed: int,
+                scale: float) -> timing.Measurements:
+        """One round of the timings: `fit` for `steps` steps, the step alone at the
+        batch and at `scale` times it (`calls`, their `timing.compute_call`s of
+        `timed` steps each) and the input alone."""
+        self.say("diagnose [1/4] together: fit")
+        fit = timing.time_fit(model, dist, steps, epochs=2)
+        self.say(f"  {statistics.median(fit) * 1e3:.2f} ms per step")
+        self.say(f"diagnose [2/4] compute alone, data on the devices (batch x1 and x{scale:g})")
+        compute, scaled = ([s / timed for s in times] for times in
+                           timing.call_times_interleaved(calls, self.seconds))
+        t = timing.Measurements(fit, compute, (0.0,), scaled, scale).step_times()
+        self.say(f"  {t.compute_s * 1e3:.2f} ms per step ({t.compute_fixed_s * 1e3:.2f} ms "
+                 f"fixed); x{scale:g} batch: {statistics.median(scaled) * 1e3:.2f} ms")
+        self.say("diagnose [3/4] input alone")
+        input_s = timing.time_input_repeats(dist, timed, self.seconds)
+        self.say(f"  {statistics.median(input_s) * 1e3:.2f} ms per step")
+        return timing.Measurements(fit, compute, input_s, scaled, scale)
+
     def run(self, measure_advice: bool, profile_dir: str | None) -> Diagnosis:
         c = self.config
         batch = c.global_batch_size
@@ -315,32 +365,36 @@ class _Diagnoser:
         per_replica = self.first.per_replica_batch_size
         self.say(f"diagnose: {self.name} on {', '.join(map(_short, self.devices))}, global "
                  f"batch {batch}, steps_per_execution {steps_per_execution}")
-        self.say("diagnose [1/4] together: fit (the first steps also read the data)")
-        fit_s, dist, model = self.fit_seconds(batch, steps_per_execution)
-        self.say(f"  {fit_s * 1e3:.2f} ms per step")
-        timed_steps = max(5, min(100, round(0.1 / fit_s)))  # per timing call
-        self.say("diagnose [2/4] compute alone, data on the devices (batch x1 and x4)")
+        self.say("diagnose: warming up (a few fit steps, which also read the data)")
+        dist, model = self.build(batch, steps_per_execution)
+        estimate_s = timing.time_fit(model, dist, steps_per_execution
+                                     * -(-8 // steps_per_execution), epochs=2)[0]
+        steps = timing.steps_for(self.seconds, estimate_s, steps_per_execution)
+        timed = max(5, min(100, round(0.1 / estimate_s)))  # steps per timing call
         scale = 4 if per_replica <= 256 else 0.25
-        compute_s, scaled_s = timing.time_compute(
-            model, self.strategy, dist, timed_steps, self.seconds, batch_scales=(1, scale))
-        fixed_s = timing.fixed_step_cost(compute_s, scaled_s, scale)
-        self.say(f"  {compute_s * 1e3:.2f} ms per step ({fixed_s * 1e3:.2f} ms fixed); "
-                 f"x{scale:g} batch: {scaled_s * 1e3:.2f} ms")
-        self.say("diagnose [3/4] input alone")
-        input_s = timing.time_input(dist, timed_steps, self.seconds)
-        self.say(f"  {input_s * 1e3:.2f} ms per step")
+        calls = [timing.compute_call(model, self.strategy, dist, timed, s) for s in (1, scale)]
+        rounds = timing.measure_until_consistent(
+            lambda: self.measure(model, dist, steps, calls, timed, scale), say=self.say)
+        problems = rounds[-1].problems()
+        if problems:
+            self.say(f"diagnose: the timings still do not add up after {len(rounds)} rounds; "
+                     f"the machine is too noisy to tell where the time goes")
         d = Diagnosis(
             config={**dataclasses.asdict(c), "pipeline": {
                 k: (v if isinstance(v, (bool, type(None))) else getattr(v, "__name__", str(v)))
                 for k, v in self.pipeline.items()}},
             strategy=self.name, devices=self.devices, global_batch_size=batch,
             per_replica_batch_size=per_replica, steps_per_execution=steps_per_execution,
-            times=timing.StepTimes(input_s, compute_s, fit_s, fixed_s),
-            per_call_overhead_s=None, advice=[], notes=[], elapsed_s=0.0)
-        self.say(f"diagnose [4/4] advice: {d.bottleneck}-bound; "
+            times=rounds[-1].step_times(), per_call_overhead_s=None, advice=[], notes=[],
+            elapsed_s=0.0, problems=problems, rounds=rounds, seconds=self.seconds)
+        self.say(f"diagnose [4/4] advice: "
+                 f"{d.bottleneck + '-bound' if d.consistent else 'bottleneck unknown'}; "
                  + ("measuring the changes that could help" if measure_advice else
                     "listing the changes that could help"))
         self.advise(d, dist, measure_advice)
+        if not d.consistent and d.advice:
+            d.notes.append("the advice follows from timings that do not add up; check its "
+                           "gains on a quiet machine")
         if profile_dir:
             self.say(f"diagnose: profiling a few steps into {profile_dir}")
             profile_fit(model, dist, profile_dir)

@@ -46,34 +46,28 @@ import tensorflow as tf
 
 from tfmulti.data import DistributedInput
 
-__all__ = ["BOTTLENECKS", "EpochClock", "StepTimes", "compute_call", "device_batch",
-           "fixed_step_cost", "input_call", "plot_step_times", "pyplot", "seconds_per_call",
-           "seconds_per_call_interleaved", "steps_for", "time_compute", "time_fit",
-           "time_input"]
+__all__ = ["BOTTLENECKS", "EXTRA_ROUNDS", "EpochClock", "Measurements", "PART_TOLERANCE",
+           "SPREAD_LIMIT", "StepTimes", "call_times", "call_times_interleaved", "compute_call",
+           "device_batch", "fixed_step_cost", "input_call", "measure_until_consistent",
+           "plot_step_times", "pyplot", "seconds_per_call", "seconds_per_call_interleaved",
+           "steps_for", "time_compute", "time_fit", "time_input", "time_input_repeats"]
 
 
-def seconds_per_call(fn: Callable[[], object], min_seconds: float = 0.5,
-                     min_calls: int = 3, warmup_calls: int = 1) -> float:
-    """Median wall time of `fn()` over calls made for at least `min_seconds`.
+def call_times(fn: Callable[[], object], min_seconds: float = 0.5, min_calls: int = 3,
+               warmup_calls: int = 1) -> list[float]:
+    """Wall time of each call of `fn()`, called for at least `min_seconds` and
+    `min_calls` calls.
 
     `fn` must block until its work is done (return a NumPy value, not a
     pending tensor). The first `warmup_calls` calls (tracing) are not timed.
     """
-    for _ in range(warmup_calls):
-        fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_calls or time.perf_counter() - start < min_seconds:
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return call_times_interleaved([fn], min_seconds, min_calls, warmup_calls)[0]
 
 
-def seconds_per_call_interleaved(fns: list, min_seconds: float = 0.5, min_calls: int = 3,
-                                 warmup_calls: int = 1) -> list[float]:
-    """`seconds_per_call` of several functions, called in turn (a, b, a, b, ...) so
-    that a machine's drift hits them alike; one median per function."""
+def call_times_interleaved(fns: list, min_seconds: float = 0.5, min_calls: int = 3,
+                           warmup_calls: int = 1) -> list[list[float]]:
+    """`call_times` of several functions, called in turn (a, b, a, b, ...) so that
+    a machine's drift hits them alike; one list of wall times per function."""
     for fn in fns:
         for _ in range(warmup_calls):
             fn()
@@ -84,7 +78,22 @@ def seconds_per_call_interleaved(fns: list, min_seconds: float = 0.5, min_calls:
             t = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t)
-    return [statistics.median(t) for t in times]
+    return times
+
+
+def seconds_per_call(fn: Callable[[], object], min_seconds: float = 0.5,
+                     min_calls: int = 3, warmup_calls: int = 1) -> float:
+    """Median wall time of `fn()` over calls made for at least `min_seconds`
+    (see `call_times`)."""
+    return statistics.median(call_times(fn, min_seconds, min_calls, warmup_calls))
+
+
+def seconds_per_call_interleaved(fns: list, min_seconds: float = 0.5, min_calls: int = 3,
+                                 warmup_calls: int = 1) -> list[float]:
+    """`seconds_per_call` of several functions, called in turn (a, b, a, b, ...) so
+    that a machine's drift hits them alike; one median per function."""
+    return [statistics.median(t)
+            for t in call_times_interleaved(fns, min_seconds, min_calls, warmup_calls)]
 
 
 def steps_for(min_seconds: float, estimate_s: float, multiple: int, lo: int = 4,
@@ -112,19 +121,27 @@ def input_call(dist_input: DistributedInput, steps_per_execution: int = 20) -> C
     return lambda: pull(iterator).numpy()
 
 
-def time_input(dist_input: DistributedInput, steps_per_execution: int = 20,
-               min_seconds: float = 0.5) -> float:
-    """Seconds per step of the input pipeline alone (see `input_call`).
+def time_input_repeats(dist_input: DistributedInput, steps_per_execution: int = 20,
+                       min_seconds: float = 0.5) -> list[float]:
+    """Seconds per step of the input pipeline alone (see `input_call`), one
+    figure per timed call.
 
     The first call (the pipeline's start) is not timed; a cache still being
     filled is timed, as in a first epoch. The iterator is released before
     returning, so its pipeline stops working in the background.
     """
     pull = input_call(dist_input, steps_per_execution)
-    seconds = seconds_per_call(pull, min_seconds) / steps_per_execution
+    seconds = [s / steps_per_execution for s in call_times(pull, min_seconds)]
     del pull
     gc.collect()
     return seconds
+
+
+def time_input(dist_input: DistributedInput, steps_per_execution: int = 20,
+               min_seconds: float = 0.5) -> float:
+    """Seconds per step of the input pipeline alone: the median of
+    `time_input_repeats`."""
+    return statistics.median(time_input_repeats(dist_input, steps_per_execution, min_seconds))
 
 
 def device_batch(strategy: tf.distribute.Strategy, dist_input: DistributedInput,
@@ -163,8 +180,9 @@ def compute_call(model: keras.Model, strategy: tf.distribute.Strategy,
     `device_batch`), and returns when they are done.
 
     Each step is `model.train_step` (forward, loss, gradients, all-reduce,
-    optimizer, metrics: what `fit` runs per step) under `strategy.run`, in a
-    `tf.range` loop: no input and no Python between steps. The model must
+    optimizer, metrics: what `fit` runs per step) under `strategy.run`,
+    compiled with XLA where the model's `jit_compile` is on (as `fit` does),
+    in a `tf.range` loop: no input and no Python between steps. The model must
     have trained at least one step (`fit` builds the optimizer and metrics;
     `time_fit` does); its weights change.
     """
@@ -173,10 +191,16 @@ def compute_call(model: keras.Model, strategy: tf.distribute.Strategy,
                            "(its optimizer and metrics built); call time_fit or model.fit "
                            "first.")
 
+    def one_step(batch):
+        return strategy.run(model.train_step, args=(batch,))
+
+    if model.jit_compile:  # as `fit` compiles it: XLA changes the step's time
+        one_step = tf.function(one_step, jit_compile=True)
+
     @tf.function
     def steps(batch):
         for _ in tf.range(steps_per_execution):
-            strategy.run(model.train_step, args=(batch,))
+            one_step(batch)
         return tf.constant(0)
 
     batch = device_batch(strategy, dist_input, batch_scale)
@@ -312,6 +336,122 @@ class StepTimes:
         wait = min(max(0.0, self.input_s - self.compute_s), self.fit_s - work - fixed)
         return {"compute": work, "fixed_per_step": fixed, "input_wait": wait,
                 "call_overhead": self.fit_s - work - fixed - wait}
+
+
+PART_TOLERANCE = 0.10
+"""How much longer than its whole a part may time before the figures do not add
+up: timing noise on a quiet machine stays well below it."""
+SPREAD_LIMIT = 1.5
+"""A timing's repeats agree while their median is at most this many times the
+fastest; beyond it the machine's load changed while it ran."""
+EXTRA_ROUNDS = 2
+"""How many times `measure_until_consistent` measures again, at most."""
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurements:
+    """One round of the timings behind a `StepTimes`, each kept as its repeats
+    (seconds per step of each timed call or epoch), so that they can be checked.
+
+    Attributes:
+        fit_s: `time_fit`'s figures, one per timed epoch.
+        compute_s: the train step alone (`compute_call`), one per timed call.
+        input_s: the input pipeline alone (`time_input_repeats`), one per call.
+        scaled_s: the train step alone on `batch_scale` times the batch, one
+            per call; empty when not measured.
+        batch_scale: the batch scale of `scaled_s`.
+
+    Example:
+        >>> from tfmulti.insight.timing import Measurements
+        >>> m = Measurements(fit_s=(0.0307,), compute_s=(0.056, 0.055, 0.058),
+        ...                  input_s=(0.001, 0.001, 0.001))
+        >>> m.problems()
+        ['the train step alone (56.00 ms) takes longer than the whole step through fit (30.70 ms)']
+    """
+
+    fit_s: tuple
+    compute_s: tuple
+    input_s: tuple
+    scaled_s: tuple = ()
+    batch_scale: float = 4.0
+
+    def __post_init__(self):
+        for name in ("fit_s", "compute_s", "input_s", "scaled_s"):
+            values = tuple(float(v) for v in getattr(self, name))
+            if not values and name != "scaled_s":
+                raise ValueError(f"`{name}` is empty; pass at least one timing.")
+            object.__setattr__(self, name, values)
+
+    def step_times(self) -> StepTimes:
+        """The medians of the repeats, as a `StepTimes`."""
+        compute = statistics.median(self.compute_s)
+        fixed = (fixed_step_cost(compute, statistics.median(self.scaled_s), self.batch_scale)
+                 if self.scaled_s else 0.0)
+        return StepTimes(statistics.median(self.input_s), compute,
+                         statistics.median(self.fit_s), fixed)
+
+    def problems(self) -> list[str]:
+        """Why these timings cannot all be true (empty when they add up).
+
+        A part of the step cannot take longer than the whole step through
+        `fit`, beyond `PART_TOLERANCE` (else a share exceeds 100% and the
+        remainder comes out negative); a larger batch cannot take less time
+        than a smaller one (else the cost per example is negative); and a
+        timing whose repeats spread wider than `SPREAD_LIMIT` measured the
+        machine's load, not the step.
+        """
+        t = self.step_times()
+        limit = 1 + PART_TOLERANCE
+        found = []
+        for name, part in (("the train step alone", t.compute_s),
+                           ("the input alone", t.input_s)):
+            if part > t.fit_s * limit:
+                found.append(f"{name} ({_ms(part)}) takes longer than the whole step through "
+                             f"fit ({_ms(t.fit_s)})")
+        scaled_name = f"the train step on {self.batch_scale:g} times the batch"
+        if self.scaled_s:
+            scaled = statistics.median(self.scaled_s)
+            small, large = ((t.compute_s, scaled) if self.batch_scale > 1 else
+                            (scaled, t.compute_s))
+            if small > large * limit:
+                found.append(f"{scaled_name} takes {_ms(scaled)}, the step on the batch "
+                             f"{_ms(t.compute_s)}: the larger batch is faster")
+        for name, values in (("the whole step through fit", self.fit_s),
+                             ("the train step alone", self.compute_s),
+                             (scaled_name, self.scaled_s),
+                             ("the input alone", self.input_s)):
+            if len(values) > 1 and statistics.median(values) > SPREAD_LIMIT * min(values):
+                found.append(f"the repeats of {name} spread from {_ms(min(values))} to "
+                             f"{_ms(max(values))}, too wide to tell the parts apart")
+        return found
+
+
+def measure_until_consistent(measure: Callable[[], Measurements],
+                             extra_rounds: int = EXTRA_ROUNDS,
+                             say: Callable[[str], None] | None = None) -> list[Measurements]:
+    """Calls `measure()` until its timings add up (no `Measurements.problems`),
+    at most `1 + extra_rounds` times.
+
+    Args:
+        measure: takes one round of timings.
+        extra_rounds: how many times to measure again, at most.
+        say: called with a line of text before each new round (e.g. `print`).
+
+    Returns:
+        Every round, in order; the last is the first that adds up, or the last
+        one taken when none did.
+    """
+    say = say or (lambda line: None)
+    rounds = [measure()]
+    while (problems := rounds[-1].problems()) and len(rounds) <= extra_rounds:
+        say(f"  the timings do not add up: {problems[0]}; measuring again (round "
+            f"{len(rounds) + 1} of {extra_rounds + 1})")
+        rounds.append(measure())
+    return rounds
 
 
 SPLIT_COLORS = {"compute": "tab:blue", "fixed_per_step": "tab:purple",
