@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import re
 from collections.abc import Callable
@@ -208,7 +209,8 @@ class TrainConfig:
         "fashion_mnist", "The data: a TFDS dataset name, synthetic / synthetic_regression, "
         "or your own as package.module:function, a function returning the train and test "
         "data (unbatched tf.data datasets, (features, labels) arrays, or a dict with "
-        "'train', 'test' and optionally 'num_classes'; it may take seed and data_dir). From "
+        "'train', 'test' and optionally 'validation' and 'num_classes'; it may take seed and "
+        "data_dir). From "
         "Python, also the function itself." + _TRUST.format(flag="dataset"))
     data_dir: str | None = _field(
         None, "TFDS data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets).")
@@ -216,6 +218,12 @@ class TrainConfig:
         False, "Allow a TFDS download when the data is not prepared (needs internet).")
     num_examples: int | None = _field(
         None, "Synthetic data: training examples (a quarter as many test examples).")
+    validation_split: float = _field(
+        0.0, "Hold out this fraction of the training examples, the last ones (taken before "
+        "shuffling, as Keras' validation_split), and evaluate on them after every epoch: val_* "
+        "metrics in the history and metrics.json, for callbacks such as EarlyStopping on "
+        "val_loss. In (0, 1); 0: none (a dataset function may return a 'validation' split "
+        "instead). Needs data of known size (not files).")
     model: str | Callable = _field(
         "mlp", "The model: a built-in builder (mlp, cnn, regression; transformer, a byte-level "
         "language model for dataset tfmulti_text, sized by seq_len, d_model, num_heads and "
@@ -286,7 +294,9 @@ class TrainConfig:
     tensor_parallel: int = _field(
         1, "Tensor parallelism T: each pipeline stage's attention heads, MLP and output head "
         "split over T devices (model transformer; pipeline, hybrid): replicas x stages x T "
-        "devices in all.")
+        "devices in all. Your own model (pipeline, num_stages=1): its MultiHeadAttention "
+        "layers and Sequential MLP blocks, also inside your own layers "
+        "(tfmulti.parallel.split_layers).")
     seq_len: int = _field(128, "Transformer: bytes per training sequence.")
     d_model: int = _field(128, "Transformer: the width of the residual stream.")
     num_heads: int = _field(4, "Transformer: attention heads (dividing d_model).")
@@ -398,6 +408,12 @@ class TrainConfig:
         c.finite_number("dropout", self.dropout, minimum=0)
         if not self.dropout < 1:
             raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout!r}.")
+        split = self.validation_split
+        if isinstance(split, bool) or not isinstance(split, numbers.Real) \
+                or not (split == 0 or 0 < split < 1):
+            raise ValueError(f"`validation_split` must be in (0, 1), the fraction of the "
+                             f"training examples held out (0: none), got {split!r}; e.g. 0.2 "
+                             f"holds out the last 20%.")
         if self.devices is not None and (isinstance(self.devices, str) or not self.devices):
             raise ValueError(f"`devices` must be a non-empty tuple of device names (or None), "
                              f"got {self.devices!r}; e.g. ('CPU:0', 'CPU:1').")
@@ -431,10 +447,17 @@ class TrainConfig:
                 f"`tensor_parallel` ({self.tensor_parallel}) needs distribution 'pipeline' or "
                 f"'hybrid' (stages of {self.tensor_parallel} devices; num_stages=1 for tensor "
                 f"parallelism alone), got {self.distribution!r}.")
-        if self.tensor_parallel > 1 and self.model != TRANSFORMER:
+        if self.tensor_parallel > 1 and self.builtin_model and self.model != TRANSFORMER:
             raise ValueError(f"`tensor_parallel` ({self.tensor_parallel}) splits model "
-                             f"{TRANSFORMER!r}, got model {self.model!r}; set "
-                             f"model={TRANSFORMER!r} or tensor_parallel=1.")
+                             f"{TRANSFORMER!r} or your own (model='module:function'), got "
+                             f"model {self.model!r}; set model={TRANSFORMER!r} or "
+                             f"tensor_parallel=1.")
+        if self.tensor_parallel > 1 and not self.builtin_model and (
+                self.distribution != "pipeline" or self.num_stages != 1):
+            raise ValueError(f"`tensor_parallel` ({self.tensor_parallel}) splits your own model "
+                             f"over one pipeline stage; set distribution='pipeline' and "
+                             f"num_stages=1, got {self.distribution!r} with num_stages="
+                             f"{self.num_stages}.")
         if self.model == TRANSFORMER:
             check_transformer_sizes(seq_len=self.seq_len, d_model=self.d_model,
                                     num_heads=self.num_heads, num_layers=self.num_layers,

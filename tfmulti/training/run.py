@@ -36,6 +36,7 @@ from tfmulti.runtime import devices
 from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.parallel.layouts import build_parallel_transformer
 from tfmulti.parallel.pipeline import PipelineModel
+from tfmulti.parallel.tensor_models import split_for_pipeline
 
 __all__ = ["Run", "build_run"]
 
@@ -229,8 +230,11 @@ def _model(config: TrainConfig, strategy, run_data: RunData) -> keras.Model:
             **transformer_sizes(config))
     with tf.device("/CPU:0"):  # built on the host; the pipeline places its stages
         model = build_model_for(config, run_data, None)
+    devices = list(config.devices) if config.devices else None
+    if config.tensor_parallel > 1:  # the user's layers split over the stage's T devices
+        model, devices = split_for_pipeline(model, config.tensor_parallel, devices)
     return PipelineModel(
-        model, devices=list(config.devices) if config.devices else None,
+        model, devices=devices,
         num_stages=config.num_stages, num_microbatches=config.num_microbatches,
         num_replicas=config.num_replicas if config.distribution == "hybrid" else 1,
         partition=config.partition, remat=config.remat,
