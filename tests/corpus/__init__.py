@@ -2,7 +2,9 @@
 their downloads replaced by synthetic data of the same shapes with a rule a
 model can learn in a few steps. Each module offers tfmulti's hooks
 (`build`, the model function; `data`, the dataset function) and what plain
-Keras needs to run it as published (`COMPILE`, `FIT`), so that
+Keras needs to run it as published (`COMPILE`, `FIT`; `TFMULTI`: the flags a
+user passes tfmulti for it, where there are any; `CHAIN`: whether its model
+is a chain of layers a pipeline can cut), so that
 `tests/integration/test_corpus.py` can train it through every path and
 compare with plain Keras on one device.
 
@@ -20,12 +22,13 @@ Programs (module: what it exercises):
   that watch `val_loss` with `validation_split=0.2`;
 - `text_transformer`: its own `TransformerBlock` and `TokenAndPositionEmbedding`
   (no `**kwargs`, no `get_config`), softmax;
-- `structured_data`: dict inputs, a `Normalization` layer adapted on the data,
-  categorical features one-hot encoded by lookup layers, its own `Classifier`
-  layer, a sigmoid output;
+- `structured_data`: 13 named inputs (one of strings) fed from a dict, lookup
+  and `Normalization` layers adapted on the data inside the model, a sigmoid
+  output;
 - `vae`: a subclassed model with its own `train_step` and no labels;
-- `bidirectional_lstm`: Embedding + two Bidirectional LSTMs, sigmoid output.
+- `denoising_autoencoder`: a convolutional autoencoder whose labels are
+  images, with the source's `binary_crossentropy` given to tfmulti.
 """
 
 PROGRAMS = ("mnist_convnet", "timeseries_classification", "text_transformer",
-            "structured_data", "vae", "bidirectional_lstm")
+            "structured_data", "vae", "denoising_autoencoder")

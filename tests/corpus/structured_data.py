@@ -33,7 +33,7 @@ NUMERIC = ["age", "trestbps", "chol", "thalach", "oldpeak", "slope"]
 THAL = np.array(["fixed", "normal", "reversible"])
 COMPILE = dict(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
 FIT = dict(batch_size=32, epochs=2)
-CHAIN = False  # 13 inputs, not a chain of single-input layers
+CHAIN = True  # 13 inputs, preprocessed and concatenated: one tensor crosses after that
 
 
 def _rows(n, rng):

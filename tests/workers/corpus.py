@@ -1,0 +1,41 @@
+"""Trains every corpus program in turn on a 2-worker cluster, one launch for
+all (each start of a cluster costs TensorFlow's import):
+
+    tfmulti launch --num_workers 2 -- python tests/workers/corpus.py OUT_DIR NAME...
+
+Each program's run writes OUT_DIR/NAME (the chief's metrics.json and
+model.keras); a program tfmulti refuses (a ValueError, before training, on
+every worker alike) is written as OUT_DIR/NAME.refused, its one line, and the
+next program runs.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import tfmulti  # noqa: E402
+from tests.corpus import harness  # noqa: E402
+
+
+def main(out_dir: str, names: list[str]) -> None:
+    chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
+    for name in names:
+        folder = os.path.join(out_dir, name)
+        config = tfmulti.TrainConfig(distribution="multi_worker", model_dir=folder,
+                                     **harness.config_kwargs(name))
+        try:
+            tfmulti.train(config)
+        except ValueError as e:
+            print(f"corpus: {name} refused: {e}", flush=True)
+            if chief:
+                with open(folder + ".refused", "w") as f:
+                    f.write(str(e))
+            continue
+        print(f"corpus: {name} trained", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
