@@ -32,7 +32,7 @@ class _Frobnicating(TrainConfig):
 SAMPLE = TrainConfig(
     distribution="hybrid", num_virtual_devices=4, devices=("CPU:0", "CPU:1", "CPU:2", "CPU:3"),
     cross_device_ops="reduce_to_one", dataset="synthetic", data_dir="/data/tfds", download=True,
-    num_examples=1024, model="cnn", dropout=0.1, epochs=3, steps_per_epoch=8,
+    num_examples=1024, validation_split=0.25, model="cnn", dropout=0.1, epochs=3, steps_per_epoch=8,
     global_batch_size=64, learning_rate=0.01, lr_scaling="sqrt", base_batch_size=128,
     warmup_epochs=0.5, optimizer="sgd", loss="huber", metrics=("auc", "mae"),
     task="regression", accumulate_steps=2, input_sharding="files", cluster_resolver="slurm",

@@ -39,12 +39,15 @@ from tfmulti.models import builders as models
 from tfmulti.runtime import roles
 from tfmulti.training import outputs
 from tfmulti.training import run as runs
+from tfmulti.training import saving
 from tfmulti.runtime import strategy as strategy_lib
-from tfmulti.training.outputs import OUTPUTS
+from tfmulti.training.outputs import MODEL_FILES, OUTPUTS
 from tfmulti.utils.atomic import write_json_atomic
 from tfmulti.config.train_config import TrainConfig
 from tfmulti.training.callbacks import EpochTimer, StopOnNonFiniteLoss
+from tfmulti import data
 from tfmulti.data import checks as data_checks
+from tfmulti.data.sources import FileSource
 from tfmulti.data.from_config import dataset_metrics
 from tfmulti.memory import estimate as memory
 
@@ -53,6 +56,7 @@ __all__ = ["OUTPUTS", "train"]
 # How long the other workers wait for the chief to say whether the run has finished
 # (it reads its metrics.json; the workers start together).
 _FINISHED_WAIT_S = 300.0
+MODEL_FILE, WEIGHTS_FILE = MODEL_FILES
 # Fields that may differ between a run and its resumption.
 _RESUMABLE_CHANGES = ("verbose", "overwrite", "keep_backup", "discard_unreadable_backup")
 
@@ -86,7 +90,7 @@ def _claim_model_dir(config: TrainConfig) -> bool:
 def _published_metrics(model_dir: str) -> dict | None:
     """The metrics.json of a run whose outputs (model.keras and metrics.json) are
     published in `model_dir`, else None."""
-    if not os.path.isfile(os.path.join(model_dir, "model.keras")):
+    if outputs.published_model(model_dir) is None:
         return None
     try:
         with open(os.path.join(model_dir, "metrics.json")) as f:
@@ -122,15 +126,69 @@ def _finished_run(config: TrainConfig, role, published: bool) -> dict | None:
     return metrics
 
 
-def _write_outputs(config: TrainConfig, model, metrics: dict) -> None:
+def _unpartitioned(config: TrainConfig, model):
+    """What the run saves: a pipeline's model unpartitioned (the user's own
+    model, whose layers it trains: a plain Keras model anyone can load)."""
+    if not config.model_parallel:
+        return model
+    return model.to_model(name=config.model if config.builtin_model else None)
+
+
+def _say_if_weights_only(config: TrainConfig, model) -> None:
+    """Before training: one line when the model would not load back from a
+    model.keras (`tfmulti.training.saving.rebuild_problem`), so that the user
+    can fix it and restart before spending the training time."""
+    # A pipeline's stages may be built from the first batch: what it was given.
+    problem = saving.rebuild_problem(model.given if config.model_parallel else model)
+    if problem:
+        print(f"tfmulti: this run will save the model's weights only ({WEIGHTS_FILE}, not "
+              f"{MODEL_FILE}): {problem}; to save it whole, in its class, {saving.FIX}, "
+              "then restart", flush=True)
+
+
+def _write_outputs(config: TrainConfig, model, metrics: dict) -> str:
+    """Publishes metrics.json and the model: model.keras, or where that would
+    not load back (or saving it raises), the weights, model.weights.h5, with
+    one line naming the cause, the file and how to reload it. Returns the
+    model's file name."""
+    unpartitioned = _unpartitioned(config, model)
+    problem = saving.rebuild_problem(unpartitioned)
+    why = f"{MODEL_FILE} would not load back"
+
     def write(stage: str) -> None:
         write_json_atomic(os.path.join(stage, "metrics.json"), metrics, sort_keys=True)
-        # A pipeline is saved unpartitioned: a plain Keras model anyone can load.
-        unpartitioned = model.to_model(name=config.model if config.builtin_model else None) \
-            if config.model_parallel else model
-        unpartitioned.save(os.path.join(stage, "model.keras"))
+        if problem:
+            unpartitioned.save_weights(os.path.join(stage, WEIGHTS_FILE))
+            return
+        try:
+            unpartitioned.save(os.path.join(stage, MODEL_FILE))
+        except OSError:
+            raise
+        except Exception as e:  # pylint: disable=broad-except  (a config the probe passed)
+            raise _NotSaved(e) from e
 
-    outputs.publish(config.model_dir, _identity(config), write)
+    try:
+        outputs.publish(config.model_dir, _identity(config), write,
+                        model_file=WEIGHTS_FILE if problem else MODEL_FILE)
+    except _NotSaved as e:  # nothing was published: the weights instead
+        why = f"{MODEL_FILE} could not be written"
+        problem = f"saving it raised {type(e.error).__name__} ({saving.cause(e.error)})"
+        outputs.publish(config.model_dir, _identity(config), write, model_file=WEIGHTS_FILE)
+    if not problem:
+        return MODEL_FILE
+    path = os.path.join(config.model_dir, WEIGHTS_FILE)
+    print(f"tfmulti: saved the model's weights only, to {path} ({why}: {problem}); "
+          f"to reload them, build the model with the run's model function "
+          f"({config.model_name}), then call model.load_weights({path!r})", flush=True)
+    return WEIGHTS_FILE
+
+
+class _NotSaved(Exception):
+    """Saving the whole model raised (not for want of room or permission)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
 def train(config: TrainConfig, callbacks=()) -> dict:
@@ -208,6 +266,8 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     if verbose == "auto":
         verbose = 0 if not chief else 1 if sys.stdout.isatty() else 2
     print(f"tfmulti: {run.describe()}", flush=True)
+    if writes:
+        _say_if_weights_only(config, model)
     if config.model_parallel:
         # Stages split over T devices are counted per device by the estimate
         # (the placed pipeline's report counts one device per stage).
@@ -226,8 +286,8 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         print(line, flush=True)
     failpoint("train.write")
     if writes:
-        _write_outputs(config, model, metrics)
-        print(f"tfmulti: wrote metrics.json, model.keras and logs/ to {config.model_dir}",
+        model_file = _write_outputs(config, model, metrics)
+        print(f"tfmulti: wrote metrics.json, {model_file} and logs/ to {config.model_dir}",
               flush=True)
     if backed_up is not None and not config.keep_backup:
         # Only now: a crash during evaluation or the writes above resumes from
@@ -238,38 +298,72 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
 
 
 def _fit_and_evaluate(config: TrainConfig, run: runs.Run, role, all_callbacks, verbose):
-    """Trains (through the backup when there is one) and evaluates: the history,
-    the step resumed from, the last epoch's metrics when nothing was left to
-    train, the test results and the backup's `FitResult` (None without one)."""
+    """Trains (through the backup when there is one), validating after every
+    epoch when there is a validation split, and evaluates: the history, the
+    step resumed from, the last epoch's metrics when nothing was left to train,
+    the test results and the backup's `FitResult` (None without one)."""
     model = run.model
     resumed_step, last_epoch, result = 0, {}, None
-    if config.backup_dir:
-        result = backup.fit(model, run.dataset_from, epochs=config.epochs,
-                            steps_per_epoch=run.steps_per_epoch, backup_dir=config.backup_dir,
-                            save_every_steps=config.backup_every_steps,
-                            callbacks=all_callbacks, verbose=verbose,
-                            fingerprint=_fingerprint(run, role),
-                            discard_unreadable_backup=config.discard_unreadable_backup)
-        history, resumed_step = result.history, result.resumed_step
-        if not history and result.resumed_from:  # resumed at the end: nothing trained here
-            last_epoch = model.get_metrics_result()  # the backup's, before evaluate resets it
-    else:
-        fit_kwargs = run.train_input.fit_kwargs()
-        if config.steps_per_epoch:
-            fit_kwargs["steps_per_epoch"] = config.steps_per_epoch
-        history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=all_callbacks,
-                            verbose=verbose).history
+    validation = _validation_input(run)
+    validation_kwargs = ({} if validation is None else
+                         {"validation_data": validation.dataset,
+                          "validation_steps": validation.steps_per_epoch})
+    with _end_of_data_quiet(validation is not None and validation.steps_per_epoch is None):
+        if config.backup_dir:
+            result = backup.fit(model, run.dataset_from, epochs=config.epochs,
+                                steps_per_epoch=run.steps_per_epoch,
+                                backup_dir=config.backup_dir,
+                                save_every_steps=config.backup_every_steps,
+                                callbacks=all_callbacks, verbose=verbose,
+                                fingerprint=_fingerprint(run, role),
+                                discard_unreadable_backup=config.discard_unreadable_backup,
+                                **validation_kwargs)
+            history, resumed_step = result.history, result.resumed_step
+            if not history and result.resumed_from:  # resumed at the end: nothing trained here
+                last_epoch = model.get_metrics_result()  # the backup's, before evaluate resets it
+                if validation is not None:  # the last epoch's validation: the same weights
+                    last_epoch.update({f"val_{name}": value for name, value in model.evaluate(
+                        **validation.evaluate_kwargs(), return_dict=True, verbose=0).items()})
+        else:
+            fit_kwargs = run.train_input.fit_kwargs()
+            if config.steps_per_epoch:
+                fit_kwargs["steps_per_epoch"] = config.steps_per_epoch
+            history = model.fit(**fit_kwargs, epochs=config.epochs, callbacks=all_callbacks,
+                                verbose=verbose, **validation_kwargs).history
     failpoint("train.evaluate")
     results = {}
     if run.test_input is not None:
-        with warnings.catch_warnings():
-            # Keras warns "Your input ran out of data; interrupting training" at the
-            # end of every evaluation of data whose length it does not know (files):
-            # there, running out is the end of the test split, not a fault.
-            warnings.filterwarnings("ignore", message="Your input ran out of data")
+        with _end_of_data_quiet():
             results = model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True,
                                      verbose=0)
     return history, resumed_step, last_epoch, results, result
+
+
+def _validation_input(run: runs.Run):
+    """The validation split (`validation_split`, or the dataset function's
+    "validation") distributed as the test split is (files sharded as the
+    training files, other data by examples), repeated so that every epoch's
+    validation reads exactly one pass (Keras keeps one iterator across epochs
+    when it knows the steps); None without a validation split."""
+    source = run.info.get("validation")
+    if source is None:
+        return None
+    by_files = isinstance(source, FileSource)
+    return data.distribute(source, run.strategy, run.config.global_batch_size, training=False,
+                           sharding=run.config.input_sharding if by_files else "examples",
+                           repeat=not by_files)  # files: length unknown, read to their end
+
+
+@contextlib.contextmanager
+def _end_of_data_quiet(quiet: bool = True):
+    """Keras warns "Your input ran out of data; interrupting training" at the
+    end of every evaluation of data whose length it does not know (files):
+    there, running out is the end of the split, not a fault. (`quiet`: the
+    evaluated data is such; training data repeats, so it never runs out.)"""
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+        yield
 
 
 @contextlib.contextmanager
@@ -312,12 +406,12 @@ def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[fl
         "examples_per_second": (examples_per_epoch / statistics.median(steady)
                                 if steady else None),  # None: nothing left to train
     }
-    for name, values in history.items():
-        if not name.startswith("val_"):
-            metrics[f"train_{name}"] = values[-1] if values else None
+    for name, values in history.items():  # the last epoch's: loss -> train_loss, val_loss
+        metrics[name if name.startswith("val_") else f"train_{name}"] = (
+            values[-1] if values else None)
     if "loss" not in history:  # nothing trained here: the last epoch's totals from the backup
-        metrics.update({f"train_{name}": value for name, value in last_epoch.items()}
-                       or {"train_loss": None})
+        metrics.update({name if name.startswith("val_") else f"train_{name}": value
+                        for name, value in last_epoch.items()} or {"train_loss": None})
     for name, value in results.items():
         metrics[f"test_{name}"] = value
     if config.model_parallel:

@@ -53,13 +53,19 @@ def _callback_class():
         """Saves every `every_steps` steps and at epoch ends; handles SIGTERM.
 
         `first_epoch`/`offset`: the epoch this `fit` starts at and the steps of
-        it already trained (for the global step count).
+        it already trained (for the global step count). `validating`: `fit`
+        evaluates validation data at each epoch end, which resets the metrics
+        to count the validation's; the epoch's backup is then taken after its
+        last step, before that, so that it holds the training totals (those a
+        run resumed at its end reports).
         """
 
         def __init__(self, backup: Backup, point: ResumePoint, steps_per_epoch: int,
                      every_steps: int | None, every_epoch: bool, preemption: PreemptionWatcher,
-                     offset: int, restore: bool, start_step: int, quiet: bool):
+                     offset: int, restore: bool, start_step: int, quiet: bool,
+                     validating: bool = False):
             super().__init__()
+            self.validating = validating
             self.backup, self.point = backup, point
             self.steps_per_epoch, self.every_steps = steps_per_epoch, every_steps
             self.every_epoch, self.preemption = every_epoch, preemption
@@ -93,6 +99,8 @@ def _callback_class():
                 raise Preempted(message)
             if self.every_steps and step // self.every_steps > self.last_saved // self.every_steps:
                 self._save(step, f"every {self.every_steps} steps")
+            elif self.validating and self.every_epoch and step % self.steps_per_epoch == 0:
+                self._save(step, "epoch end, before validation")
 
         def on_epoch_end(self, epoch, logs=None):
             step = (epoch + 1) * self.steps_per_epoch
@@ -274,7 +282,8 @@ def _fit(model, backup: Backup, dataset_from, epochs: int, steps_per_epoch: int,
                 break
             callback = callback_cls(backup, point, steps_per_epoch, save_every_steps,
                                     save_every_epoch, watcher, phase_offset, restore=i == 0,
-                                    start_step=skip, quiet=verbose == 0)
+                                    start_step=skip, quiet=verbose == 0,
+                                    validating=fit_kwargs.get("validation_data") is not None)
             result = model.fit(dataset_from(skip), initial_epoch=initial, epochs=end,
                                steps_per_epoch=steps, callbacks=[*callbacks, callback],
                                verbose=verbose, **fit_kwargs)
