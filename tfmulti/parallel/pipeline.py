@@ -156,11 +156,6 @@ def choose_devices(devices, num_stages, num_replicas, tensor_parallel=1) -> list
     return names
 
 
-def _clone(layer):
-    """A fresh, unbuilt layer with the same config."""
-    return layer.__class__.from_config(layer.get_config())
-
-
 def _split(tensor, num: int):
     """`num` slices along axis 0 of ceil(size / num) rows: equal when `num`
     divides the size (training checks that), else the last ones shorter or
@@ -610,9 +605,21 @@ class PipelineModel(keras.Model):
         return self._chain
 
     def to_sequential(self, name: str | None = None) -> keras.Sequential:
-        """The unpartitioned stack (replica 0's weights) on the default
-        device, for saving as `.keras`, serving, or comparing with the
-        pipeline; a functional model's is `to_model()`.
+        """The unpartitioned stack, for saving as `.keras`, serving, or
+        comparing with the pipeline; a functional model's is `to_model()`.
+
+        The pipeline trains the layer objects it was given, so this is no
+        copy: the `keras.Sequential` given (when it has its `keras.Input`),
+        else a `keras.Sequential` of the same layer objects after a
+        `keras.Input` of the stack's input shape and dtype. Nothing is
+        rebuilt from a config (users' layers without `**kwargs` or
+        `get_config` work); the weights are replica 0's, where the pipeline
+        placed them (on the stage devices).
+
+        Args:
+            name: the model's name; default: the given Sequential's, else
+                "<pipeline name>_sequential". A name other than the given
+                Sequential's makes a new Sequential of the same layers.
 
         Raises:
             ValueError: the pipeline was made from a functional model.
@@ -621,26 +628,33 @@ class PipelineModel(keras.Model):
         if chain.stack is None:
             raise ValueError(
                 f"model {chain.name!r} is a functional model, not a stack; use to_model().")
-        layers = [_clone(l) for l in chain.stack]
-        model = keras.Sequential([keras.Input(tuple(chain.inputs[0].shape[1:]),
-                                              dtype=chain.inputs[0].dtype), *layers],
-                                 name=name or f"{self.name}_sequential")
-        for copy, original in zip(model.layers, chain.stack):
-            copy.set_weights(original.get_weights())
-        return model
+        source = self._source.model
+        if source is not None and name in (None, source.name) and _has_input(source):
+            return source
+        default = source.name if source is not None else f"{self.name}_sequential"
+        return keras.Sequential([keras.Input(tuple(chain.inputs[0].shape[1:]),
+                                             dtype=chain.inputs[0].dtype), *chain.stack],
+                                name=name or default)
 
     def to_model(self, name: str | None = None) -> keras.Model:
-        """The unpartitioned model (replica 0's weights) on the default
-        device: a copy of the functional model given (`to_sequential()` for
-        a stack), for saving as `.keras`, serving, or comparing."""
+        """The unpartitioned model, for saving as `.keras`, serving, or
+        comparing: the functional model given itself (its layer objects are
+        what the pipeline trains; replica 0's weights, on the stage
+        devices); `to_sequential()` for a stack. Nothing is rebuilt from a
+        config, so users' layers without `**kwargs` or `get_config` work.
+
+        Args:
+            name: the model's name; default: the given model's. Another
+                name makes a new functional model over the same layers and
+                graph (no copy).
+        """
         chain = self.built_chain("to_model()")
         if chain.stack is not None:
             return self.to_sequential(name=name)
         source = self._source.model
-        clone = keras.models.clone_model(source)
-        clone.set_weights(source.get_weights())
-        return keras.Model(clone._inputs_struct, clone._outputs_struct,
-                           name=name or f"{self.name}_model")
+        if name in (None, source.name):
+            return source
+        return keras.Model(source._inputs_struct, source._outputs_struct, name=name)
 
     def checkpoint_layers(self) -> list[list[keras.layers.Layer]]:
         """The unpartitioned model's layers that the stages hold, in its own
@@ -656,6 +670,12 @@ class PipelineModel(keras.Model):
                  if id(layer) in held]
         return [[stages[held[id(layer)][0]].layers[held[id(layer)][1]] for layer in order]
                 for stages in self.replicas]
+
+    @property
+    def given(self):
+        """The model or list of layers the pipeline was made from: the objects
+        replica 0 trains (what `to_model()` returns, a stack as a Sequential)."""
+        return self._source.value
 
     @property
     def stage_bounds(self) -> tuple[tuple[int, int], ...]:
@@ -680,6 +700,14 @@ class PipelineModel(keras.Model):
                     "variable_devices": sorted({v.value.device for v in stage.weights}),
                 })
         return rows
+
+
+def _has_input(model: keras.Sequential) -> bool:
+    """Whether a Sequential was built from a `keras.Input` (it then has inputs)."""
+    try:
+        return bool(model.inputs)
+    except (AttributeError, ValueError):
+        return False
 
 
 def _own_layers(stage) -> list:

@@ -1,15 +1,17 @@
 """What a run owns in `model_dir`: its run file, its claim and its published outputs.
 
-A run's outputs are `metrics.json`, `model.keras` and TensorBoard event files
-under `logs/`. The run file, `.tfmulti-run.json`, records the configuration of
-the run that claimed the folder and every file a run published there, so
-`overwrite` replaces only those: a folder without a run file, or a file under
-`metrics.json`, `model.keras` or `logs/` that no run file records (the user's
-`logs/notes.txt`), is refused, and nothing else in the folder is touched.
+A run's outputs are `metrics.json`, its model and TensorBoard event files
+under `logs/`; the model is `model.keras`, or `model.weights.h5` (its weights)
+when a `model.keras` would not load back (`tfmulti.training.saving`). The run
+file, `.tfmulti-run.json`, records the configuration of the run that claimed
+the folder and every file a run published there, so `overwrite` replaces only
+those: a folder without a run file, or a file under `metrics.json`,
+`model.keras`, `model.weights.h5` or `logs/` that no run file records (the
+user's `logs/notes.txt`), is refused, and nothing else in the folder is touched.
 
 The old outputs stay in place until the new run publishes its own: during the
 run its TensorBoard logs go to `.tfmulti-pending/logs`, and at the end
-`metrics.json` and `model.keras` are staged and renamed into place
+`metrics.json` and the model file are staged and renamed into place
 (`tfmulti.utils.atomic.publish_staged`), the new event files join `logs/`,
 and only then are the old run's recorded files removed. A failed or killed
 run publishes nothing, so its rerun finds the folder as it was before.
@@ -41,15 +43,18 @@ from typing import Callable
 
 from tfmulti.utils.atomic import fsync_path, publish_staged, sync_directory, write_json_atomic
 
-__all__ = ["OUTPUTS", "PENDING", "RUN_FILE", "Record", "claim", "lock", "pending_logs",
-           "publish", "read_record"]
+__all__ = ["MODEL_FILES", "OUTPUTS", "PENDING", "RUN_FILE", "Record", "claim", "lock",
+           "pending_logs", "publish", "published_model", "read_record"]
 
 RUN_FILE = ".tfmulti-run.json"
 PENDING = ".tfmulti-pending"
 """The folder that holds a run's TensorBoard logs until it publishes them."""
-_PUBLISHED_NAMES = ("metrics.json", "model.keras", "logs")
+MODEL_FILES = ("model.keras", "model.weights.h5")
+"""A run's model file: the whole model, or its weights where the whole model
+would not load back (one or the other)."""
+_PUBLISHED_NAMES = ("metrics.json", *MODEL_FILES, "logs")
 OUTPUTS = (*_PUBLISHED_NAMES, RUN_FILE)
-"""What a finished run leaves in `model_dir`."""
+"""What a finished run may leave in `model_dir` (one of `MODEL_FILES`)."""
 _STAGING = ".staging-"  # publish_staged's folders (a killed publish leaves one)
 
 
@@ -205,31 +210,50 @@ def pending_logs(folder: str) -> str:
     return os.path.join(folder, PENDING, "logs")
 
 
-def publish(folder: str, config: dict, write: Callable[[str], None]) -> None:
+def publish(folder: str, config: dict, write: Callable[[str], None],
+            model_file: str = MODEL_FILES[0]) -> None:
     """Publishes the run's outputs in `folder`, replacing a previous run's: `write`
-    writes `metrics.json` and `model.keras` into a staging folder (its argument),
+    writes `metrics.json` and `model_file` into a staging folder (its argument),
     they are renamed into place (`metrics.json` last), the pending TensorBoard
     event files move into `logs/`, the previous run's recorded files are
-    removed (folders under `logs/` only when empty: a file of the user's there
-    stays), and the run file records the new set. Until then it records both
-    sets, so a kill part-way leaves no file of tfmulti's unrecorded.
+    removed (its other model file among them; folders under `logs/` only when
+    empty: a file of the user's there stays), and the run file records the new
+    set. Until then it records both sets, so a kill part-way leaves no file of
+    tfmulti's unrecorded; a `write` that raises leaves the run file as it was
+    (nothing was renamed), so publishing again with the other model file
+    records only what it writes.
+
+    Args:
+        folder: the run's `model_dir`.
+        config: the run's configuration as JSON (its run file's).
+        write: writes the outputs into the folder it is given.
+        model_file: the model's file, one of `MODEL_FILES`.
 
     Raises:
+        ValueError: `model_file` is not one of `MODEL_FILES`.
         OSError: the outputs could not be written (a full disk, no permission);
             the message names `folder`. Before the renames, the previous outputs
             are untouched.
     """
+    if model_file not in MODEL_FILES:
+        raise ValueError(f"`model_file` must be one of {MODEL_FILES}, got {model_file!r}.")
     record = read_record(folder)
     old = set(record.published) if record is not None else set()
     pending = os.path.join(folder, PENDING)
     logs = _files_under(pending, "logs")
-    new = {"metrics.json", "model.keras", *logs}
+    new = {"metrics.json", model_file, *logs}
     if record is not None and record.config == config:  # this run's publish, killed part-way
         new |= set(record.publishing) & old
+    written = []
+
+    def staged(stage: str) -> None:
+        write(stage)
+        written.append(stage)
+
     try:
         # Recorded first, so a crash part-way leaves every file of tfmulti's known as such.
         _write_record(folder, config, finished=False, published=old | new, publishing=new)
-        publish_staged(folder, write, order=("model.keras", "metrics.json"))
+        publish_staged(folder, staged, order=(model_file, "metrics.json"))
         for name in logs:
             target = os.path.join(folder, name)
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -242,13 +266,36 @@ def publish(folder: str, config: dict, write: Callable[[str], None]) -> None:
                 os.remove(os.path.join(folder, name))
         _write_record(folder, config, finished=True, published=new)
     except OSError as e:
+        _unrecord(folder, config, record, written)
         fix = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there",
                errno.EACCES: "make it writable", errno.EROFS: "make it writable"}.get(
                    e.errno, "fix that")
         raise OSError(f"cannot write the outputs to `model_dir` {folder!r}: "
                       f"{e.strerror or e}; {fix}, or choose another model_dir.") from e
+    except Exception:
+        _unrecord(folder, config, record, written)
+        raise
     _remove_empty_folders(os.path.join(folder, "logs"))
     shutil.rmtree(pending, ignore_errors=True)
+
+
+def _unrecord(folder: str, config: dict, record: Record | None, written: list) -> None:
+    """After a failed publish: the run file as it was before it, when `write`
+    failed (nothing was renamed into place; the staging folder is gone)."""
+    if written:
+        return
+    with contextlib.suppress(OSError):
+        if record is None:
+            _write_record(folder, config, finished=False, published=())
+        else:
+            _write_record(folder, record.config, finished=record.finished,
+                          published=record.published, publishing=record.publishing)
+
+
+def published_model(folder: str) -> str | None:
+    """The model file (one of `MODEL_FILES`) in `folder`, or None."""
+    return next((name for name in MODEL_FILES if os.path.isfile(os.path.join(folder, name))),
+                None)
 
 
 def _remove_empty_folders(top: str) -> None:
