@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tests._util import run_python
 from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution
-from tfmulti.insight import diagnose
+from tfmulti.insight import diagnose, timing
 
 SEED_000 = dict(distribution="mirrored", devices=("CPU:0", "CPU:1"), dataset="synthetic",
                 num_examples=4096, global_batch_size=32, steps_per_execution=1)
@@ -89,6 +89,12 @@ def test_cli_diagnose_json(tmp_path):
         assert key in report, key
     for key in ("input_s", "compute_s", "compute_fixed_s", "fit_s", "overhead_s", "split"):
         assert key in report["times"], key
+    # The verdict on the timings, and the raw figures of each round behind it.
+    assert report["consistent"] is (not report["problems"])
+    assert 1 <= len(report["rounds"]) <= 1 + timing.EXTRA_ROUNDS
+    for key in ("fit_s", "compute_s", "scaled_s", "input_s"):
+        assert report["rounds"][-1][key] and min(report["rounds"][-1][key]) > 0, key
+    assert report["rounds"][-1]["batch_scale"] == 4
     assert report["bottleneck"] in ("input", "compute", "overhead")
     assert report["num_replicas"] == 2
     assert report["config"]["distribution"] == "mirrored"

@@ -112,8 +112,12 @@ def test_a_part_larger_than_the_whole_does_not_add_up():
     assert "the larger batch is faster" in quarter.problems()[0]
     # Repeats that spread too wide to tell the parts apart (each figure alone adds up).
     spread = timing.Measurements(**{**QUIET, "compute_s": (1.0 * MS, 3.67 * MS, 3.7 * MS)})
-    assert spread.problems() == ["the repeats of the train step alone spread from 1.00 ms to "
-                                 "3.70 ms, too wide to tell the parts apart"]
+    assert spread.problems() == ["the middle half of the repeats of the train step alone "
+                                 "spreads from 2.34 ms to 3.69 ms, too wide to tell the parts "
+                                 "apart"]
+    # One call far off (its batches prefetched, or a pause) is no spread.
+    outliers = (0.3 * MS,) + (0.47 * MS,) * 6 + (9.0 * MS,)
+    assert timing.Measurements(**{**QUIET, "input_s": outliers}).problems() == []
     with pytest.raises(ValueError, match="`fit_s` is empty"):
         timing.Measurements(**{**QUIET, "fit_s": ()})
 

@@ -342,8 +342,10 @@ PART_TOLERANCE = 0.10
 """How much longer than its whole a part may time before the figures do not add
 up: timing noise on a quiet machine stays well below it."""
 SPREAD_LIMIT = 1.5
-"""A timing's repeats agree while their median is at most this many times the
-fastest; beyond it the machine's load changed while it ran."""
+"""A timing's repeats agree while the middle half of them (from the lower to the
+upper quartile) spreads over at most this factor; beyond it the machine's load
+changed while it ran. Quartiles, not the fastest and slowest: one call that
+found its batches prefetched, or met a pause, says nothing of the load."""
 EXTRA_ROUNDS = 2
 """How many times `measure_until_consistent` measures again, at most."""
 
@@ -424,9 +426,12 @@ class Measurements:
                              ("the train step alone", self.compute_s),
                              (scaled_name, self.scaled_s),
                              ("the input alone", self.input_s)):
-            if len(values) > 1 and statistics.median(values) > SPREAD_LIMIT * min(values):
-                found.append(f"the repeats of {name} spread from {_ms(min(values))} to "
-                             f"{_ms(max(values))}, too wide to tell the parts apart")
+            if len(values) < 2:
+                continue
+            low, _, high = statistics.quantiles(values, n=4, method="inclusive")
+            if high > SPREAD_LIMIT * low:
+                found.append(f"the middle half of the repeats of {name} spreads from "
+                             f"{_ms(low)} to {_ms(high)}, too wide to tell the parts apart")
         return found
 
 
