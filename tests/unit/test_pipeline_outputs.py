@@ -192,3 +192,68 @@ def test_a_save_that_fails_at_the_end_falls_back_to_the_weights(tmp_path, capsys
     x = np.random.default_rng(0).random((16, 28, 28, 1)).astype(np.float32)
     _assert_the_weights_reload(model_dir, kept.trained,
                                build_model("mlp", input_shape=(28, 28, 1)), x)
+
+
+def _write(names, content="new"):
+    def write(stage):
+        for name in names:
+            with open(os.path.join(stage, name), "w") as f:
+                f.write(f"{name} of the {content} run")
+    return write
+
+
+def test_weights_replace_a_runs_model_keras_and_a_foreign_one_is_refused(tmp_path):
+    """The run file records model.weights.h5 as a published output: `overwrite`
+    replaces it (and a model.keras of the run before), and refuses one no run wrote."""
+    folder = str(tmp_path / "run")
+    outputs.claim(folder, {"run": 1}, overwrite=False, resumable=False)
+    outputs.publish(folder, {"run": 1}, _write(["metrics.json", "model.keras"], "old"))
+    outputs.claim(folder, {"run": 2}, overwrite=True, resumable=False)
+    outputs.publish(folder, {"run": 2}, _write(["metrics.json", "model.weights.h5"]),
+                    model_file="model.weights.h5")
+    assert sorted(os.listdir(folder)) == [".tfmulti-run.json", "metrics.json",
+                                          "model.weights.h5"]
+    assert outputs.read_record(folder).published == ["metrics.json", "model.weights.h5"]
+    outputs.claim(folder, {"run": 3}, overwrite=True, resumable=False)  # replaces it in turn
+    outputs.publish(folder, {"run": 3}, _write(["metrics.json", "model.keras"]))
+    assert outputs.published_model(folder) == "model.keras"
+    assert not os.path.exists(os.path.join(folder, "model.weights.h5"))
+    (tmp_path / "run" / "model.weights.h5").write_text("the user's weights")
+    with pytest.raises(ValueError, match=r"holds model.weights.h5, which no tfmulti run wrote"):
+        outputs.claim(folder, {"run": 4}, overwrite=True, resumable=False)
+    with pytest.raises(ValueError, match=r"`model_file` must be one of"):
+        outputs.publish(folder, {"run": 3}, _write([]), model_file="model.h5")
+
+
+def test_a_write_that_raises_leaves_the_run_file_as_it_was(tmp_path):
+    """Nothing was renamed: the run file is as before, so publishing the weights
+    instead records only them (no model.keras recorded, the old one removed)."""
+    folder = str(tmp_path / "run")
+    outputs.claim(folder, {"run": 1}, overwrite=False, resumable=False)
+    outputs.publish(folder, {"run": 1}, _write(["metrics.json", "model.keras"], "old"))
+    outputs.claim(folder, {"run": 2}, overwrite=True, resumable=True)
+    claimed = outputs.read_record(folder)
+
+    def failing(stage):
+        raise TypeError("cannot serialize")
+
+    with pytest.raises(TypeError, match="cannot serialize"):
+        outputs.publish(folder, {"run": 2}, failing)
+    assert outputs.read_record(folder) == claimed
+    outputs.publish(folder, {"run": 2}, _write(["metrics.json", "model.weights.h5"]),
+                    model_file="model.weights.h5")
+    assert outputs.read_record(folder).published == ["metrics.json", "model.weights.h5"]
+    assert sorted(os.listdir(folder)) == [".tfmulti-run.json", "metrics.json",
+                                          "model.weights.h5"]
+
+
+def test_a_finished_run_that_saved_its_weights_is_not_trained_again(tmp_path, capsys):
+    """A resumable run finds its published outputs by model.weights.h5 as well as
+    by model.keras: run again, it reports the metrics it wrote, trains nothing."""
+    config = TrainConfig(distribution="one_device", model_dir=str(tmp_path / "run"),
+                         backup_dir=str(tmp_path / "backup"), **TINY)
+    metrics = train(config)
+    assert outputs.published_model(config.model_dir) == "model.weights.h5"
+    capsys.readouterr()
+    assert train(config) == metrics
+    assert "tfmulti: this run has finished already" in capsys.readouterr().out
