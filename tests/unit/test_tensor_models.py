@@ -261,5 +261,5 @@ def test_tensor_parallel_takes_the_users_model_on_one_pipeline_stage():
     TrainConfig(**own, num_stages=1).validate()
     with pytest.raises(ValueError, match="set distribution='pipeline' and num_stages=1"):
         TrainConfig(**own, num_stages=2).validate()
-    with pytest.raises(ValueError, match="splits model 'transformer' or your own"):
+    with pytest.raises(ValueError, match="also splits your own model"):
         TrainConfig(model="cnn", tensor_parallel=2, distribution="pipeline").validate()

@@ -449,9 +449,9 @@ class TrainConfig:
                 f"parallelism alone), got {self.distribution!r}.")
         if self.tensor_parallel > 1 and self.builtin_model and self.model != TRANSFORMER:
             raise ValueError(f"`tensor_parallel` ({self.tensor_parallel}) splits model "
-                             f"{TRANSFORMER!r} or your own (model='module:function'), got "
-                             f"model {self.model!r}; set model={TRANSFORMER!r} or "
-                             f"tensor_parallel=1.")
+                             f"{TRANSFORMER!r}, got model {self.model!r}; set "
+                             f"model={TRANSFORMER!r} or tensor_parallel=1. It also splits your "
+                             f"own model (model='module:function') on one pipeline stage.")
         if self.tensor_parallel > 1 and not self.builtin_model and (
                 self.distribution != "pipeline" or self.num_stages != 1):
             raise ValueError(f"`tensor_parallel` ({self.tensor_parallel}) splits your own model "
