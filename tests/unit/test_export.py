@@ -292,3 +292,70 @@ def test_export_of_a_run_that_saved_the_weights_only(tmp_path, capsys, monkeypat
                                f"--model={module}:build"], capsys)
     assert code == 0, err
     np.testing.assert_allclose(_served(str(tmp_path / "serving"), x), expected, atol=1e-6)
+
+
+# ------------------------------------------------------------- serving names (issue 28)
+
+def _signature_inputs(path) -> list[str]:
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(path)
+    return sorted(loaded.signatures["serving_default"].structured_input_signature[1])
+
+
+def _own_model():
+    from tests import own_model
+
+    x, y = own_model.arrays(16)
+    return (lambda: own_model.build({k: (w,) for k, w in own_model.FEATURES.items()}), x, y,
+            "sparse_categorical_crossentropy", ["extra", "pixels"])
+
+
+def _timeseries_classification():
+    from tests.corpus import timeseries_classification as series
+
+    (x, y), _ = series.data()
+    return (lambda: series.build(x.shape[1:]), x[:16], y[:16], series.COMPILE["loss"],
+            ["input_layer"])
+
+
+@pytest.mark.parametrize("case", [_own_model, _timeseries_classification], ids=["named", "unnamed"])
+def test_serving_input_names_are_the_models_whichever_distribution_trained_it(tmp_path, case):
+    """Issue 28: the signature's input was `input_layer` after mirrored training and
+    `keras_tensor` after pipeline training, for the same model. The same model
+    function, trained one step mirrored and as a pipeline, exports (directly and
+    through the run's model.keras) with its own Input names: named Inputs keep theirs
+    (tests/own_model.py), an unnamed one has Keras' own default."""
+    import keras
+
+    import tfmulti
+    from tfmulti.parallel import PipelineModel
+
+    build, x, y, loss, expected = case()
+
+    def trained_mirrored():
+        strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+        with strategy.scope():
+            model = build()
+            model.compile("sgd", loss)
+        return model
+
+    def trained_pipeline():
+        with keras.device("CPU:0"):
+            model = build()
+        pipeline = PipelineModel(model, devices=["CPU:0", "CPU:1"], num_microbatches=2)
+        pipeline.compile("sgd", loss)
+        return pipeline
+
+    names = {}
+    for distribution, make in (("mirrored", trained_mirrored), ("pipeline", trained_pipeline)):
+        model = make()
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)  # one step
+        names[distribution] = _signature_inputs(
+            export.saved_model(model, str(tmp_path / distribution)))
+        run = tmp_path / f"{distribution}-run"
+        os.makedirs(run)
+        (model.to_model() if distribution == "pipeline" else model).save(run / "model.keras")
+        names[f"{distribution} run"] = _signature_inputs(
+            export.from_model_dir(str(run), str(tmp_path / f"{distribution}-served")))
+    assert names == dict.fromkeys(names, expected)

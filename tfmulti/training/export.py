@@ -4,9 +4,10 @@ pipeline, as a TensorFlow SavedModel that loads and predicts on one device
 call_endpoint="serve")`, TensorFlow Serving's `serving_default`).
 
 The model is first made a plain one-device Keras model: a PipelineModel (or
-a hybrid) becomes its unpartitioned model (`to_sequential()`), and a model
+a hybrid) becomes its unpartitioned model (`to_model()`), and a model
 whose variables a strategy holds (mirrored, multi-worker) is copied through a
-`.keras` file into ordinary variables. The SavedModel is written into a
+`.keras` file into ordinary variables. The signature's inputs are named as the
+model's `keras.Input`s (`input_names`), whichever distribution trained it. The SavedModel is written into a
 temporary directory next to `path` and renamed into place, so `path` never
 holds a partial export; an existing `path` is refused unless `overwrite`.
 
@@ -23,7 +24,9 @@ Example:
     True
 
 `tfmulti export --model_dir DIR --output DIR` does the same for a run's
-`DIR/model.keras`.
+`DIR/model.keras` (`from_model_dir`): a model Keras cannot rebuild from the
+file is named in one line with what its class lacks, or built again by the
+run's model function, which is given the saved weights (`rebuild`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import shutil
 import tempfile
 import types
@@ -42,7 +46,8 @@ import tensorflow as tf
 from tfmulti.config import user_functions
 from tfmulti.runtime import strategy as strategy_lib
 
-__all__ = ["from_model_dir", "import_model_module", "rebuild", "saved_model", "user_objects"]
+__all__ = ["from_model_dir", "import_model_module", "input_names", "rebuild", "saved_model",
+           "user_objects"]
 
 MODEL_FILE = "model.keras"
 WEIGHTS_FILE = "model.weights.h5"
@@ -51,13 +56,59 @@ WEIGHTS_FILE = "model.weights.h5"
 
 def _one_device_model(model, scratch: str):
     """`model` as a plain Keras model whose variables live on one device."""
-    if callable(getattr(model, "to_sequential", None)):  # a PipelineModel, a hybrid
-        return model.to_sequential()
+    if callable(getattr(model, "to_model", None)):  # a PipelineModel, a hybrid
+        return model.to_model()
     if getattr(model, "_distribute_strategy", None) is None:
         return model
     copy = os.path.join(scratch, MODEL_FILE)
     model.save(copy)
     return keras.saving.load_model(copy, compile=False)
+
+
+_KERAS_INPUT_NAME = re.compile(r"(input_layer|keras_tensor)(_\d+)?")
+"""The names Keras gives an unnamed `keras.Input` (its layer's, its tensor's)."""
+
+
+def input_names(model) -> list[str]:
+    """The names of a functional or Sequential model's inputs as its SavedModel
+    signature gives them: each `keras.Input(name=...)`'s own name; an unnamed
+    Input's the name Keras gives it in a fresh process ("input_layer",
+    "input_layer_1", ... by position among the unnamed ones), whichever copy of
+    the model (a strategy's, a pipeline's, one loaded from a file) is exported.
+
+    Example:
+        >>> import keras
+        >>> from tfmulti.training import export
+        >>> pixels, extra = keras.Input((4,), name="pixels"), keras.Input((2,))
+        >>> out = keras.layers.Dense(1)(keras.layers.Concatenate()([pixels, extra]))
+        >>> export.input_names(keras.Model([pixels, extra], out))
+        ['pixels', 'input_layer']
+    """
+    names, unnamed = [], 0
+    for tensor in model.inputs:
+        history = getattr(tensor, "_keras_history", None)
+        layer_name = getattr(history[0], "name", tensor.name) if history else tensor.name
+        if _KERAS_INPUT_NAME.fullmatch(layer_name) or _KERAS_INPUT_NAME.fullmatch(tensor.name):
+            layer_name = "input_layer" + (f"_{unnamed}" if unnamed else "")
+            unnamed += 1
+        names.append(layer_name)
+    return names
+
+
+def _input_signature(model):
+    """The serving signature of a functional or Sequential model, its inputs
+    named by `input_names`; None for a subclassed model (Keras traces it)."""
+    structure = getattr(model, "_inputs_struct", None)
+    if not isinstance(model, keras.Sequential) and structure is None:
+        return None
+    names = dict(zip((id(t) for t in model.inputs), input_names(model)))
+
+    def spec(tensor):
+        return tf.TensorSpec((None, *tensor.shape[1:]), tensor.dtype, name=names[id(tensor)])
+
+    if isinstance(model, keras.Sequential):
+        return [spec(t) for t in model.inputs]
+    return [keras.tree.map_structure(spec, structure)]
 
 
 def saved_model(model, path: str, *, overwrite: bool = False,
@@ -112,7 +163,8 @@ def saved_model(model, path: str, *, overwrite: bool = False,
     try:
         plain = _one_device_model(model, staging)
         exported = os.path.join(staging, "saved_model")
-        plain.export(exported, format="tf_saved_model", verbose=False)
+        plain.export(exported, format="tf_saved_model", verbose=False,
+                     input_signature=_input_signature(plain))
         if not role.is_chief:
             return None
         if os.path.lexists(path):  # overwrite: the old one moves aside, then goes
