@@ -17,7 +17,9 @@ import os
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
+import tfmulti
 from tests.corpus import mnist_convnet, timeseries_classification
 from tfmulti.config.train_config import TrainConfig
 from tfmulti.models import builders
@@ -140,6 +142,44 @@ def test_the_classes_a_model_function_gets(labels, given, classes, capsys):
                       else keras.losses.SparseCategoricalCrossentropy)
     assert "read the labels once" not in capsys.readouterr().out
     run.model.fit(**run.train_input.fit_kwargs(), epochs=1, verbose=0)
+
+
+def test_one_hot_labels_said_to_be_a_classification_need_no_num_classes():
+    """The dataset function says `task`, not `num_classes`; the model function
+    requires `num_classes`: the labels' width."""
+    def build(input_shape, num_classes):
+        return _dense_model(input_shape, num_classes)
+
+    labels = np.eye(4, dtype=np.float32)[np.arange(64) % 4]
+    run = build_run(TrainConfig(distribution="one_device", model=build, global_batch_size=16,
+                                dataset=lambda: {"train": _images(labels),
+                                                 "task": "classification"}))
+    assert run.model.output_shape == (None, 4) and run.info["num_classes"] == 4
+
+
+@pytest.mark.parametrize("task, expected, classes", [
+    (None, "regression", None),  # files are not read before training: float labels
+    ("classification", "classification", 3),  # said so: their width
+])
+def test_float_label_rows_read_from_files(task, expected, classes, tmp_path):
+    path = tmp_path / "rows.csv"
+    path.write_text("".join(f"{i % 3 == 0:d},{i % 3 == 1:d},{i % 3 == 2:d}\n"
+                            for i in range(48)))
+
+    def parse(line):
+        row = tf.strings.to_number(tf.strings.split(line, ","))
+        return tf.reshape(row, (3,)), tf.reshape(row, (3,))
+
+    def dataset():
+        files = tfmulti.data.from_files(str(path), parse, reader="text")
+        return {"train": files, **({"task": task} if task else {})}
+
+    run = build_run(TrainConfig(distribution="one_device", dataset=dataset, steps_per_epoch=2,
+                                model=lambda input_shape: _dense_model(input_shape, 3),
+                                global_batch_size=16))
+    assert run.info["task"] == expected and run.info["num_classes"] == classes
+    assert isinstance(run.model.loss, keras.losses.MeanSquaredError if task is None
+                      else keras.losses.CategoricalCrossentropy)
 
 
 def test_a_num_classes_default_is_kept_for_regression():

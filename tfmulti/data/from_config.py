@@ -177,13 +177,17 @@ def _user_data(config: TrainConfig, data_dir: str) -> RunData:
     features = spec[0] if isinstance(spec, tuple) else spec
     labels = _labels_spec(spec)
     samples = checks.check_splits(train, test)  # before anything trains or counts
-    one_hot = checks.one_hot_width(labels, samples.get("training"))
+    examples = samples.get("training")
     if task is None:
         task = config.builtin_task
     if task is None and isinstance(labels, tf.TensorSpec):
+        # One-hot rows seen in the first examples (files not read: float labels
+        # stay a regression's, unless the function says 'task').
+        one_hot = examples and checks.one_hot_width(labels, examples)
         task = "classification" if labels.dtype.is_integer or one_hot else "regression"
     if task == "classification" and num_classes is None:
-        num_classes = one_hot  # the labels' width (class ids: counted if a model asks)
+        # the labels' width (class ids: counted if a model asks)
+        num_classes = checks.one_hot_width(labels, examples)
     return RunData(train, test, _shape(features), task, num_classes, samples, validation)
 
 
