@@ -27,7 +27,8 @@ import time
 from tfmulti.utils import checks
 from tfmulti.training import run as runs
 from tfmulti.runtime import strategy as strategy_lib
-from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution, validate_for_diagnose
+from tfmulti.config.train_config import (TrainConfig, resolve_steps_per_execution,
+                                         validate_for_diagnose)
 from tfmulti.insight import environment, timing
 
 __all__ = ["Advice", "Diagnosis", "MIN_GAIN", "diagnose",
@@ -267,8 +268,13 @@ def diagnose(config: TrainConfig, *, prefetch: bool = True, cache: bool | None =
     in seconds per step (see `tfmulti.insight.timing`): the input pipeline
     alone; the train step alone on a batch already on the devices, at the
     configured batch and at 4 times it (what does not grow with the batch is
-    fixed per-step cost); and `fit` with both. The largest of input,
-    per-example compute and per-step overhead is the bottleneck. Then it runs
+    fixed per-step cost); and `fit` with both. Timings that cannot all be true
+    (a part longer than the whole, a larger batch faster, repeats spread too
+    wide: `timing.Measurements.problems`) are measured again, at most
+    `timing.EXTRA_ROUNDS` more times; if they still do not add up, the
+    diagnosis is not `consistent` and says that the machine is too noisy to
+    tell. The largest of input, per-example compute and per-step overhead is
+    the bottleneck. Then it runs
     the changes that could help (more steps per execution, a larger
     per-replica batch, prefetching, caching; XLA on GPUs) and ranks them by
     their measured gain in examples/s.

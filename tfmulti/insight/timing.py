@@ -13,8 +13,11 @@ Three timings of the same training step, each in seconds per step:
 With prefetch-to-device streaming, `time_fit` approaches
 max(`time_input`, `time_compute`) instead of their sum; what is left beyond
 that is per-step overhead. `StepTimes` splits a step accordingly and names its
-bottleneck. `tfmulti diagnose`, the benchmark suites (`benchmarks`) and
-notebook 04 use these functions.
+bottleneck. `Measurements` keeps the repeats of the three timings and says when
+they cannot all be true (a part longer than the whole, repeats spread too
+wide: the machine's load changed while they ran); `measure_until_consistent`
+measures again, a bounded number of times. `tfmulti diagnose`, the benchmark
+suites (`benchmarks`) and notebook 04 use these functions.
 
 Timings are wall-clock: on a shared machine, run them when it is otherwise idle.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import statistics
 import time
 from typing import Callable
@@ -344,8 +348,9 @@ up: timing noise on a quiet machine stays well below it."""
 SPREAD_LIMIT = 1.5
 """A timing's repeats agree while the middle half of them (from the lower to the
 upper quartile) spreads over at most this factor; beyond it the machine's load
-changed while it ran. Quartiles, not the fastest and slowest: one call that
-found its batches prefetched, or met a pause, says nothing of the load."""
+changed while it ran, which matters where the bottleneck changes within the
+spread. Quartiles, not the fastest and slowest: one call that found its batches
+prefetched, or met a pause, says nothing of the load."""
 EXTRA_ROUNDS = 2
 """How many times `measure_until_consistent` measures again, at most."""
 
@@ -390,11 +395,13 @@ class Measurements:
 
     def step_times(self) -> StepTimes:
         """The medians of the repeats, as a `StepTimes`."""
-        compute = statistics.median(self.compute_s)
-        fixed = (fixed_step_cost(compute, statistics.median(self.scaled_s), self.batch_scale)
-                 if self.scaled_s else 0.0)
-        return StepTimes(statistics.median(self.input_s), compute,
-                         statistics.median(self.fit_s), fixed)
+        return self._step_times(*(statistics.median(v) if v else None for v in (
+            self.fit_s, self.compute_s, self.scaled_s, self.input_s)))
+
+    def _step_times(self, fit: float, compute: float, scaled: float | None,
+                    input_: float) -> StepTimes:
+        fixed = 0.0 if scaled is None else fixed_step_cost(compute, scaled, self.batch_scale)
+        return StepTimes(input_, compute, fit, fixed)
 
     def problems(self) -> list[str]:
         """Why these timings cannot all be true (empty when they add up).
@@ -402,9 +409,10 @@ class Measurements:
         A part of the step cannot take longer than the whole step through
         `fit`, beyond `PART_TOLERANCE` (else a share exceeds 100% and the
         remainder comes out negative); a larger batch cannot take less time
-        than a smaller one (else the cost per example is negative); and a
-        timing whose repeats spread wider than `SPREAD_LIMIT` measured the
-        machine's load, not the step.
+        than a smaller one (else the cost per example is negative); and
+        repeats whose middle half spreads wider than `SPREAD_LIMIT` measured
+        the machine's load, not the step, when the bottleneck changes within
+        that spread (too wide to tell the parts apart).
         """
         t = self.step_times()
         limit = 1 + PART_TOLERANCE
@@ -422,17 +430,36 @@ class Measurements:
             if small > large * limit:
                 found.append(f"{scaled_name} takes {_ms(scaled)}, the step on the batch "
                              f"{_ms(t.compute_s)}: the larger batch is faster")
-        for name, values in (("the whole step through fit", self.fit_s),
-                             ("the train step alone", self.compute_s),
-                             (scaled_name, self.scaled_s),
-                             ("the input alone", self.input_s)):
-            if len(values) < 2:
+        spread = self._too_wide(scaled_name)
+        return found + ([spread] if spread else [])
+
+    def _too_wide(self, scaled_name: str) -> str | None:
+        """The repeats that spread wider than `SPREAD_LIMIT` when, between their
+        quartiles, the bottleneck is not one part; None otherwise."""
+        names = ("the whole step through fit", "the train step alone", scaled_name,
+                 "the input alone")
+        repeats = (self.fit_s, self.compute_s, self.scaled_s, self.input_s)
+        ranges, wide = [], []
+        for name, values in zip(names, repeats):
+            if not values:
+                ranges.append((None,))
                 continue
-            low, _, high = statistics.quantiles(values, n=4, method="inclusive")
+            low, median, high = (statistics.quantiles(values, n=4, method="inclusive")
+                                 if len(values) > 1 else (values[0],) * 3)
             if high > SPREAD_LIMIT * low:
-                found.append(f"the middle half of the repeats of {name} spreads from "
-                             f"{_ms(low)} to {_ms(high)}, too wide to tell the parts apart")
-        return found
+                ranges.append((low, high))
+                wide.append(f"{name} from {_ms(low)} to {_ms(high)}")
+            else:
+                ranges.append((median,))
+        if not wide:
+            return None
+        bottlenecks = {self._step_times(*figures).bottleneck
+                       for figures in itertools.product(*ranges)}
+        if len(bottlenecks) == 1:
+            return None
+        return (f"the middle half of the repeats of {' and of '.join(wide)} spreads too wide "
+                f"to tell the parts apart (the bottleneck could be "
+                f"{' or '.join(b for b in BOTTLENECKS if b in bottlenecks)})")
 
 
 def measure_until_consistent(measure: Callable[[], Measurements],
