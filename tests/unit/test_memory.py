@@ -414,3 +414,16 @@ def test_estimate_memory_of_the_users_model_as_a_pipeline(distribution, replicas
     assert (estimate["num_devices"], estimate["num_stages"], estimate["num_replicas"]) == \
         (2 * replicas, 2, replicas)
     assert memory.estimate_for_config(config) == estimate
+
+
+def test_tensor_parallel_of_the_users_model_is_refused_in_one_line(capsys):
+    """Training splits a user's model over --tensor_parallel devices; the estimate
+    counts the built-in transformer's split only, and says so."""
+    code, err, out = cli_main(["estimate-memory", "--model=tests.own_model:build",
+                               "--dataset=tests.own_model:data", "--distribution=pipeline",
+                               "--num_stages=1", "--tensor_parallel=2"], capsys)
+    assert (code, out) == (2, "") and err == [
+        "tfmulti estimate-memory: error: a memory estimate splits model 'transformer' over "
+        "--tensor_parallel (2) devices, not your own model; estimate it with "
+        "--tensor_parallel=1 (each stage on one device), or read the table its training run "
+        "prints."]

@@ -116,6 +116,11 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
     for name in ("num_stages", "num_microbatches", "num_replicas", "tensor_parallel"):
         checks.positive_int(name, settings[name])
     T = settings["tensor_parallel"]
+    if T > 1 and own_model:
+        raise ValueError(f"a memory estimate splits model {TRANSFORMER!r} over "
+                         f"`tensor_parallel` ({T}) devices, not your own model; estimate it "
+                         "with tensor_parallel=1 (each stage on one device), or read the table "
+                         "its training run prints.")
     if T > 1 and model != TRANSFORMER:
         raise ValueError(f"`tensor_parallel` ({T}) splits model {TRANSFORMER!r}, got model "
                          f"{model!r}; set model={TRANSFORMER!r} or tensor_parallel=1.")
