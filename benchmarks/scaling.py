@@ -256,7 +256,8 @@ def all_reduce_milliseconds(out_dir: str, *, across_hosts: bool, iterations: int
     worker, through their virtual network).
 
     Raises:
-        RuntimeError: the launch failed, or the reduced sum is not both workers' sum.
+        RuntimeError: the launch failed, or a worker's record is not that of worker i of
+            2 whose reduced sum is both workers' sum.
     """
     os.makedirs(out_dir)
     argv = _harness.worker_command("all_reduce", out_dir=out_dir, iterations=iterations,
@@ -265,12 +266,16 @@ def all_reduce_milliseconds(out_dir: str, *, across_hosts: bool, iterations: int
         _across_simulated_hosts(argv)
     else:
         _harness.launch_pinned(argv, 2, timeout=_LAUNCH_TIMEOUT)
-    with open(os.path.join(out_dir, "worker0.json")) as f:
-        record = json.load(f)
-    if not math.isclose(record["reduced_sum"], 2 * record["local_sum"], rel_tol=1e-4,
-                        abs_tol=1e-2):
-        raise RuntimeError(f"the all-reduce between 2 workers did not sum both: {record}")
-    return record["milliseconds_per_all_reduce"], record["bytes"]
+    records = []
+    for index in range(2):
+        with open(os.path.join(out_dir, f"worker{index}.json")) as f:
+            records.append(json.load(f))
+    for index, record in enumerate(records):
+        if (record["worker"], record["workers"]) != (index, 2) or not math.isclose(
+                record["reduced_sum"], 2 * record["local_sum"], rel_tol=1e-4, abs_tol=1e-2):
+            raise RuntimeError(f"the all-reduce between 2 workers did not sum both on "
+                               f"worker {index}: {record}")
+    return records[0]["milliseconds_per_all_reduce"], records[0]["bytes"]
 
 
 def _back_to_back(round_: int, on_one_host, across_hosts):

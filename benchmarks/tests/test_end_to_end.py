@@ -13,6 +13,7 @@ import shutil
 import pytest
 
 import benchmarks as bench
+from benchmarks import scaling
 from tests._util import run_recipe
 
 
@@ -56,6 +57,13 @@ def test_every_suite_runs_end_to_end(tmp_path):
             assert len(times) == 1 and min(times) > 0, (suite, name, times)
     rates = record["suites"]["pipeline"]["matmul_gflops_by_rows"]
     assert rates and min(rates.values()) > 0
+    # The all-reduce the scaling suite times is the CNN's gradients (its 6 weight
+    # tensors, 34,826 floats), summed over both workers of a pinned launch (each
+    # worker's sum checked by the suite: scaling.all_reduce_milliseconds).
+    reduce = record["suites"]["scaling"]["all_reduce"]
+    assert reduce["bytes"] == 4 * 34826, reduce
+    assert len(reduce["milliseconds_one_host"]) == scaling.TOY["all_reduce_repeats"]
+    assert min(reduce["milliseconds_one_host"]) > 0
 
 
 @pytest.mark.slow
