@@ -28,9 +28,9 @@ from tfmulti.training.run import build_run
 from tfmulti.training.train import train
 
 
-def _functional(head):
-    """Dense(16) on 8 features, then `head(h)` (the output)."""
-    inputs = keras.Input((8,))
+def _functional(head, features=8):
+    """Dense(16) on `features` features, then `head(h)` (the output)."""
+    inputs = keras.Input((features,))
     h = keras.layers.Dense(16, activation="relu")(inputs)
     h = keras.layers.Dense(16, activation="relu")(h)
     return keras.Model(inputs, head(h))
@@ -222,6 +222,19 @@ def test_labels_the_models_loss_cannot_take_are_refused_in_one_line(labels, mode
     with pytest.raises(ValueError, match=match):
         build_run(TrainConfig(distribution="one_device", model=model,
                               dataset=lambda: (_images(labels), None), global_batch_size=16))
+
+
+@pytest.mark.parametrize("labels, match", [
+    (np.arange(64) % 4, r"^the training split holds label 3, outside the model's 3 classes"),
+    (np.eye(4, dtype=np.float32)[np.arange(64) % 4],
+     r"^the training split's labels have shape \(4,\) per example, but the categorical "
+     r"cross-entropy takes one-hot rows shaped like the model's output \(None, 3\)"),
+])
+def test_a_pipelines_labels_are_checked_against_the_users_output(labels, match):
+    with pytest.raises(ValueError, match=match):
+        build_run(TrainConfig(distribution="pipeline", num_stages=2, global_batch_size=16,
+                              model=lambda: _functional(_softmax_dense, features=6),
+                              dataset=lambda: (_images(labels), None)))
 
 
 def test_soft_labels_are_not_one_hot():

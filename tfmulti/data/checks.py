@@ -425,7 +425,8 @@ def _text_inputs(model) -> bool | None:
     return any(str(getattr(i, "dtype", "")) in ("string", "tf.string") for i in inputs)
 
 
-def check_model_fits(run_data, model, *, samples: dict | None = None) -> None:
+def check_model_fits(run_data, model, *, samples: dict | None = None,
+                     output_shape: tuple | None = None) -> None:
     """Refuses data the model cannot train on, before the first epoch: for
     a classifier, with the sparse categorical cross-entropy (tfmulti's
     default for class ids), labels outside the model's classes (its output
@@ -437,6 +438,9 @@ def check_model_fits(run_data, model, *, samples: dict | None = None) -> None:
         run_data: the run's `tfmulti.data.from_config.RunData`.
         model: the compiled model.
         samples: the first examples by split (`check_splits`; read when not given).
+        output_shape: the shape of the model's output, where `model.outputs`
+            does not tell it (a `PipelineModel`:
+            `tfmulti.models.builders.output_head`).
 
     Raises:
         ValueError: one line naming the split, the value and the expected range.
@@ -445,7 +449,7 @@ def check_model_fits(run_data, model, *, samples: dict | None = None) -> None:
     samples = check_splits(run_data.train, run_data.test, role=role,
                            samples=samples if samples is not None else run_data.samples)
     run_data.samples = samples
-    classes, output = None, _model_output(model)
+    classes, output = None, _model_output(model) or (tuple(output_shape) if output_shape else None)
     loss = _loss_name(model) if run_data.task == "classification" else None
     if loss in _SPARSE_LOSSES:
         classes = (output[-1] if output and output[-1] else None) or run_data.num_classes

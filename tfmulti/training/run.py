@@ -184,6 +184,7 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
         config.steps_per_execution, steps_per_epoch, config.backup_every_steps)
     with models.mixed_precision_policy(config.mixed_precision):
         model = _model(config, strategy, run_data)
+        output = models.output_head(model)[1]  # also a pipeline's (its last stage's)
         models.compile_model(
             model, task=run_data.task, strategy=None if config.model_parallel else strategy,
             optimizer=config.optimizer,
@@ -193,8 +194,9 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
             base_batch_size=config.base_batch_size, warmup_epochs=config.warmup_epochs,
             steps_per_epoch=steps_per_epoch, steps_per_execution=steps_per_execution,
             accumulate_steps=config.accumulate_steps, jit_compile=config.jit_compile,
-            one_hot_labels=run_data.one_hot_labels(models.output_head(model)[1]))
-    check_model_fits(run_data, model)  # labels and inputs the model takes, before the first epoch
+            one_hot_labels=run_data.one_hot_labels(output))
+    # labels and inputs the model takes, before the first epoch
+    check_model_fits(run_data, model, output_shape=output)
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
                test_input, steps_per_epoch, steps_per_execution, model)
 
