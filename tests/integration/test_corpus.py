@@ -89,8 +89,9 @@ def test_callbacks_watching_val_loss_work(tmp_path):
     of the best model is written, as plain Keras writes it."""
     name = "timeseries_classification"
     module = harness.load(name)
-    ref = harness.reference(name, callbacks=module.callbacks(tmp_path / "keras"))
+    (tmp_path / "keras").mkdir()
     (tmp_path / "tfmulti").mkdir()
+    ref = harness.reference(name, callbacks=module.callbacks(tmp_path / "keras"))
     metrics = tfmulti.train(
         tfmulti.TrainConfig(distribution="mirrored", **harness.config_kwargs(name)),
         callbacks=module.callbacks(tmp_path / "tfmulti"))
