@@ -80,6 +80,27 @@ def test_to_sequential_of_layers_is_a_sequential_of_those_layers_and_round_trips
     assert pipeline.to_sequential() is given and pipeline.to_model() is given
 
 
+@pytest.mark.parametrize("replicas,stages,shards", [(1, 2, 2), (2, 2, 1)])
+def test_the_builtin_transformer_and_a_hybrid_still_save_and_load(tmp_path, replicas, stages,
+                                                                  shards):
+    """Their unpartitioned model (the layers the stages train, on their devices)
+    saves as .keras and loads with the pipeline's predictions."""
+    from tfmulti.parallel import build_parallel_transformer
+
+    pipeline = build_parallel_transformer(num_replicas=replicas, num_stages=stages,
+                                          tensor_parallel=shards, num_microbatches=2, seq_len=8,
+                                          d_model=16, num_heads=4, num_layers=2, seed=0)
+    pipeline.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    tokens = np.random.default_rng(0).integers(0, 256, (16, 8)).astype("int32")
+    pipeline.fit(tokens, tokens, batch_size=16, epochs=1, verbose=0)
+    assert pipeline.to_model() is pipeline.given
+    plain = pipeline.to_model(name="transformer")  # as the recipe saves it
+    plain.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    np.testing.assert_allclose(loaded.predict(tokens, verbose=0),
+                               pipeline.predict(tokens, verbose=0), atol=1e-5)
+
+
 class _Scale(keras.layers.Layer):
     def __init__(self, factor):  # no **kwargs, as published examples often are
         super().__init__()
