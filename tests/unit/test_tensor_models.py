@@ -18,7 +18,7 @@ from tests.corpus import text_transformer
 from tfmulti.config.train_config import TrainConfig
 from tfmulti.models import optimizers
 from tfmulti.parallel import (ColumnParallelDense, ParallelMultiHeadAttention, PipelineModel,
-                              RowParallelDense, split_layers)
+                              RowParallelDense, join_layers, split_layers)
 from tfmulti.parallel.tensor_layers import TensorParallelLayer
 from tfmulti.parallel.tensor_models import split_for_pipeline
 
@@ -199,6 +199,26 @@ def test_an_mlp_block_of_a_sequential_model():
                                                keras.layers.Dense]
     x = np.ones((3, 6), "float32")
     np.testing.assert_allclose(split(x), plain(x), atol=1e-5)
+
+
+def test_join_layers_gives_back_the_plain_model_with_the_trained_weights():
+    plain, source = _transformer()
+    split = split_layers(source, DEVICES, print_fn=_quiet)
+    x, y = _batch(0)
+    joined = join_layers(split, print_fn=_quiet)
+    assert not [l for l in joined.layers[2].ffn.layers if isinstance(l, TensorParallelLayer)]
+    assert type(joined.layers[2].att) is keras.layers.MultiHeadAttention
+    _close([w.numpy() for w in joined.trainable_weights],
+           [w.numpy() for w in plain.trainable_weights])
+    _, grads = _loss_and_gradients(split, x, y)
+    keras.optimizers.Adam(**ADAM).apply(grads, split.trainable_variables)
+    joined = join_layers(split, print_fn=_quiet)
+    np.testing.assert_allclose(joined(x, training=False), split(x, training=False), atol=1e-5)
+    with pytest.raises(ValueError, match="holds no tensor-parallel layer to join"):
+        join_layers(joined, print_fn=_quiet)
+    nested = _nested_model()
+    again = join_layers(split_layers(nested, DEVICES, print_fn=_quiet), print_fn=_quiet)
+    _close(again.get_weights(), nested.get_weights())
 
 
 class NoConfig(keras.layers.Layer):

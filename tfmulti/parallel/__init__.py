@@ -4,14 +4,14 @@
     layouts        the transformer over R x S x T devices
     tensor_layers  the tensor-parallel layers (Megatron-LM) and their base
     tensor_split   a transformer split over T devices, and joined again
-    tensor_models  any user's built model split over T devices (split_layers)
+    tensor_models  any user's built model split over T devices, and joined again
     placement      variables made on their stage's device, a stage's shards placed
     chain          the chain of blocks a model is cut into
     partition      the stage partitioner and the one stage-count check
     schedule       the schedule tables (GPipe, 1F1B), their bubble and memory
 
 The bytes each device needs are counted above this layer, by
-`tfmulti.memory`. `PipelineModel`, the tensor-parallel layers, `split_layers`,
+`tfmulti.memory`. `PipelineModel`, the tensor-parallel layers, `split_layers`, `join_layers`,
 `build_parallel_transformer` and `plan_partition` are the names re-exported here, lazily (they import
 TensorFlow); the schedule tables are `tfmulti.parallel.schedule`'s (pure
 Python, as is `tfmulti.parallel.partition`'s numeric core).
@@ -29,6 +29,7 @@ _LAZY = {
     "RowParallelDense": "tfmulti.parallel.tensor_layers",
     "ParallelMultiHeadAttention": "tfmulti.parallel.tensor_layers",
     "plan_partition": "tfmulti.parallel.partition",
+    "join_layers": "tfmulti.parallel.tensor_models",
     "split_layers": "tfmulti.parallel.tensor_models",
 }
 __all__ = sorted(_LAZY)
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from tfmulti.parallel.pipeline import PipelineModel
     from tfmulti.parallel.tensor_layers import (ColumnParallelDense, ParallelMultiHeadAttention,
                                                 RowParallelDense)
-    from tfmulti.parallel.tensor_models import split_layers
+    from tfmulti.parallel.tensor_models import join_layers, split_layers
 
 
 def __getattr__(name: str):

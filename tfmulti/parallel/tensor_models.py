@@ -47,7 +47,7 @@ from tfmulti.parallel.tensor_layers import (ColumnParallelDense, ParallelMultiHe
                                             RowParallelDense, TensorParallelLayer,
                                             shard_devices)
 
-__all__ = ["split_for_pipeline", "split_layers"]
+__all__ = ["join_layers", "split_for_pipeline", "split_layers"]
 
 # Activations that mix a row's columns: a column-split Dense cannot apply them.
 _MIXING_ACTIVATIONS = ("softmax", "log_softmax")
@@ -88,25 +88,68 @@ def split_layers(model: keras.Model, devices, *, print_fn=None) -> keras.Model:
             cannot be made again from its constructor's arguments; each
             message names the layer.
     """
-    devices = shard_devices(devices)
+    return _rebuild(model, _Splitter(shard_devices(devices)), print_fn)
+
+
+def join_layers(model: keras.Model, *, print_fn=None) -> keras.Model:
+    """The unsplit form of a model from `split_layers`: each tensor-parallel
+    layer joined again (`to_layer()`, with its current weights, on the
+    current device), made as `split_layers` makes the split form; for
+    saving, serving or comparing with the given model.
+
+    Args:
+        model: a built Functional or Sequential `keras.Model` holding
+            tensor-parallel layers, at any depth.
+        print_fn: called with one line naming the layers joined; default:
+            `print`.
+
+    Returns:
+        A new model of the same inputs and outputs, of plain Keras layers
+        where the given one has tensor-parallel ones.
+
+    Raises:
+        ValueError: as `split_layers`, or no tensor-parallel layer.
+
+    Example:
+        >>> import keras, numpy as np, tfmulti
+        >>> from tfmulti.parallel import join_layers, split_layers
+        >>> inputs = keras.Input((4, 8))
+        >>> model = keras.Model(inputs, keras.layers.MultiHeadAttention(2, 4)(inputs, inputs))
+        >>> split = split_layers(model, ["CPU:0", "CPU:1"], print_fn=lambda line: None)
+        >>> joined = join_layers(split, print_fn=lambda line: None)
+        >>> type(joined.layers[1]).__name__
+        'MultiHeadAttention'
+        >>> all(np.array_equal(a, b) for a, b in zip(joined.get_weights(), model.get_weights()))
+        True
+    """
+    return _rebuild(model, _Splitter(None, join=True), print_fn)
+
+
+def _rebuild(model, splitter, print_fn):
+    """The model with `splitter`'s replacements, once it is checked."""
     if not isinstance(model, keras.Model) or not model.built or not (
             isinstance(model, keras.Sequential) or _is_functional(model)):
         raise ValueError(
-            f"split_layers takes a built Functional or Sequential keras.Model, got "
+            f"{'join_layers' if splitter.join else 'split_layers'} takes a built Functional "
+            f"or Sequential keras.Model, got "
             f"{type(model).__name__} {getattr(model, 'name', model)!r}"
             f"{'' if getattr(model, 'built', True) else ' (not built)'}; build the model with "
             f"keras.Input(...) or call it once, and subclass keras.layers.Layer rather than "
             f"keras.Model for your blocks.")
-    splitter = _Splitter(devices)
     result = splitter.split(model, None)
+    if result is None and splitter.join:
+        raise ValueError(f"model {model.name!r} holds no tensor-parallel layer to join; it is "
+                         f"already plain.")
     if result is None:
         raise ValueError(f"model {model.name!r} has no layer split_layers can split over "
-                         f"{len(devices)} devices; it splits {_WHAT_SPLITS}, at any depth. "
-                         f"Train this model unsplit (tensor_parallel=1).")
+                         f"{len(splitter.devices)} devices; it splits {_WHAT_SPLITS}, at any "
+                         f"depth. Train this model unsplit (tensor_parallel=1).")
     splitter.copy_own_weights()
-    splitter.place_own_variables()
-    (print_fn or print)(f"tfmulti: split over {len(devices)} devices: "
-                        f"{', '.join(splitter.split_names)}")
+    if not splitter.join:
+        splitter.place_own_variables()
+    done = (f"joined {len(splitter.split_names)} layer(s)" if splitter.join else
+            f"split over {len(splitter.devices)} devices")
+    (print_fn or print)(f"tfmulti: {done}: {', '.join(splitter.split_names)}")
     return result
 
 
@@ -122,18 +165,23 @@ def _keras_layer(layer) -> bool:
 
 
 class _Splitter:
-    """One `split_layers` call: the layers split and the user's layers made anew."""
+    """One `split_layers` (or `join_layers`) call: the layers split (joined)
+    and the user's layers made anew."""
 
-    def __init__(self, devices):
+    def __init__(self, devices, join: bool = False):
         self.devices = devices
+        self.join = join  # join split layers (`to_layer`) instead of splitting
         self.split_names: list[str] = []
         self._remade: list[tuple] = []  # (old layer, new layer, its orphaned sub-layers, path)
 
     def split(self, layer, path: str):
-        """The layer's split form, or None when nothing in it splits."""
+        """The layer's split (joined) form, or None when nothing in it splits (joins)."""
         if isinstance(layer, TensorParallelLayer):
-            return None
-        if isinstance(layer, keras.layers.MultiHeadAttention):
+            if not self.join:
+                return None
+            self.split_names.append(f"{path} ({type(layer).__name__})")
+            return layer.to_layer()
+        if isinstance(layer, keras.layers.MultiHeadAttention) and not self.join:
             split = self._call(ParallelMultiHeadAttention.from_layer, path, layer, self.devices)
             self.split_names.append(f"{path} (MultiHeadAttention, {layer.num_heads} heads)")
             return split
@@ -172,7 +220,7 @@ class _Splitter:
         new, changed, i = [], False, 0
         while i < len(old):
             pair = old[i:i + 2]
-            if len(pair) == 2 and _mlp_block(*pair):
+            if not self.join and len(pair) == 2 and _mlp_block(*pair):
                 up, down = pair
                 column = self._call(ColumnParallelDense.from_layer, f"{prefix}{up.name}", up,
                                     self.devices)
