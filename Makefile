@@ -43,14 +43,25 @@ demo: data
 # whichever worker is free (--dist worksteal: 107 s instead of 131 s here);
 # the other tier keeps a file's tests on one worker, in order, since some
 # share a machine-wide resource (the simulated hosts' subnet) and a file's
-# module fixtures are then made once.
+# module fixtures are then made once. Its files are handed out longest
+# first (SLOW_FIRST, then the others; --no-loadscope-reorder keeps that
+# order, where xdist would sort the files by their number of tests and start
+# the 2-test end-to-end benchmark file, minutes long, last of all), so that
+# the last files to start are short and both workers finish together.
 PYTEST := $(PY) -m pytest -q -n auto
 FAST := -m "not cluster and not notebook and not slow"
 SLOW := -m "cluster or notebook or slow"
+SLOW_FIRST := $(wildcard benchmarks/tests/test_end_to_end.py tests/integration/test_corpus.py \
+  tests/integration/test_notebooks.py tests/integration/test_backup.py \
+  tests/integration/test_docs.py benchmarks/tests/test_chaos.py \
+  benchmarks/tests/test_bench.py tests/integration/test_recipes.py \
+  tests/integration/test_launcher.py)
+SLOW_FILES := $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(shell \
+  find tests benchmarks/tests -name 'test_*.py')))
 
 test: data
 	$(PYTEST) --dist worksteal --durations=10 $(FAST)
-	$(PYTEST) --dist loadfile --durations=15 $(SLOW)
+	$(PYTEST) --dist loadfile --no-loadscope-reorder --durations=15 $(SLOW) $(SLOW_FILES)
 
 test-fast: data
 	$(PYTEST) --dist worksteal --durations=10 $(FAST)
