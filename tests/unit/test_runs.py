@@ -269,7 +269,8 @@ def test_the_users_functional_model_as_a_pipeline_with_accumulation():
     assert run.train_input.global_batch_size == 256 and run.steps_per_epoch == 8
     run.model.fit(**run.train_input.fit_kwargs(), epochs=1, verbose=0)
     assert int(run.model.optimizer.iterations.numpy()) == 8
-    assert run.model.to_model().name == "pipeline_model"
+    assert run.model.to_model() is run.model.given  # the user's model, trained
+    assert run.model.to_model().name == "own"
 
 
 def test_input_sharding_by_files_reads_test_arrays_by_examples(tmp_path):
