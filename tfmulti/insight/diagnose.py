@@ -143,7 +143,7 @@ class Diagnosis:
         return out
 
     def __repr__(self) -> str:
-        return (f"Diagnosis(bottleneck={self.bottleneck!r}, "
+        return (f"Diagnosis(bottleneck={self.bottleneck!r}, consistent={self.consistent}, "
                 f"examples_per_second={self.examples_per_second:.0f}, "
                 f"utilization={self.utilization:.2f}, advice={[a.arguments for a in self.advice]})")
 

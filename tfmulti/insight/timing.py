@@ -457,8 +457,9 @@ class Measurements:
                        for figures in itertools.product(*ranges)}
         if len(bottlenecks) == 1:
             return None
-        return (f"the middle half of the repeats of {' and of '.join(wide)} spreads too wide "
-                f"to tell the parts apart (the bottleneck could be "
+        return (f"the middle half of the repeats of {' and of '.join(wide)} "
+                f"{'spreads' if len(wide) == 1 else 'spread'} too wide to tell the parts "
+                f"apart (the bottleneck could be "
                 f"{' or '.join(b for b in BOTTLENECKS if b in bottlenecks)})")
 
 
