@@ -11,9 +11,9 @@
     schedule       the schedule tables (GPipe, 1F1B), their bubble and memory
 
 The bytes each device needs are counted above this layer, by
-`tfmulti.memory`. `PipelineModel`, the tensor-parallel layers, `split_layers`, `join_layers`,
-`build_parallel_transformer` and `plan_partition` are the names re-exported here, lazily (they import
-TensorFlow); the schedule tables are `tfmulti.parallel.schedule`'s (pure
+`tfmulti.memory`. `PipelineModel`, the tensor-parallel layers, `split_layers`,
+`join_layers`, `build_parallel_transformer` and `plan_partition` are the names
+re-exported here, lazily (they import TensorFlow); the schedule tables are `tfmulti.parallel.schedule`'s (pure
 Python, as is `tfmulti.parallel.partition`'s numeric core).
 """
 
