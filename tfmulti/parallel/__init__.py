@@ -13,8 +13,9 @@
 The bytes each device needs are counted above this layer, by
 `tfmulti.memory`. `PipelineModel`, the tensor-parallel layers, `split_layers`,
 `join_layers`, `build_parallel_transformer` and `plan_partition` are the names
-re-exported here, lazily (they import TensorFlow); the schedule tables are `tfmulti.parallel.schedule`'s (pure
-Python, as is `tfmulti.parallel.partition`'s numeric core).
+re-exported here, lazily (they import TensorFlow); the schedule tables are
+`tfmulti.parallel.schedule`'s (pure Python, as is
+`tfmulti.parallel.partition`'s numeric core).
 """
 
 from __future__ import annotations
