@@ -22,7 +22,8 @@ import pytest
 from tests.corpus import text_transformer as tx
 from tfmulti.config.train_config import TrainConfig
 from tfmulti.parallel import PipelineModel
-from tfmulti.training import outputs, saving
+from tfmulti.models import rebuild
+from tfmulti.training import outputs
 from tfmulti.training.train import train
 
 SEQ = (tx.MAXLEN,)
@@ -124,14 +125,14 @@ def _functional(layer):
 
 
 def test_rebuild_problem_names_the_layer_and_the_cause():
-    problem = saving.rebuild_problem(tx.build(SEQ))
+    problem = rebuild.rebuild_problem(tx.build(SEQ))
     assert problem.startswith("layer TokenAndPositionEmbedding 'token_and_position_embedding")
     assert "(also TransformerBlock): it cannot be rebuilt from its config " in problem
     assert problem.endswith("got an unexpected keyword argument 'trainable')")
-    assert "get_config() raises RuntimeError (not today)" in saving.rebuild_problem(
+    assert "get_config() raises RuntimeError (not today)" in rebuild.rebuild_problem(
         _functional(_BadConfig()))
-    assert "layer _Scale " in saving.rebuild_problem([keras.layers.Dense(2), _Scale(2.0)])
-    assert saving.rebuild_problem(_functional(keras.layers.Dense(3))) is None
+    assert "layer _Scale " in rebuild.rebuild_problem([keras.layers.Dense(2), _Scale(2.0)])
+    assert rebuild.rebuild_problem(_functional(keras.layers.Dense(3))) is None
 
 
 class _Trained(keras.callbacks.Callback):
@@ -172,7 +173,7 @@ def test_a_pipeline_run_of_a_model_that_cannot_be_reloaded_saves_its_weights(tmp
         "model.keras): layer TokenAndPositionEmbedding ")
     assert lines[before[0]].endswith(
         f"unexpected keyword argument 'trainable'); to save it whole, in its class, "
-        f"{saving.FIX}, then restart")
+        f"{rebuild.FIX}, then restart")
     path = str(model_dir / "model.weights.h5")
     after = [i for i, line in enumerate(lines) if line.startswith("tfmulti: saved the model's")]
     assert len(after) == 1 and before[0] < after[0]
@@ -278,3 +279,14 @@ def test_a_finished_run_that_saved_its_weights_is_not_trained_again(tmp_path, ca
     capsys.readouterr()
     assert train(config) == metrics
     assert "tfmulti: this run has finished already" in capsys.readouterr().out
+
+
+def test_a_hybrid_of_layers_that_cannot_be_copied_is_refused_in_one_line_before_training():
+    """Replicas 1+ are copies (rebuilt from configs): a layer without **kwargs
+    made a 40-line TypeError; now a ValueError naming the layer and the fix."""
+    with pytest.raises(ValueError, match=r"^the hybrid's replicas 1\+ are copies of replica 0's "
+                                         r"stages, .* and layer TokenAndPositionEmbedding .*"
+                                         r"unexpected keyword argument 'trainable'\); in its "
+                                         r"class, take \*\*kwargs .* train one replica"):
+        PipelineModel(tx.build(SEQ), devices=["CPU:0", "CPU:1", "CPU:2", "CPU:3"],
+                      num_replicas=2)

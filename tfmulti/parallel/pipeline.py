@@ -73,6 +73,7 @@ from keras.src.trainers import data_adapters
 
 from tfmulti.utils import checks
 from tfmulti.models import optimizers
+from tfmulti.models import rebuild
 from tfmulti.runtime import devices as devices_lib
 from tfmulti.parallel import placement
 from tfmulti.parallel import chain as blocks
@@ -243,7 +244,9 @@ class PipelineModel(keras.Model):
         ValueError: a model that cannot be cut into S stages (the error names
             the layer whose branch crosses every cut), more stages than
             layers, missing or unknown devices, a device count that is not
-            R*S, M or k < 1, or remat with random layers.
+            R*S, M or k < 1, remat with random layers, or a hybrid (R > 1)
+            of layers that cannot be rebuilt from their config (copied for
+            replicas 1+; the error names the layer and the fix).
     """
 
     def __init__(self, layers, *, input_shape=None, devices=None, num_stages=None,
@@ -746,7 +749,17 @@ def _copy_stage(source, group, name: str) -> keras.Model:
     """A copy of a stage (new layers, same architecture and weights) with
     its variables made on its device group (`placement.stage_placement`)."""
     with placement.deferred_variables() as deferred:
-        clone = keras.models.clone_model(source)
+        try:
+            clone = keras.models.clone_model(source)
+        except Exception as e:  # pylint: disable=broad-except  (a layer's from_config)
+            problem = rebuild.rebuild_problem(_own_layers(source))
+            if problem is None:
+                raise
+            raise ValueError(
+                f"the hybrid's replicas 1+ are copies of replica 0's stages, each layer "
+                f"rebuilt from its config, and {problem}; in its class, {rebuild.FIX}, or "
+                "train one replica (distribution 'pipeline', num_replicas=1), which trains "
+                "your own layer objects.") from e
     values = {id(c): w.value for c, w in zip(clone.weights, source.weights)}
     own = placement.self_placed(clone)
     for copy in clone.weights:

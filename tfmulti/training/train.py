@@ -39,7 +39,7 @@ from tfmulti.models import builders as models
 from tfmulti.runtime import roles
 from tfmulti.training import outputs
 from tfmulti.training import run as runs
-from tfmulti.training import saving
+from tfmulti.models import rebuild
 from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.training.outputs import MODEL_FILES, OUTPUTS
 from tfmulti.utils.atomic import write_json_atomic
@@ -136,13 +136,13 @@ def _unpartitioned(config: TrainConfig, model):
 
 def _say_if_weights_only(config: TrainConfig, model) -> None:
     """Before training: one line when the model would not load back from a
-    model.keras (`tfmulti.training.saving.rebuild_problem`), so that the user
+    model.keras (`tfmulti.models.rebuild.rebuild_problem`), so that the user
     can fix it and restart before spending the training time."""
     # A pipeline's stages may be built from the first batch: what it was given.
-    problem = saving.rebuild_problem(model.given if config.model_parallel else model)
+    problem = rebuild.rebuild_problem(model.given if config.model_parallel else model)
     if problem:
         print(f"tfmulti: this run will save the model's weights only ({WEIGHTS_FILE}, not "
-              f"{MODEL_FILE}): {problem}; to save it whole, in its class, {saving.FIX}, "
+              f"{MODEL_FILE}): {problem}; to save it whole, in its class, {rebuild.FIX}, "
               "then restart", flush=True)
 
 
@@ -152,7 +152,7 @@ def _write_outputs(config: TrainConfig, model, metrics: dict) -> str:
     one line naming the cause, the file and how to reload it. Returns the
     model's file name."""
     unpartitioned = _unpartitioned(config, model)
-    problem = saving.rebuild_problem(unpartitioned)
+    problem = rebuild.rebuild_problem(unpartitioned)
     why = f"{MODEL_FILE} would not load back"
 
     def write(stage: str) -> None:
@@ -172,7 +172,7 @@ def _write_outputs(config: TrainConfig, model, metrics: dict) -> str:
                         model_file=WEIGHTS_FILE if problem else MODEL_FILE)
     except _NotSaved as e:  # nothing was published: the weights instead
         why = f"{MODEL_FILE} could not be written"
-        problem = f"saving it raised {type(e.error).__name__} ({saving.cause(e.error)})"
+        problem = f"saving it raised {type(e.error).__name__} ({rebuild.cause(e.error)})"
         outputs.publish(config.model_dir, _identity(config), write, model_file=WEIGHTS_FILE)
     if not problem:
         return MODEL_FILE
@@ -305,10 +305,11 @@ def _fit_and_evaluate(config: TrainConfig, run: runs.Run, role, all_callbacks, v
     model = run.model
     resumed_step, last_epoch, result = 0, {}, None
     validation = _validation_input(run)
-    validation_kwargs = ({} if validation is None else
-                         {"validation_data": validation.dataset,
-                          "validation_steps": validation.steps_per_epoch})
-    with _end_of_data_quiet(validation is not None and validation.steps_per_epoch is None):
+    # No validation_steps: Keras then reads the split to its end each epoch, with
+    # an iterator of its own (given the steps, it keeps one across epochs, and a
+    # repeated split leaves the later evaluations of other data empty).
+    validation_kwargs = {} if validation is None else {"validation_data": validation.dataset}
+    with _end_of_data_quiet(validation is not None):
         if config.backup_dir:
             result = backup.fit(model, run.dataset_from, epochs=config.epochs,
                                 steps_per_epoch=run.steps_per_epoch,
@@ -342,16 +343,13 @@ def _fit_and_evaluate(config: TrainConfig, run: runs.Run, role, all_callbacks, v
 def _validation_input(run: runs.Run):
     """The validation split (`validation_split`, or the dataset function's
     "validation") distributed as the test split is (files sharded as the
-    training files, other data by examples), repeated so that every epoch's
-    validation reads exactly one pass (Keras keeps one iterator across epochs
-    when it knows the steps); None without a validation split."""
+    training files, other data by examples); None without a validation split."""
     source = run.info.get("validation")
     if source is None:
         return None
-    by_files = isinstance(source, FileSource)
     return data.distribute(source, run.strategy, run.config.global_batch_size, training=False,
-                           sharding=run.config.input_sharding if by_files else "examples",
-                           repeat=not by_files)  # files: length unknown, read to their end
+                           sharding=(run.config.input_sharding if isinstance(source, FileSource)
+                                     else "examples"))
 
 
 @contextlib.contextmanager
@@ -359,7 +357,8 @@ def _end_of_data_quiet(quiet: bool = True):
     """Keras warns "Your input ran out of data; interrupting training" at the
     end of every evaluation of data whose length it does not know (files):
     there, running out is the end of the split, not a fault. (`quiet`: the
-    evaluated data is such; training data repeats, so it never runs out.)"""
+    evaluated data is such, as validation data, which `fit` reads to its end
+    every epoch; training data repeats, so it never runs out.)"""
     with warnings.catch_warnings():
         if quiet:
             warnings.filterwarnings("ignore", message="Your input ran out of data")

@@ -1,5 +1,6 @@
-"""What a run saves of its model: the whole model (`model.keras`), or, when
-Keras could not load that file back, the weights (`model.weights.h5`).
+"""Whether a model saved as `.keras` would load back: each of the user's
+layers rebuilt from its config. A run saves the whole model (`model.keras`),
+or, when Keras could not load that file back, the weights (`model.weights.h5`).
 
 A `.keras` file holds each layer's config, and loading it calls the layer
 class's `from_config`, which for a layer of the user's without `**kwargs` (as
@@ -15,7 +16,7 @@ model built again by the same code (the user's model function), then
 
 Example:
     >>> import keras
-    >>> from tfmulti.training import saving
+    >>> from tfmulti.models import rebuild
     >>> class Scale(keras.layers.Layer):
     ...     def __init__(self, factor):  # no **kwargs
     ...         super().__init__()
@@ -24,9 +25,10 @@ Example:
     ...         return x * self.factor
     >>> inputs = keras.Input((2,))
     >>> model = keras.Model(inputs, Scale(2.0)(keras.layers.Dense(2)(inputs)))
-    >>> print(saving.rebuild_problem(model))  # doctest: +ELLIPSIS
+    >>> print(rebuild.rebuild_problem(model))  # doctest: +ELLIPSIS
     layer Scale 'scale...': it cannot be rebuilt from its config (...unexpected keyword argument...)
-    >>> print(saving.rebuild_problem(keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])))
+    >>> plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    >>> print(rebuild.rebuild_problem(plain))
     None
 """
 
