@@ -283,3 +283,25 @@ def test_tensor_parallel_takes_the_users_model_on_one_pipeline_stage():
         TrainConfig(**own, num_stages=2).validate()
     with pytest.raises(ValueError, match="also splits your own model"):
         TrainConfig(model="cnn", tensor_parallel=2, distribution="pipeline").validate()
+
+
+class Aliased(keras.layers.Layer):
+    """Holds one attention under two names."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.att = keras.layers.MultiHeadAttention(heads, 4)
+        self.same = self.att
+
+    def call(self, x):
+        return self.same(self.att(x, x), x)
+
+
+def test_a_layer_held_twice_is_split_once():
+    inputs = keras.Input((3, 8))
+    model = keras.Model(inputs, Aliased(2)(inputs))
+    split = split_layers(model, DEVICES, print_fn=_quiet)
+    layer = split.layers[1]
+    assert layer.att is layer.same and isinstance(layer.att, ParallelMultiHeadAttention)
+    x = np.ones((2, 3, 8), "float32")
+    np.testing.assert_allclose(split(x), model(x), atol=1e-5)

@@ -19,7 +19,11 @@ from its class and its constructor's arguments (`get_config()`, which Keras
 records for any layer), its attributes pointed at the split layers and at
 the given sub-layers; the functional graph is rebuilt by
 `keras.models.clone_model`. The old layers are not in the new model: its
-weights are those of the unsplit model, each split weight once.
+weights are those of the unsplit model, each split weight once. (The
+sub-layers the constructor made stay listed by Keras, unused, unbuilt and
+without weights.) `join_layers` goes back, each tensor-parallel layer joined
+with its current weights; `split_for_pipeline` is what
+`recipes/train.py --tensor_parallel=T --model=module:function` calls.
 
 Example:
     >>> import keras, tfmulti
@@ -173,9 +177,15 @@ class _Splitter:
         self.join = join  # join split layers (`to_layer`) instead of splitting
         self.split_names: list[str] = []
         self._remade: list[tuple] = []  # (old layer, new layer, its orphaned sub-layers, path)
+        self._done: dict[int, object] = {}  # a layer held twice is split once
 
     def split(self, layer, path: str):
         """The layer's split (joined) form, or None when nothing in it splits (joins)."""
+        if id(layer) not in self._done:
+            self._done[id(layer)] = self._split(layer, path)
+        return self._done[id(layer)]
+
+    def _split(self, layer, path: str):
         if isinstance(layer, TensorParallelLayer):
             if not self.join:
                 return None
@@ -244,7 +254,6 @@ class _Splitter:
         return keras.Sequential(inputs + new, name=model.name, trainable=model.trainable)
 
     # ------------------------------------------------------------- user layers
-
 
     def _user_layer(self, layer, path):
         children, replaced = _children(layer), {}
