@@ -14,6 +14,8 @@ import pytest
 from tests._util import cli_main, file_tree
 from tests.workers import user_model
 from tfmulti import cli
+from tfmulti.config.train_config import TrainConfig
+from tfmulti.models.rebuild import FIX
 from tfmulti.training import export
 
 X, Y = user_model.examples(40, seed=2)
@@ -211,6 +213,9 @@ def test_the_model_module_is_found_without_shadowing_the_standard_library(tmp_pa
 
 # ----------------------------------------------- a model Keras cannot rebuild from its file
 
+TX = "tests.corpus.text_transformer"
+
+
 def _text_transformer_run(folder, *, weights_only: bool = False, input_shape=(64,)):
     """A run folder of keras-io's text transformer (tests/corpus: its layers take no
     **kwargs and have no get_config, as published): model.keras, or
@@ -255,10 +260,10 @@ def test_export_names_the_layer_that_cannot_be_rebuilt_and_what_to_add(tmp_path,
         f"{prefix}layer TokenAndPositionEmbedding 'token_and_position_embedding' (module "
         f"{module}; also TransformerBlock) cannot be rebuilt from its saved config: "
         "TokenAndPositionEmbedding.__init__() got an unexpected keyword argument 'trainable'; "
-        "in class TokenAndPositionEmbedding, take **kwargs in __init__ and pass them to "
-        "super().__init__(**kwargs), add a get_config() that returns the __init__ arguments, "
-        "and decorate it with @keras.saving.register_keras_serializable(); or export with "
+        f"in class TokenAndPositionEmbedding, {FIX}; or export with "
         f"--model={module}:FUNCTION"), err
+    assert "**kwargs" in FIX and "get_config()" in FIX and \
+        "@keras.saving.register_keras_serializable()" in FIX
     assert sorted(os.listdir(tmp_path)) == ["run"]  # nothing written
     code, err, out = cli_main(["export", "--model_dir=run", "--output=serving",
                                f"--model={module}:build"], capsys)
@@ -280,7 +285,8 @@ def test_export_of_a_run_that_saved_the_weights_only(tmp_path, capsys, monkeypat
          "pass --model=MODULE:FUNCTION, the model function the run trained, to build it "
          "again."),
         (["--model_dir=unrecorded", f"--model={module}:build"],
-         f"--model '{module}:build' takes `input_shape`, which unrecorded does not record"),
+         f"--model '{module}:build' takes `input_shape`, which unrecorded does not record "
+         "(no metrics.json input_shape, no run file naming the data)"),
         (["--model_dir=run", f"--model={module}:data"],
          f"--model '{module}:data' returned tuple; expected a keras.Model."),
     ]:
@@ -311,21 +317,24 @@ def _own_model():
             "sparse_categorical_crossentropy", ["extra", "pixels"])
 
 
-def _timeseries_classification():
-    from tests.corpus import timeseries_classification as series
+def _unnamed_input():
+    import keras
 
-    (x, y), _ = series.data()
-    return (lambda: series.build(x.shape[1:]), x[:16], y[:16], series.COMPILE["loss"],
-            ["input_layer"])
+    def build():
+        inputs = keras.Input((8,))  # unnamed
+        return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(16)(inputs)))
+
+    return build, X[:16], Y[:16], keras.losses.SparseCategoricalCrossentropy(from_logits=True), \
+        ["input_layer"]
 
 
-@pytest.mark.parametrize("case", [_own_model, _timeseries_classification], ids=["named", "unnamed"])
+@pytest.mark.parametrize("case", [_own_model, _unnamed_input], ids=["named", "unnamed"])
 def test_serving_input_names_are_the_models_whichever_distribution_trained_it(tmp_path, case):
     """Issue 28: the signature's input was `input_layer` after mirrored training and
     `keras_tensor` after pipeline training, for the same model. The same model
     function, trained one step mirrored and as a pipeline, exports (directly and
     through the run's model.keras) with its own Input names: named Inputs keep theirs
-    (tests/own_model.py), an unnamed one has Keras' own default."""
+    (tests/own_model.py), an unnamed one has Keras' own default, `input_layer`."""
     import keras
 
     import tfmulti
@@ -359,3 +368,32 @@ def test_serving_input_names_are_the_models_whichever_distribution_trained_it(tm
         names[f"{distribution} run"] = _signature_inputs(
             export.from_model_dir(str(run), str(tmp_path / f"{distribution}-served")))
     assert names == dict.fromkeys(names, expected)
+
+
+def test_export_of_a_pipeline_run_that_saved_the_weights_only(tmp_path, capsys, monkeypatch):
+    """The run the issue reports: keras-io's text transformer (layers without
+    **kwargs) trained as a pipeline saves model.weights.h5; `tfmulti export
+    --model=MODULE:FUNCTION` builds it again from the data its run file names and
+    serves the trained weights."""
+    from tests.corpus import text_transformer as tx
+    from tfmulti.training.train import train
+
+    monkeypatch.chdir(tmp_path)
+    train(TrainConfig(model=f"{TX}:build", dataset=f"{TX}:data", distribution="pipeline",
+                      num_stages=2, num_microbatches=2, devices=("CPU:0", "CPU:1"),
+                      global_batch_size=64, epochs=1, steps_per_epoch=2, seed=0, verbose=0,
+                      model_dir="run"))
+    capsys.readouterr()
+    assert os.path.isfile("run/model.weights.h5") and not os.path.exists("run/model.keras")
+    code, err, out = cli_main(["export", "--model_dir=run", "--output=serving",
+                               f"--model={TX}"], capsys)
+    assert (code, len(err)) == (2, 1) and "holds the weights only" in err[0], err
+    code, err, out = cli_main(["export", "--model_dir=run", "--output=serving",
+                               f"--model={TX}:build"], capsys)
+    assert code == 0, err
+    trained = tx.build((tx.MAXLEN,))
+    trained.load_weights("run/model.weights.h5")
+    x = tx.data()[1][0][:8].astype(np.float32)
+    np.testing.assert_allclose(_served(str(tmp_path / "serving"), x),
+                               trained.predict(x, verbose=0), atol=1e-6)
+    assert _signature_inputs(str(tmp_path / "serving")) == ["input_layer"]

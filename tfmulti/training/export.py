@@ -31,6 +31,7 @@ run's model function, which is given the saved weights (`rebuild`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -44,6 +45,8 @@ import keras
 import tensorflow as tf
 
 from tfmulti.config import user_functions
+from tfmulti.config.train_config import TrainConfig
+from tfmulti.models.rebuild import FIX, cause
 from tfmulti.runtime import strategy as strategy_lib
 
 __all__ = ["from_model_dir", "import_model_module", "input_names", "rebuild", "saved_model",
@@ -261,10 +264,7 @@ def _rebuild_problem(entry: dict, custom: dict) -> str | None:
         with keras.saving.custom_object_scope(custom):
             cls.from_config(dict(entry["config"]))
     except Exception as e:  # pylint: disable=broad-except  (the user's class raised)
-        while e.__cause__ or e.__context__:  # Keras wraps the class's own error
-            e = e.__cause__ or e.__context__
-        text = str(e).strip()
-        return (text.splitlines()[0] if text else type(e).__name__)[:200]
+        return cause(e)
     return None
 
 
@@ -285,10 +285,7 @@ def _load_failure(source: str, error: Exception, custom: dict, spec: str | None)
                    "function), which builds the model again and loads the saved weights into it")
         return (f"cannot load {source}: layer {entry['class_name']} {name!r} (module "
                 f"{entry['module']}{also}) cannot be rebuilt from its saved config: {problem}; "
-                f"in class {entry['class_name']}, take **kwargs in __init__ and pass them to "
-                "super().__init__(**kwargs), add a get_config() that returns the __init__ "
-                f"arguments, and decorate it with @keras.saving.register_keras_serializable()"
-                f"{rebuild}.")
+                f"in class {entry['class_name']}, {FIX}{rebuild}.")
     if missing:
         names = sorted({e["class_name"] for e in missing})
         modules = ", ".join(sorted({e["module"] for e in missing}))
@@ -328,42 +325,63 @@ def _shape(value):
     return tuple(value) if isinstance(value, list) else value
 
 
+# What the run's model function was given, from the run file: the data (its shapes and
+# classes), the task, dropout and seed.
+_BUILD_FIELDS = ("dataset", "data_dir", "num_examples", "validation_split", "task", "dropout",
+                 "seed")
+
+
+def _built_again(model_dir: str, spec: str, weights: str) -> keras.Model:
+    """The model function `spec` called as the run called it: with the input
+    shape and classes metrics.json records, else those of the data its run
+    file names (`tfmulti.models.from_config.build_model_for`)."""
+    recorded = _recorded(model_dir)
+    run = {k: v for k, v in recorded["config"].items()
+           if k in _BUILD_FIELDS and k in {f.name for f in dataclasses.fields(TrainConfig)}}
+    fn = user_functions.resolve(spec, "model")
+    if recorded.get("input_shape") is not None:
+        offered = {"input_shape": _shape(recorded["input_shape"]),
+                   "dropout": run.get("dropout", 0.2), "seed": run.get("seed")}
+        if recorded.get("num_classes") is not None:
+            offered["num_classes"] = recorded["num_classes"]
+        return user_functions.call(fn, offered, "model")
+    wanted = user_functions.parameters(fn)
+    if wanted is not None and not {"input_shape", "num_classes"} & wanted:
+        return user_functions.call(fn, {"dropout": run.get("dropout", 0.2),
+                                        "seed": run.get("seed")}, "model")
+    if not isinstance(run.get("dataset"), str):
+        raise ValueError(f"--model {spec!r} takes `input_shape`, which {model_dir} does not "
+                         "record (no metrics.json input_shape, no run file naming the data); "
+                         "export from Python: build the model, "
+                         f"model.load_weights({weights!r}), then "
+                         "tfmulti.training.export.saved_model(model, OUTPUT).")
+    from tfmulti.data.from_config import load_data
+    from tfmulti.models.from_config import build_model_for
+
+    config = TrainConfig(**{**run, "model": spec})
+    return build_model_for(config, load_data(config))
+
+
 def rebuild(model_dir: str, spec: str, weights: str) -> keras.Model:
     """The run's model built again by its model function `spec`
-    ("module:function"), with the input shape, classes, dropout and seed the run
-    recorded, and the weights of `weights` (a .weights.h5 file, or a .keras file's).
+    ("module:function"), given what the run gave it (the input shape and
+    classes of its data, its dropout and seed: from metrics.json, else from
+    the data its run file names), with the weights of `weights` (a
+    .weights.h5 file, or a .keras file's).
 
     Raises:
         ValueError: the function cannot be called with what the run recorded,
             or the weights do not fit the model it returns.
     """
-    fn = user_functions.resolve(spec, "model")
-    recorded = _recorded(model_dir)
-    config = recorded["config"]
-    offered = {"dropout": config.get("dropout", 0.2), "seed": config.get("seed")}
-    for name in ("input_shape", "num_classes"):
-        if recorded.get(name) is not None:
-            offered[name] = _shape(recorded[name])
-    wanted = user_functions.parameters(fn)
-    if "input_shape" not in offered and (wanted is None or "input_shape" in wanted):
-        raise ValueError(f"--model {spec!r} takes `input_shape`, which {model_dir} does not "
-                         "record (metrics.json has no input_shape); train again with this "
-                         "tfmulti, or export from Python: build the model, "
-                         f"model.load_weights({weights!r}), then "
-                         "tfmulti.training.export.saved_model(model, OUTPUT).")
-    model = user_functions.call(fn, offered, "model")
+    model = _built_again(model_dir, spec, weights)
     if not isinstance(model, keras.Model):
         raise ValueError(f"--model {spec!r} returned {type(model).__name__}; expected a "
                          "keras.Model.")
-    if not model.built and "input_shape" in offered:
-        model.build(offered["input_shape"])
     try:
         model.load_weights(weights)
     except (TypeError, ValueError, KeyError, OSError) as e:
-        text = str(e).strip()
-        first = text.splitlines()[0] if text else type(e).__name__
         raise ValueError(f"the model --model {spec!r} builds does not take the weights of "
-                         f"{weights} ({first[:200]}); pass the model function this run "
+                         f"{weights} ({cause(e)}); pass the model function this run "
                          "trained.") from e
     return model
 
