@@ -95,3 +95,27 @@ def test_structured_data_is_a_dict_of_the_model_inputs():
     assert features["thal"].dtype.kind in "OS"  # strings, looked up inside the model
     assert all(features[n].dtype == np.float32 for n in module.NUMERIC)
     assert set(np.unique(labels)) == {0, 1}
+
+
+def test_the_comparison_holds_runs_to_the_stated_tolerances():
+    ref = {"test_loss": 0.5, "test_accuracy": 0.8, "history": {"loss": [1.0, 0.6]}}
+    line = harness.assert_close("mnist_convnet", {"test_loss": 0.6, "test_accuracy": 0.7}, ref,
+                                "here")
+    assert line.startswith("mnist_convnet here: test_loss 0.6000 vs plain Keras 0.5000")
+    for far in ({"test_loss": 0.5 + harness.LOSS_ABS + harness.LOSS_REL * 0.5 + 0.01,
+                 "test_accuracy": 0.8},
+                {"test_loss": 0.5, "test_accuracy": 0.8 - harness.ACCURACY_MARGIN - 0.01}):
+        with pytest.raises(AssertionError, match="vs plain Keras"):
+            harness.assert_close("mnist_convnet", far, ref, "here")
+    chance = harness.chance("mnist_convnet")  # a reference at chance does not excuse a run there
+    at_chance = {"test_loss": 0.5, "test_accuracy": chance, "history": {}}
+    with pytest.raises(AssertionError, match=r"chance"):
+        harness.assert_close("mnist_convnet", {"test_loss": 0.5, "test_accuracy": chance},
+                             at_chance, "here")
+
+
+def test_without_a_test_split_the_training_loss_must_fall():
+    ref = {"history": {"loss": [400.0, 300.0]}}
+    harness.assert_close("vae", {"train_loss": 310.0}, ref, "here")
+    with pytest.raises(AssertionError, match="not below plain Keras' first epoch"):
+        harness.assert_close("vae", {"train_loss": 401.0}, ref, "here")
