@@ -47,8 +47,9 @@ MAX_DIAGNOSE_SECONDS = 3600.0
 """The longest `diagnose --seconds`: each of its timings runs about this long (several
 run), so an hour each is already a long day."""
 # TrainConfig fields that `diagnose` does not take: it trains no epochs and writes nothing.
-DIAGNOSE_EXCLUDES = ("epochs", "steps_per_epoch", "backup_dir", "backup_every_steps",
-                     "keep_backup", "discard_unreadable_backup", "model_dir", "verbose")
+# (It takes steps_per_epoch: the steps per tf.function call, auto, divide an epoch's.)
+DIAGNOSE_EXCLUDES = ("epochs", "backup_dir", "backup_every_steps", "keep_backup",
+                     "discard_unreadable_backup", "model_dir", "overwrite", "verbose")
 # The training flags that bear on a memory estimate, spelled as for training: the model
 # and its data (shapes, classes), the layout (devices, stages, micro-batches, replicas),
 # the batch, the optimizer's slots, the precision and the per-device budget.

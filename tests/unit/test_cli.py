@@ -105,15 +105,15 @@ def test_diagnose_takes_the_training_flags_but_not_the_run_ones():
                               "--devices=CPU:0,CPU:1", "--no_measure"])
     assert (args.distribution, args.global_batch_size, args.devices, args.no_measure) == \
         ("mirrored", 64, ("CPU:0", "CPU:1"), True)
-    assert set(cli.DIAGNOSE_EXCLUDES) == {"epochs", "steps_per_epoch", "backup_dir",
-                                          "backup_every_steps", "keep_backup",
-                                          "discard_unreadable_backup", "model_dir", "verbose"}
+    assert set(cli.DIAGNOSE_EXCLUDES) == {"epochs", "backup_dir", "backup_every_steps",
+                                          "keep_backup", "discard_unreadable_backup",
+                                          "model_dir", "overwrite", "verbose"}
     for name in cli.DIAGNOSE_EXCLUDES:
         assert not hasattr(args, name), name
 
 
 @pytest.mark.parametrize("flag", ["--epochs=3", "--model_dir=/tmp/x", "--backup_dir=/tmp/b",
-                                  "--verbose=2", "--bogus"])
+                                  "--verbose=2", "--overwrite", "--bogus"])
 def test_diagnose_unknown_options_fail_in_one_line(flag, capsys, no_diagnose):
     code, err, out = cli_main(["diagnose", flag], capsys)
     assert code == 2 and len(err) == 1 and out == "", err
@@ -282,3 +282,23 @@ def test_estimate_memory_of_the_users_model(capsys):
                          "tfmulti estimate-memory: error: ")
     assert message.startswith("your model function tests.own_model:build takes `input_shape`; "
                               "pass --dataset")
+
+
+def test_diagnose_and_estimate_memory_take_the_training_flags_that_bear_on_them():
+    """Issue 28: the tools disagreed on flags. Both take the training flags, spelled as
+    recipes/train.py spells them: diagnose all but those of a run's length and outputs
+    (steps_per_epoch included: auto steps per call divide it), estimate-memory those
+    that decide a device's bytes (--num_devices stays as an alias)."""
+    commands = cli._subcommands(cli.build_parser())
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert fields - cli._option_names(commands["diagnose"]) == set(cli.DIAGNOSE_EXCLUDES)
+    args = cli.build_parser().parse_args(["diagnose", "--steps_per_epoch=10", "--task=regression",
+                                          "--num_virtual_devices=2"])
+    assert (args.steps_per_epoch, args.task, args.num_virtual_devices) == (10, "regression", 2)
+    memory_flags = {"model", "dataset", "data_dir", "download", "task", "distribution",
+                    "num_virtual_devices", "devices", "num_stages", "num_microbatches",
+                    "num_replicas", "remat", "tensor_parallel", "partition",
+                    "global_batch_size", "optimizer", "mixed_precision", "dropout", "seq_len",
+                    "d_model", "num_heads", "num_layers", "device_memory_mb"}
+    assert cli._option_names(commands["estimate-memory"]) & fields == memory_flags
+    assert {"num_devices", "json"} <= cli._option_names(commands["estimate-memory"])
