@@ -305,3 +305,21 @@ def test_a_layer_held_twice_is_split_once():
     assert layer.att is layer.same and isinstance(layer.att, ParallelMultiHeadAttention)
     x = np.ones((2, 3, 8), "float32")
     np.testing.assert_allclose(split(x), model(x), atol=1e-5)
+
+
+def test_an_mlp_block_of_a_functional_graph():
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((5, 8))
+    hidden = keras.layers.Dense(16, activation="gelu", name="up")(inputs)
+    x = inputs + keras.layers.Dense(8, name="down")(hidden)
+    outputs = keras.layers.Dense(8, name="head")(keras.layers.Dense(16, name="wide")(x) * 2.0)
+    plain = keras.Model(inputs, outputs)
+    lines = []
+    split = split_layers(plain, DEVICES, print_fn=lines.append)
+    assert lines == ["tfmulti: split over 2 devices: up+down (Dense 8->16 + Dense 16->8)"]
+    kinds = {layer.name: type(layer) for layer in split.layers}
+    assert kinds["up"] is ColumnParallelDense and kinds["down"] is RowParallelDense
+    assert kinds["wide"] is keras.layers.Dense  # read by a multiplication, not a Dense
+    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    np.testing.assert_allclose(split(x), plain(x), atol=1e-5)
+    _close(join_layers(split, print_fn=_quiet).get_weights(), plain.get_weights())

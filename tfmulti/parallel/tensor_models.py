@@ -5,9 +5,10 @@ their place, with their weights:
 
 * every `keras.layers.MultiHeadAttention` on (batch, length, features)
   inputs, by heads (`ParallelMultiHeadAttention`);
-* every MLP block of a `keras.Sequential`: a `Dense` d -> f with an
-  element-wise activation followed by a `Dense` f -> d, by columns then
-  rows (`ColumnParallelDense`, `RowParallelDense`);
+* every MLP block: a `Dense` d -> f with an element-wise Keras activation
+  followed by a `Dense` f -> d (next in a `keras.Sequential`, or the one
+  layer that reads it in a functional graph), by columns then rows
+  (`ColumnParallelDense`, `RowParallelDense`);
 
 in the model's graph, in nested Sequential and functional models, and in
 the attributes of the user's own layers (a `TransformerBlock` holding
@@ -55,8 +56,9 @@ __all__ = ["join_layers", "split_for_pipeline", "split_layers"]
 
 # Activations that mix a row's columns: a column-split Dense cannot apply them.
 _MIXING_ACTIVATIONS = ("softmax", "log_softmax")
-_WHAT_SPLITS = ("a MultiHeadAttention, or an MLP block of a Sequential (a Dense d->f with "
-                "an element-wise Keras activation followed by a Dense f->d)")
+_WHAT_SPLITS = ("a MultiHeadAttention, or an MLP block (a Dense d->f with an element-wise "
+                "Keras activation followed by a Dense f->d, in a Sequential or a functional "
+                "graph)")
 
 
 def split_layers(model: keras.Model, devices, *, print_fn=None) -> keras.Model:
@@ -214,9 +216,18 @@ class _Splitter:
     # ----------------------------------------------------------------- models
 
     def _functional(self, model, path):
+        prefix = "" if path is None else f"{path}."
         replaced = {}
+        if not self.join:
+            # keras.models.clone_model passes a layer's outputs on one by
+            # one, not as the list a ColumnParallelDense gives: the pair
+            # exchanges the whole hidden tensor (gathered, then split again).
+            for up, down in _mlp_blocks_of_graph(model):
+                replaced.update(self._mlp(up, down, prefix, gather=True))
         for layer in model.layers:
-            split = self.split(layer, layer.name if path is None else f"{path}.{layer.name}")
+            if id(layer) in replaced:
+                continue
+            split = self.split(layer, f"{prefix}{layer.name}")
             if split is not None:
                 replaced[id(layer)] = split
         if not replaced:
@@ -231,15 +242,7 @@ class _Splitter:
         while i < len(old):
             pair = old[i:i + 2]
             if not self.join and len(pair) == 2 and _mlp_block(*pair):
-                up, down = pair
-                column = self._call(ColumnParallelDense.from_layer, f"{prefix}{up.name}", up,
-                                    self.devices)
-                row = self._call(RowParallelDense.from_layer, f"{prefix}{down.name}", down,
-                                 self.devices)
-                new += [column, row]
-                d, f = up.kernel.shape
-                self.split_names.append(f"{prefix}{up.name}+{down.name} "
-                                        f"(Dense {d}->{f} + Dense {f}->{d})")
+                new += list(self._mlp(*pair, prefix).values())
                 changed, i = True, i + 2
                 continue
             split = self.split(old[i], f"{prefix}{old[i].name}")
@@ -252,6 +255,17 @@ class _Splitter:
             spec = model.inputs[0]
             inputs = [keras.Input(batch_shape=tuple(spec.shape), dtype=spec.dtype)]
         return keras.Sequential(inputs + new, name=model.name, trainable=model.trainable)
+
+    def _mlp(self, up, down, prefix, gather: bool = False) -> dict:
+        """{id: split layer} of an MLP block's two Dense layers."""
+        column = self._call(ColumnParallelDense.from_layer, f"{prefix}{up.name}", up,
+                            self.devices, gather_output=gather)
+        row = self._call(RowParallelDense.from_layer, f"{prefix}{down.name}", down, self.devices,
+                         input_is_parallel=not gather)
+        d, f = up.kernel.shape
+        self.split_names.append(f"{prefix}{up.name}+{down.name} (Dense {d}->{f} + Dense "
+                                f"{f}->{d})")
+        return {id(up): column, id(down): row}
 
     # ------------------------------------------------------------- user layers
 
@@ -401,6 +415,33 @@ def _flat(value) -> list:
 def _own_weights(layer, children) -> list:
     held = {id(w) for value in children for child in _flat(value) for w in child.weights}
     return [w for w in layer.weights if id(w) not in held]
+
+
+def _mlp_blocks_of_graph(model) -> list[tuple]:
+    """The MLP blocks of a functional graph: a Dense whose output goes to one
+    Dense alone (and is not a model output), each called once."""
+    def called_once(layer, attribute):
+        try:
+            return getattr(layer, attribute)
+        except (AttributeError, ValueError):  # called more than once (shared)
+            return None
+
+    outputs = {id(t) for t in model.outputs}
+    blocks = []
+    for up in model.layers:
+        if type(up) is not keras.layers.Dense or called_once(up, "output") is None:
+            continue
+        out = up.output
+        readers = [l for l in model.layers if any(
+            t is out for t in keras.tree.flatten(_or_empty(called_once(l, "input"))))]
+        if id(out) not in outputs and len(readers) == 1 and \
+                called_once(readers[0], "output") is not None and _mlp_block(up, readers[0]):
+            blocks.append((up, readers[0]))
+    return blocks
+
+
+def _or_empty(value):
+    return [] if value is None else value
 
 
 def _mlp_block(up, down) -> bool:
