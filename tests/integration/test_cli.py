@@ -31,6 +31,9 @@ from tests.unit.test_cli import OWN_FLAGS
      "tfmulti diagnose: error: --global_batch_size must be a positive integer, got 0."),
     (["launch", "--max_restarts=-1", "--", "python", "x.py"],
      re.compile(r"tfmulti launch: error: --max_restarts .*-1.*")),
+    (["estimate-memory", "--model=mlp", "--task=regression", "--num_virtual_devices=2"],
+     "tfmulti estimate-memory: error: --task 'regression' does not fit --model 'mlp', which "
+     "does classification; leave --task='auto'."),
 ])
 def test_the_command_fails_in_one_line_before_tensorflow(argv, line):
     # TensorFlow's start-up lines come through absl even at TF_CPP_MIN_LOG_LEVEL=2
