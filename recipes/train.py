@@ -51,19 +51,33 @@ from tfmulti.config import flags as config_flags  # noqa: E402  (no TensorFlow)
 config_flags.define_absl_flags()
 
 
+def _chief(config) -> bool:
+    """Whether this process is the chief, the one that prints the results: by the
+    rule the strategy's cluster resolver follows (TF_CONFIG's chief, else its worker
+    0; SLURM's task 0), read before TensorFlow starts."""
+    if config.distribution not in ("auto", "multi_worker"):
+        return True  # one process
+    cluster = tf_config.from_environ()  # a malformed TF_CONFIG fails here too
+    if config.distribution == "multi_worker" and (
+            config.cluster_resolver == "slurm"
+            or (config.cluster_resolver == "auto" and cluster is None)):
+        return os.environ.get("SLURM_PROCID", "0") == "0"
+    return tf_config.is_chief(cluster)
+
+
 def main(argv):
     config = config_flags.config_from_absl()
     config.validate()  # before TensorFlow starts: a bad flag fails at once
-    if config.distribution in ("auto", "multi_worker"):
-        tf_config.from_environ()  # a malformed TF_CONFIG too (the strategy reads it)
+    chief = _chief(config)
     from tfmulti.training.train import train
 
     metrics = train(config)
     summary = ", ".join(
         f"{k}={metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
-        for k in ("test_accuracy", "test_loss", "test_mae", "examples_per_second",
+        for k in ("test_accuracy", "test_loss", "test_mae", "val_loss", "examples_per_second",
                   "num_replicas", "distribution", "epochs_completed") if k in metrics)
-    print(f"tfmulti: {summary}")
+    if chief:  # every worker has the metrics; one line says them
+        print(f"tfmulti: {summary}")
 
 
 if __name__ == "__main__":

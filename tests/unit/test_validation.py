@@ -138,6 +138,7 @@ def test_val_metrics_are_the_saved_models_on_the_held_out_examples(tmp_path, fie
     want = _held_out_loss(tmp_path / "run")
     assert metrics["val_loss"] == pytest.approx(want["loss"], rel=1e-4)
     assert metrics["val_accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
+    assert metrics["test_loss"] > 0  # the test split is still evaluated after validating
 
 
 def test_a_run_resumed_at_its_end_reports_the_last_val_metrics(tmp_path):
@@ -163,16 +164,15 @@ def test_a_validation_entry_is_evaluated_every_epoch_under_mirrored(tmp_path):
     assert metrics["steps_per_epoch"] == 16  # the 2,048 training examples, all of them
 
 
-def test_early_stopping_on_val_loss_stops(recwarn):
+def test_callbacks_watching_val_loss_work(tmp_path, recwarn):
+    """EarlyStopping on val_loss stops; ModelCheckpoint(save_best_only, monitor=
+    "val_loss") writes the best epoch's model (both warned that val_loss was not
+    available, and did nothing, without validation data)."""
     # min_delta=10: no epoch improves val_loss that much, so the second one stops.
     stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10.0)
-    metrics = train(TrainConfig(**{**RUN, "epochs": 5}), callbacks=[stop])
-    assert metrics["epochs_completed"] == 2 and stop.stopped_epoch == 1
-    assert not [w for w in recwarn if "val_loss" in str(w.message)]  # no "not available"
-
-
-def test_model_checkpoint_on_val_loss_writes_the_best(tmp_path):
     path = tmp_path / "best.keras"
     checkpoint = keras.callbacks.ModelCheckpoint(path, monitor="val_loss", save_best_only=True)
-    metrics = train(TrainConfig(**RUN), callbacks=[checkpoint])
+    metrics = train(TrainConfig(**{**RUN, "epochs": 5}), callbacks=[stop, checkpoint])
+    assert metrics["epochs_completed"] == 2 and stop.stopped_epoch == 1
     assert path.is_file() and checkpoint.best <= metrics["val_loss"]
+    assert not [w for w in recwarn if "val_loss" in str(w.message)]  # no "not available"
