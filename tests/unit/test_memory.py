@@ -379,11 +379,15 @@ def test_estimate_memory_training_flags_bad_values(argv, message, capsys, monkey
 TX = "tests.corpus.text_transformer"
 
 
-@pytest.mark.parametrize("distribution, replicas", [("pipeline", 1), ("hybrid", 2)])
-def test_estimate_memory_of_the_users_model_as_a_pipeline(distribution, replicas, capsys):
+@pytest.mark.parametrize("program, distribution, replicas", [
+    (TX, "pipeline", 1), (TX, "hybrid", 2), ("tests.corpus.structured_data", "pipeline", 1)])
+def test_estimate_memory_of_the_users_model_as_a_pipeline(program, distribution, replicas,
+                                                          capsys):
     """Issue 28: the pipeline estimate of a user's model (keras-io's text
     transformer) was refused, although training prints that very table: the
-    estimate's rows are the placed pipeline's (`pipeline_footprint`)."""
+    estimate's rows are the placed pipeline's (`pipeline_footprint`). Also with
+    text features (keras-io's structured data: string Inputs and a StringLookup,
+    whose outputs are floats of a "string" compute dtype)."""
     import keras
 
     from tfmulti.config.train_config import TrainConfig
@@ -392,7 +396,7 @@ def test_estimate_memory_of_the_users_model_as_a_pipeline(distribution, replicas
     from tfmulti.models.from_config import build_model_for
     from tfmulti.parallel import PipelineModel
 
-    flags = dict(model=f"{TX}:build", dataset=f"{TX}:data", distribution=distribution,
+    flags = dict(model=f"{program}:build", dataset=f"{program}:data", distribution=distribution,
                  num_stages=2, num_microbatches=2, global_batch_size=16 * replicas,
                  task="classification",
                  **({"num_replicas": replicas} if distribution == "hybrid" else {}))
@@ -427,3 +431,13 @@ def test_tensor_parallel_of_the_users_model_is_refused_in_one_line(capsys):
         "--tensor_parallel (2) devices, not your own model; estimate it with "
         "--tensor_parallel=1 (each stage on one device), or read the table its training run "
         "prints."]
+
+
+def test_a_model_with_text_inputs_is_estimated_on_one_device(capsys):
+    """keras-io's structured data: string Inputs (one example of "" goes through its
+    lookups); was a TypeError traceback from NumPy."""
+    program = "tests.corpus.structured_data"
+    estimate = _estimate_json([f"--model={program}:build", f"--dataset={program}:data",
+                               "--global_batch_size=64"], capsys)
+    row = estimate["devices"][0]
+    assert row["activation_batch"] == 64 and row["activations"] > 0 and row["parameters"] > 0

@@ -247,12 +247,14 @@ def _chain_rows(chain, layout, summary: dict, slots: int, partition: str,
         seen = set()
         for node in chain.stage_nodes(cut.start, cut.stop):
             op = node.operation
-            inputs = {id(t): footprint.tensor_bytes(t) for t in node.input_tensors}
             outputs = footprint.output_bytes(node)
             for t, share in enumerate(device_shares(op, kind_of(op), T)):
                 if id(op) not in seen and isinstance(op, keras.layers.Layer):
                     weights[t].extend(share.weights)
-                kept[t] += share.output * outputs + share.input * sum(inputs.values())
+                kept[t] += share.output * outputs
+                if share.input:  # a copy of the layer's inputs (counted only where kept)
+                    kept[t] += share.input * sum({id(x): footprint.tensor_bytes(x)
+                                                  for x in node.input_tensors}.values())
             seen.add(id(op))
         entry = chain.blocks[cut.start].entry
         stage_rows.append([footprint.stage_footprint(

@@ -73,18 +73,23 @@ def _stack_output_bytes(layers, input_shape: tuple, override: str | None) -> lis
 
 def tensor_bytes(tensor) -> int:
     """Bytes of one example of a symbolic tensor: floating outputs of a
-    layer in its compute dtype (its mixed-precision policy), others in
-    their own dtype.
+    layer in its floating compute dtype (its mixed-precision policy), others in
+    their own dtype; text (string) tensors, the raw features a lookup layer
+    takes, 0 (their size is the data's, as the model's input batch is not
+    counted).
 
     Raises:
         ValueError: a dimension other than the batch is unknown.
     """
     from tfmulti.parallel.chain import node_of, per_example_elements
 
-    dtype = str(tensor.dtype)
+    dtype = getattr(tensor.dtype, "name", None) or str(tensor.dtype)
+    if dtype == "string":
+        return 0
     node = node_of(tensor)
-    if node is not None and "float" in dtype:
-        dtype = getattr(node.operation, "compute_dtype", None) or dtype
+    compute = getattr(node.operation, "compute_dtype", None) if node is not None else None
+    if "float" in dtype and "float" in str(compute):  # not a lookup's: a string "compute" dtype
+        dtype = compute
     return per_example_elements(tensor) * dtype_bytes(dtype)
 
 
@@ -217,7 +222,10 @@ def layer_outputs(model, input_shape, input_dtype=None) -> list[tuple[object, in
     import numpy as np
 
     def zeros(shape, dtype):
-        return np.zeros((1, *shape), dtype=getattr(dtype, "name", dtype) or "float32")
+        name = getattr(dtype, "name", dtype) or "float32"
+        if name == "string":  # a text feature (a StringLookup's input): one empty string
+            return np.full((1, *shape), "", dtype=object)
+        return np.zeros((1, *shape), dtype=name)
 
     if isinstance(input_shape, dict):
         dtypes = input_dtype if isinstance(input_dtype, dict) else {}
