@@ -13,7 +13,9 @@ import pytest
 
 from tests._util import WORKERS, launch_python, run_python
 from tests._util import fake_slurm
-from tests.unit.test_keras_fixes import EMPTY_BATCH_CONV, FIT_MULTI_WORKER, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL
+from tests.unit.test_keras_fixes import (EMPTY_BATCH_CONV, FIT_MULTI_WORKER,
+                                         SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
+                                         UNEVEN_FIRST_BATCH)
 
 # Convolutions on an empty batch under oneDNN. The bug is in oneDNN's
 # kernels, which TensorFlow turns on by default only on x86 CPUs with AVX-512
@@ -86,6 +88,20 @@ _SINGLE_PROCESS = textwrap.dedent("""
         train = data.distribute(data.load("synthetic", num_examples=512), strategy, 64, seed=0)
         model.fit(**train.fit_kwargs(), epochs=1, verbose=0)
         return "fit ok"
+
+    # A first batch split unevenly over 2 replicas (plain MirroredStrategy):
+    # 240 test examples at global batch 256 give them 128 and 112 rows.
+    @part
+    def uneven_first_batch_upstream():
+        strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])  # no tfmulti fixes
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                                      keras.layers.Dense(10)])
+            model.compile(loss="sparse_categorical_crossentropy")
+        test = data.distribute(data.load("synthetic", "test", num_examples=240), strategy, 256,
+                               training=False)
+        model.evaluate(**test.evaluate_kwargs(), verbose=0)
+        return "evaluate ok"
 
     # Convolutions on an empty batch.
     def conv_model(**compile_args):
@@ -302,6 +318,14 @@ def test_upstream_bug_steps_per_execution_with_replicas(upstream):
 
 
 @pytest.mark.slow
+def test_upstream_bug_symbolic_build_of_a_first_batch_split_unevenly(upstream):
+    # keras-team/keras#20585's build under MirroredStrategy: Keras reduces the
+    # first batch's inputs over the replicas, which fails for unequal shares.
+    part = upstream["uneven_first_batch_upstream"]
+    assert part["result"] is None, part  # no "evaluate ok"
+    assert "must have the same size and shape" in part["error"], part
+
+
 def test_upstream_bug_conv_on_empty_batch(upstream):
     # Same oneDNN conv kernel as tensorflow/tensorflow#30968 (fixed there for
     # Conv3D only): an empty batch comes back with the input's shape.
@@ -351,9 +375,10 @@ def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
     assert part["error"] is None, part["error"]
     r = part["result"]
     assert r["active_before"] == [] and r["one_device"] == [] and r["stderr_before"] == ""
-    assert r["mirrored"] == r["again"] == [STEPS_PER_CALL, EMPTY_BATCH_CONV]
-    assert r["everything"] == [FIT_MULTI_WORKER, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
-                               EMPTY_BATCH_CONV]
-    assert r["stderr"] == ("tfmulti: Keras fixes active: several steps per call with 2+ "
+    assert r["mirrored"] == r["again"] == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL, EMPTY_BATCH_CONV]
+    assert r["everything"] == [FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER,
+                               STEPS_PER_CALL, EMPTY_BATCH_CONV]
+    assert r["stderr"] == ("tfmulti: Keras fixes active: a first batch split unevenly over "
+                           "replicas (keras#20585), several steps per call with 2+ "
                            "replicas (keras#19246), convolutions on an empty batch under "
                            "oneDNN (tensorflow#30968)\n")

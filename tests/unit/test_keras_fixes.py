@@ -22,6 +22,7 @@ from tests._util import fake_slurm
 STEPS_PER_CALL = "several steps per call with 2+ replicas"
 EMPTY_BATCH_CONV = "convolutions on an empty batch under oneDNN"
 FIT_MULTI_WORKER = "fit under MultiWorkerMirroredStrategy"
+UNEVEN_FIRST_BATCH = "a first batch split unevenly over replicas"
 SCALAR_LOGS_MULTI_WORKER = "logged scalars under MultiWorkerMirroredStrategy"
 
 
@@ -70,6 +71,41 @@ def test_fix_steps_per_execution_with_replicas_matches_one_step_per_call():
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+def test_fix_evaluates_a_first_batch_split_unevenly_over_replicas():
+    # 240 test examples at global batch 256 on 2 replicas: the only batch
+    # gives them 128 and 112 rows. Without the fix Keras' symbolic build adds
+    # the two replicas' inputs ("AddN must have the same size and shape";
+    # tests/integration/test_keras_fixes.py shows it still does upstream).
+    import keras
+    import numpy as np
+
+    import tfmulti
+    from tfmulti import data
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    assert UNEVEN_FIRST_BATCH in tfmulti.apply_keras_fixes(strategy)
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(10)])
+        m.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+        return m
+
+    with strategy.scope():
+        distributed = model()
+    test_data = data.load("synthetic", "test", num_examples=240)
+    test = data.distribute(test_data, strategy, 256, training=False)
+    result = distributed.evaluate(**test.evaluate_kwargs(), return_dict=True, verbose=0)
+    single = model()
+    single.set_weights(distributed.get_weights())
+    expected = single.evaluate(test_data.batch(256), return_dict=True, verbose=0)
+    assert result["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert result["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
+    assert np.isfinite(result["loss"])
+
+
 # --------------------------------------------------------------------------
 # apply_keras_fixes: the fixes for a strategy the user built.
 
@@ -84,7 +120,8 @@ def test_apply_keras_fixes_to_a_mirrored_strategy_the_user_built():
     import tfmulti
 
     strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
-    assert tfmulti.apply_keras_fixes(strategy) == [STEPS_PER_CALL, EMPTY_BATCH_CONV]
+    assert tfmulti.apply_keras_fixes(strategy) == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
+                                                   EMPTY_BATCH_CONV]
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
@@ -104,7 +141,8 @@ def test_apply_keras_fixes_by_strategy():
     assert keras_fixes.apply_keras_fixes(tf.distribute.OneDeviceStrategy("CPU:0")) == []
     assert keras_fixes.apply_keras_fixes(tf.distribute.get_strategy()) == []
     assert keras_fixes.apply_keras_fixes() == keras_fixes.active_fixes() == [
-        FIT_MULTI_WORKER, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL, EMPTY_BATCH_CONV]
+        FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
+        EMPTY_BATCH_CONV]
 
 
 # --------------------------------------------------------------------------
@@ -121,6 +159,8 @@ def test_recorded_keras_functions_are_the_installed_ones():
 
 @pytest.mark.parametrize("fix, changed", [
     (FIT_MULTI_WORKER,
+     "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build"),
+    (UNEVEN_FIRST_BATCH,
      "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build"),
     (SCALAR_LOGS_MULTI_WORKER, "keras.src.backend.tensorflow.trainer:reduce_per_replica"),
     (STEPS_PER_CALL, "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function"),
@@ -151,12 +191,17 @@ def test_guard_leaves_a_fix_off_where_keras_changed(fix, changed, monkeypatch):
 
     owner, attribute = target(changed)
     monkeypatch.setattr(owner, attribute, new_keras_version)
-    with pytest.warns(RuntimeWarning, match=rf"fix for {re.escape(fix)} \([a-z]+#\d+\) was "
-                                            rf"written for Keras 3\.15, .*{attribute}\. "
-                                            rf"The fix stays off"):
+    with pytest.warns(RuntimeWarning) as caught:
         active = keras_fixes.apply_keras_fixes()
+    # One warning per fix that replaces the changed function, this one's among them.
+    sharing = [f for f in keras_fixes._needed(None) if changed in f.replaces]
+    assert len(caught) == len(sharing)
+    assert any(re.search(rf"fix for {re.escape(fix)} \([a-z]+#\d+\) was written for Keras "
+                         rf"3\.15, .*{attribute}\. The fix stays off", str(w.message))
+               for w in caught), [str(w.message) for w in caught]
     assert getattr(owner, attribute) is new_keras_version  # not patched
-    assert fix not in active and len(active) == 3  # the others are on
+    # The others are on: all but the fixes that replace the changed function.
+    assert fix not in active and len(active) == len(keras_fixes._needed(None)) - len(sharing)
     assert fix not in keras_fixes.active_fixes()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once

@@ -6,6 +6,8 @@ Each fix is named by the symptom it cures and links its upstream issue:
   `mirrored_strategy` gives each strategy collective keys of its own.
 * "fit under MultiWorkerMirroredStrategy" (keras#20585): a patch of Keras'
   symbolic build.
+* "a first batch split unevenly over replicas" (keras#20585's build, under
+  `MirroredStrategy`): the same patch of Keras' symbolic build.
 * "logged scalars under MultiWorkerMirroredStrategy" (tensorflow#72388): a
   patch of Keras' reduction of the logs.
 * "several steps per call with 2+ replicas" (keras#19246): a patch of Keras'
@@ -72,6 +74,10 @@ _CONV_OPS = ("conv", "depthwise_conv", "separable_conv")
 
 _FIT_MULTI_WORKER = _Fix(
     "fit under MultiWorkerMirroredStrategy", "keras#20585",
+    "https://github.com/keras-team/keras/issues/20585",
+    (_TRAINER + "TensorFlowTrainer._maybe_symbolic_build",))
+_UNEVEN_FIRST_BATCH = _Fix(
+    "a first batch split unevenly over replicas", "keras#20585",
     "https://github.com/keras-team/keras/issues/20585",
     (_TRAINER + "TensorFlowTrainer._maybe_symbolic_build",))
 _SCALAR_LOGS_MULTI_WORKER = _Fix(
@@ -193,9 +199,10 @@ def _install(fix: _Fix, patch) -> None:
 def _needed(strategy) -> tuple[_Fix, ...]:
     """The patches `strategy` needs (None: all of them)."""
     if strategy is None or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return (_FIT_MULTI_WORKER, _SCALAR_LOGS_MULTI_WORKER, _STEPS_PER_CALL, _EMPTY_BATCH_CONV)
+        return (_FIT_MULTI_WORKER, _UNEVEN_FIRST_BATCH, _SCALAR_LOGS_MULTI_WORKER,
+                _STEPS_PER_CALL, _EMPTY_BATCH_CONV)
     if isinstance(strategy, tf.distribute.MirroredStrategy):
-        return (_STEPS_PER_CALL, _EMPTY_BATCH_CONV)
+        return (_UNEVEN_FIRST_BATCH, _STEPS_PER_CALL, _EMPTY_BATCH_CONV)
     return ()
 
 
@@ -206,6 +213,7 @@ def active_fixes() -> list[str]:
         >>> from tfmulti.runtime import keras_fixes
         >>> set(keras_fixes.active_fixes()) <= {
         ...     "fit under MultiWorkerMirroredStrategy",
+        ...     "a first batch split unevenly over replicas",
         ...     "logged scalars under MultiWorkerMirroredStrategy",
         ...     "several steps per call with 2+ replicas",
         ...     "convolutions on an empty batch under oneDNN"}
@@ -226,11 +234,14 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
     * a `MultiWorkerMirroredStrategy`: "fit under MultiWorkerMirroredStrategy"
       (keras#20585), "logged scalars under MultiWorkerMirroredStrategy"
       (tensorflow#72388), and the two below;
-    * a `MirroredStrategy`: "several steps per call with 2+ replicas"
+    * a `MirroredStrategy`: "a first batch split unevenly over replicas"
+      (keras#20585's symbolic build: `evaluate` or `fit` whose first batch
+      gives the replicas different numbers of rows, e.g. a test split smaller
+      than the global batch), "several steps per call with 2+ replicas"
       (keras#19246, `steps_per_execution > 1`) and "convolutions on an empty
       batch under oneDNN" (tensorflow#30968, `evaluate` of a conv model when
       a replica's share of the last batch is empty);
-    * any other strategy: none. None: all four (before the strategy exists).
+    * any other strategy: none. None: all five (before the strategy exists).
 
     Calling it again does nothing more. The first call in a process that
     installs a fix prints one line to stderr naming the active fixes. A fix
@@ -249,11 +260,13 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
         >>> import tensorflow as tf
         >>> import tfmulti
         >>> strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
-        >>> tfmulti.apply_keras_fixes(strategy)
-        ['several steps per call with 2+ replicas', 'convolutions on an empty batch under oneDNN']
+        >>> tfmulti.apply_keras_fixes(strategy)  # doctest: +NORMALIZE_WHITESPACE
+        ['a first batch split unevenly over replicas', 'several steps per call with 2+ replicas',
+         'convolutions on an empty batch under oneDNN']
     """
     global _announced
     patches = {_FIT_MULTI_WORKER: _patch_symbolic_build,
+               _UNEVEN_FIRST_BATCH: _patch_symbolic_build,  # the same patch, installed once
                _SCALAR_LOGS_MULTI_WORKER: _patch_reduce_per_replica,
                _STEPS_PER_CALL: _patch_make_function,
                _EMPTY_BATCH_CONV: _patch_conv}
@@ -323,6 +336,11 @@ def mirrored_strategy(devices, cross_device_ops=None) -> tf.distribute.MirroredS
 # replica's batch instead: no collective at all.
 # Upstream: https://github.com/keras-team/keras/issues/20585 (also dict
 # inputs: https://github.com/keras-team/keras/issues/20329).
+# The same reduction fails under MirroredStrategy when the first batch gives
+# the replicas different numbers of rows (`evaluate` of a test split smaller
+# than the global batch: "Inputs to operation AddN ... must have the same size
+# and shape. Input 0: [128,28,28,1] != input 1: [112,28,28,1]"); the same
+# patch cures it, for every strategy of 2+ replicas.
 #
 # The logged scalars. `reduce_per_replica(..., reduction="mean")` reduces
 # every logged value with `strategy.reduce("MEAN", v, axis=0)` under
@@ -333,8 +351,9 @@ def mirrored_strategy(devices, cross_device_ops=None) -> tf.distribute.MirroredS
 # Upstream: https://github.com/tensorflow/tensorflow/issues/72388 (and
 # https://github.com/keras-team/keras/issues/20585).
 #
-# Both patches change behaviour only under a multi-worker
-# MultiWorkerMirroredStrategy.
+# The scalar patch changes behaviour only under a multi-worker
+# MultiWorkerMirroredStrategy; the build's, under any strategy of 2+ replicas
+# (and there only which batch the build reads its shapes from).
 # --------------------------------------------------------------------------
 
 def _is_multi_worker(strategy) -> bool:
@@ -348,10 +367,12 @@ def _patch_symbolic_build() -> None:
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
     original_build = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+    if getattr(original_build, "__wrapped__", None) is not None:
+        return  # installed for the other fix that shares it
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy
-        if iterator is None or strategy is None or not _is_multi_worker(strategy):
+        if iterator is None or strategy is None or strategy.num_replicas_in_sync < 2:
             return original_build(self, iterator=iterator, data_batch=data_batch)
         for _, _, it in iterator:
             batch = next(it)
