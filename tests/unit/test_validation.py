@@ -120,8 +120,9 @@ def _held_out_loss(model_dir, num_examples=RUN["num_examples"], split=RUN["valid
     dict(distribution="one_device"),
     dict(distribution="mirrored"),
     dict(distribution="pipeline", devices=("CPU:0", "CPU:1"), num_microbatches=2),
+    dict(distribution="hybrid", num_replicas=2, num_microbatches=2),
     dict(distribution="mirrored", backup="yes"),
-], ids=["one_device", "mirrored", "pipeline", "mirrored_backup"])
+], ids=["one_device", "mirrored", "pipeline", "hybrid", "mirrored_backup"])
 def test_val_metrics_are_the_saved_models_on_the_held_out_examples(tmp_path, fields):
     fields = dict(fields)
     if fields.pop("backup", None):
@@ -162,6 +163,26 @@ def test_a_validation_entry_is_evaluated_every_epoch_under_mirrored(tmp_path):
     want = model.evaluate(x, y, batch_size=256, return_dict=True, verbose=0)
     assert metrics["val_loss"] == pytest.approx(want["loss"], rel=1e-4)
     assert metrics["steps_per_epoch"] == 16  # the 2,048 training examples, all of them
+
+
+def test_a_validation_split_of_files_is_read_to_its_end_every_epoch(tmp_path, recwarn):
+    """A "validation" entry of files (size unknown): every epoch reads them all,
+    without Keras' "ran out of data" warning at each end."""
+    import tfmulti
+
+    own_model.write_tfrecords(tmp_path, num_files=2, per_file=40)
+    files = tfmulti.data.from_files(str(tmp_path / "part-*.tfrecord"), own_model.parse)
+    history = keras.callbacks.History()
+    metrics = train(TrainConfig(
+        distribution="mirrored", model=own_model.build, global_batch_size=64, epochs=2,
+        verbose=0, dataset=lambda: {"train": own_model.arrays(512, 0), "validation": files}),
+        callbacks=[history])
+    x, y = own_model.arrays(80, 0)  # the files' 80 examples
+    model = history.model
+    want = model.evaluate(x, y, batch_size=80, return_dict=True, verbose=0)
+    assert len(history.history["val_loss"]) == 2
+    assert metrics["val_loss"] == pytest.approx(want["loss"], rel=1e-4)
+    assert not [w for w in recwarn if "ran out of data" in str(w.message)]
 
 
 def test_callbacks_watching_val_loss_work(tmp_path, recwarn):
