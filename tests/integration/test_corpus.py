@@ -43,31 +43,43 @@ NOT_CHAINS = [name for name in PROGRAMS if not harness.load(name).CHAIN]
 PIPELINE_REFUSALS = {"vae": r"(?i)subclassed"}
 
 
+def _callbacks(module, folder):
+    """The program's own callbacks (the time series' watch `val_loss`), writing under `folder`."""
+    if not hasattr(module, "callbacks"):
+        return []
+    os.makedirs(folder)
+    return module.callbacks(folder)
+
+
 @pytest.fixture(scope="module")
-def references():
-    """Each program's reference, trained once, on demand."""
+def references(tmp_path_factory):
+    """Each program's reference, trained once, on demand, with its own callbacks."""
     cache = {}
 
     def get(name):
         if name not in cache:
-            cache[name] = harness.reference(name)
+            folder = str(tmp_path_factory.mktemp(f"{name}-keras") / "callbacks")
+            cache[name] = harness.reference(name, _callbacks(harness.load(name), folder))
+            cache[name]["callbacks_dir"] = folder
         return cache[name]
     return get
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Each program trained by tfmulti once per distribution, on demand:
-    (metrics, model_dir)."""
+    """Each program trained by tfmulti once per distribution, on demand, with
+    its own callbacks: (metrics, model_dir); the callbacks write next to
+    model_dir, in `callbacks`."""
     cache = {}
 
     def get(name, distribution, **overrides):
         key = (name, distribution)
         if key not in cache:
-            folder = str(tmp_path_factory.mktemp(f"{name}-{distribution}") / "run")
-            config = tfmulti.TrainConfig(distribution=distribution, model_dir=folder,
+            base = tmp_path_factory.mktemp(f"{name}-{distribution}")
+            config = tfmulti.TrainConfig(distribution=distribution, model_dir=str(base / "run"),
                                          **harness.config_kwargs(name, **overrides))
-            cache[key] = (tfmulti.train(config), folder)
+            callbacks = _callbacks(harness.load(name), str(base / "callbacks"))
+            cache[key] = (tfmulti.train(config, callbacks=callbacks), str(base / "run"))
         return cache[key]
     return get
 
@@ -83,20 +95,16 @@ def test_mirrored_matches_plain_keras(name, runs, references):
 
 
 @pytest.mark.slow
-def test_callbacks_watching_val_loss_work(tmp_path):
+def test_callbacks_watching_val_loss_work(runs, references):
     """The time series' published callbacks watch `val_loss` of its
     `validation_split=0.2`: tfmulti validates every epoch, so the checkpoint
-    of the best model is written, as plain Keras writes it."""
+    of the best model is written, as plain Keras writes it, and the
+    validation loss agrees with plain Keras'."""
     name = "timeseries_classification"
-    module = harness.load(name)
-    (tmp_path / "keras").mkdir()
-    (tmp_path / "tfmulti").mkdir()
-    ref = harness.reference(name, callbacks=module.callbacks(tmp_path / "keras"))
-    metrics = tfmulti.train(
-        tfmulti.TrainConfig(distribution="mirrored", **harness.config_kwargs(name)),
-        callbacks=module.callbacks(tmp_path / "tfmulti"))
-    assert (tmp_path / "keras" / "best_model.keras").exists()
-    assert (tmp_path / "tfmulti" / "best_model.keras").exists()
+    metrics, folder = runs(name, "mirrored")
+    ref = references(name)
+    assert os.path.exists(os.path.join(ref["callbacks_dir"], "best_model.keras"))
+    assert os.path.exists(os.path.join(os.path.dirname(folder), "callbacks", "best_model.keras"))
     ref_val = ref["history"]["val_loss"][-1]
     assert abs(metrics["val_loss"] - ref_val) <= harness.LOSS_ABS + harness.LOSS_REL * ref_val, (
         metrics["val_loss"], ref_val)
