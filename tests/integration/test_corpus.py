@@ -207,6 +207,7 @@ def two_workers(tmp_path_factory):
 
 
 @pytest.mark.cluster
+@pytest.mark.timeout(600)  # the first one launches the cluster that trains all six
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_two_workers_match_plain_keras(name, two_workers, references):
     code, output, out = two_workers

@@ -4,9 +4,9 @@ all (each start of a cluster costs TensorFlow's import):
     tfmulti launch --num_workers 2 -- python tests/workers/corpus.py OUT_DIR NAME...
 
 Each program's run writes OUT_DIR/NAME (the chief's metrics.json and
-model.keras); a program tfmulti refuses (a ValueError, before training, on
-every worker alike) is written as OUT_DIR/NAME.refused, its one line, and the
-next program runs.
+model.keras); a program that fails on every worker alike (a refusal before
+training, or an error in its first step) is written as OUT_DIR/NAME.refused,
+its error's type and message, and the next program runs.
 """
 
 import json
@@ -28,11 +28,12 @@ def main(out_dir: str, names: list[str]) -> None:
                                      **harness.config_kwargs(name))
         try:
             tfmulti.train(config)
-        except ValueError as e:
-            print(f"corpus: {name} refused: {e}", flush=True)
+        except Exception as e:  # pylint: disable=broad-except  (reported, then the next one)
+            line = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            print(f"corpus: {name} refused: {line}", flush=True)
             if chief:
                 with open(folder + ".refused", "w") as f:
-                    f.write(str(e))
+                    f.write(line)
             continue
         print(f"corpus: {name} trained", flush=True)
 
