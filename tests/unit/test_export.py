@@ -397,3 +397,35 @@ def test_export_of_a_pipeline_run_that_saved_the_weights_only(tmp_path, capsys, 
     np.testing.assert_allclose(_served(str(tmp_path / "serving"), x),
                                trained.predict(x, verbose=0), atol=1e-6)
     assert _signature_inputs(str(tmp_path / "serving")) == ["input_layer"]
+
+
+def test_export_of_a_subclassed_model_saved_as_weights(tmp_path, capsys, monkeypatch):
+    """keras-io's VAE (a subclassed model whose get_config cannot be written: a run
+    saves its weights): its function takes no shapes, so the model is built on one
+    example of the data its run file names, then given the weights."""
+    import json
+
+    from tests.corpus import vae
+    from tfmulti.training import outputs
+
+    monkeypatch.chdir(tmp_path)
+    images = vae._images(4, np.random.default_rng(0))
+    model = vae.build()
+    model(images, training=False)
+    os.makedirs("run")
+    model.save_weights("run/model.weights.h5")
+    with open(os.path.join("run", outputs.RUN_FILE), "w") as f:
+        json.dump({"config": {"model": "tests.corpus.vae:build", "seed": 0,
+                              "dataset": "tests.corpus.vae:data"},
+                   "published": ["model.weights.h5"], "finished": True}, f)
+    code, err, out = cli_main(["export", "--model_dir=run", "--output=serving",
+                               "--model=tests.corpus.vae:build"], capsys)
+    assert code == 0, err
+    import tensorflow as tf
+
+    # Its decoder draws z at random: the served weights are compared, and it serves.
+    loaded = tf.saved_model.load(str(tmp_path / "serving"))
+    assert loaded.serve(images).shape == images.shape
+    np.testing.assert_allclose(
+        sorted(float(np.sum(v.numpy())) for v in loaded.trainable_variables),
+        sorted(float(np.sum(v.numpy())) for v in model.trainable_weights), rtol=1e-6)

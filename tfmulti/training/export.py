@@ -7,9 +7,10 @@ The model is first made a plain one-device Keras model: a PipelineModel (or
 a hybrid) becomes its unpartitioned model (`to_model()`), and a model
 whose variables a strategy holds (mirrored, multi-worker) is copied through a
 `.keras` file into ordinary variables. The signature's inputs are named as the
-model's `keras.Input`s (`input_names`), whichever distribution trained it. The SavedModel is written into a
-temporary directory next to `path` and renamed into place, so `path` never
-holds a partial export; an existing `path` is refused unless `overwrite`.
+model's `keras.Input`s (`input_names`), whichever distribution trained it.
+The SavedModel is written into a temporary directory next to `path` and
+renamed into place, so `path` never holds a partial export; an existing
+`path` is refused unless `overwrite`.
 
 Example:
     >>> import os, tempfile
@@ -331,10 +332,11 @@ _BUILD_FIELDS = ("dataset", "data_dir", "num_examples", "validation_split", "tas
                  "seed")
 
 
-def _built_again(model_dir: str, spec: str, weights: str) -> keras.Model:
+def _built_again(model_dir: str, spec: str, weights: str):
     """The model function `spec` called as the run called it: with the input
     shape and classes metrics.json records, else those of the data its run
-    file names (`tfmulti.models.from_config.build_model_for`)."""
+    file names (`tfmulti.models.from_config.build_model_for`); and the
+    per-example input shape, where known (None: not needed or not recorded)."""
     recorded = _recorded(model_dir)
     run = {k: v for k, v in recorded["config"].items()
            if k in _BUILD_FIELDS and k in {f.name for f in dataclasses.fields(TrainConfig)}}
@@ -344,22 +346,36 @@ def _built_again(model_dir: str, spec: str, weights: str) -> keras.Model:
                    "dropout": run.get("dropout", 0.2), "seed": run.get("seed")}
         if recorded.get("num_classes") is not None:
             offered["num_classes"] = recorded["num_classes"]
-        return user_functions.call(fn, offered, "model")
+        return user_functions.call(fn, offered, "model"), offered["input_shape"]
+    from tfmulti.data.from_config import load_data
+    from tfmulti.models.from_config import build_model_for
+
+    named = isinstance(run.get("dataset"), str)
+    config = TrainConfig(**{**run, "model": spec}) if named else None
     wanted = user_functions.parameters(fn)
     if wanted is not None and not {"input_shape", "num_classes"} & wanted:
-        return user_functions.call(fn, {"dropout": run.get("dropout", 0.2),
-                                        "seed": run.get("seed")}, "model")
-    if not isinstance(run.get("dataset"), str):
+        model = user_functions.call(fn, {"dropout": run.get("dropout", 0.2),
+                                         "seed": run.get("seed")}, "model")
+        if getattr(model, "built", True) or not named:
+            return model, None
+        return model, load_data(config).input_shape  # a subclassed model: built on it
+    if not named:
         raise ValueError(f"--model {spec!r} takes `input_shape`, which {model_dir} does not "
                          "record (no metrics.json input_shape, no run file naming the data); "
                          "export from Python: build the model, "
                          f"model.load_weights({weights!r}), then "
                          "tfmulti.training.export.saved_model(model, OUTPUT).")
-    from tfmulti.data.from_config import load_data
-    from tfmulti.models.from_config import build_model_for
+    run_data = load_data(config)
+    return build_model_for(config, run_data), run_data.input_shape
 
-    config = TrainConfig(**{**run, "model": spec})
-    return build_model_for(config, load_data(config))
+
+def _zeros(shape):
+    """One example of zeros of a per-example shape (a dict of shapes: a dict)."""
+    import numpy as np
+
+    if isinstance(shape, dict):
+        return {k: _zeros(v) for k, v in shape.items()}
+    return np.zeros((1, *shape), np.float32)
 
 
 def rebuild(model_dir: str, spec: str, weights: str) -> keras.Model:
@@ -367,16 +383,19 @@ def rebuild(model_dir: str, spec: str, weights: str) -> keras.Model:
     ("module:function"), given what the run gave it (the input shape and
     classes of its data, its dropout and seed: from metrics.json, else from
     the data its run file names), with the weights of `weights` (a
-    .weights.h5 file, or a .keras file's).
+    .weights.h5 file, or a .keras file's). A subclassed model is built on one
+    example of zeros of the data's shape first.
 
     Raises:
         ValueError: the function cannot be called with what the run recorded,
             or the weights do not fit the model it returns.
     """
-    model = _built_again(model_dir, spec, weights)
+    model, input_shape = _built_again(model_dir, spec, weights)
     if not isinstance(model, keras.Model):
         raise ValueError(f"--model {spec!r} returned {type(model).__name__}; expected a "
                          "keras.Model.")
+    if not model.built and input_shape is not None:
+        model(_zeros(input_shape), training=False)
     try:
         model.load_weights(weights)
     except (TypeError, ValueError, KeyError, OSError) as e:
