@@ -33,11 +33,16 @@ def test_a_pipeline_run_of_a_users_model_without_kwargs_ends_with_its_outputs(tm
     assert saved[0].endswith(f"(tests.corpus.text_transformer:build), then call "
                              f"model.load_weights({str(path)!r})")
     assert not (model_dir / "model.keras").exists()
+    assert reloaded_accuracy(path) == pytest.approx(metrics["test_accuracy"], abs=1e-6)
+
+
+def reloaded_accuracy(path) -> float:
+    """The test accuracy of the text transformer's saved weights, loaded into
+    the model its function builds again."""
     from tests.corpus import text_transformer as tx
 
-    model = tx.build((tx.MAXLEN,))  # the user's function builds it again
+    model = tx.build((tx.MAXLEN,))
     model.load_weights(str(path))
     model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     _, (x_test, y_test) = tx.data()
-    accuracy = model.evaluate(x_test, y_test, verbose=0, return_dict=True)["accuracy"]
-    assert accuracy == pytest.approx(metrics["test_accuracy"], abs=1e-6)
+    return model.evaluate(x_test, y_test, verbose=0, return_dict=True)["accuracy"]

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from tests._util import run_recipe
+from tests.integration.test_pipeline_outputs import reloaded_accuracy
 
 OWN = ["--model=tests.corpus.text_transformer:build",
        "--dataset=tests.corpus.text_transformer:data", "--distribution=pipeline",
@@ -27,6 +28,9 @@ def test_train_recipe_splits_the_users_transformer_block(tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["epochs_completed"] == 1
     assert metrics["test_accuracy"] > 0.6  # learned: the two classes are balanced
+    # Saved joined: the weights load into the model the user's function builds.
+    assert reloaded_accuracy(tmp_path / "model.weights.h5") == pytest.approx(
+        metrics["test_accuracy"], abs=1e-6)
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ from tfmulti.utils.failpoints import failpoint
 from tfmulti.training import backup
 from tfmulti.memory import footprint
 from tfmulti.models import builders as models
+from tfmulti.parallel import tensor_models
 from tfmulti.runtime import roles
 from tfmulti.training import outputs
 from tfmulti.training import run as runs
@@ -131,7 +132,12 @@ def _unpartitioned(config: TrainConfig, model):
     model, whose layers it trains: a plain Keras model anyone can load)."""
     if not config.model_parallel:
         return model
-    return model.to_model(name=config.model if config.builtin_model else None)
+    unpartitioned = model.to_model(name=config.model if config.builtin_model else None)
+    if config.tensor_parallel > 1 and not config.builtin_model:
+        # The user's model split by `split_layers`: saved joined, so that its
+        # weights load into the model the user's function builds.
+        unpartitioned = tensor_models.join_layers(unpartitioned, print_fn=lambda line: None)
+    return unpartitioned
 
 
 def _say_if_weights_only(config: TrainConfig, model) -> None:
