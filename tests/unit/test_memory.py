@@ -368,9 +368,9 @@ def test_estimate_memory_takes_the_training_flags_as_training_spells_them(capsys
 ])
 def test_estimate_memory_training_flags_bad_values(argv, message, capsys, monkeypatch):
     """Bad values of the training flags: one line, exit 2, before TensorFlow."""
-    import sys
+    from tests.unit.test_cli import _block
 
-    monkeypatch.setitem(sys.modules, "tfmulti.memory.estimate", None)  # importing it fails
+    _block(monkeypatch, "tfmulti.memory.estimate")  # any use of the estimate fails the test
     code, err, out = cli_main(["estimate-memory", *argv], capsys)
     assert (code, out, len(err)) == (2, "", 1), err
     assert err[0].startswith(f"tfmulti estimate-memory: error: {message}"), err
