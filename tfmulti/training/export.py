@@ -439,9 +439,12 @@ def from_model_dir(model_dir: str, output: str, *, overwrite: bool = False,
     if not os.path.isfile(source):
         if os.path.isfile(weights):
             if function is None:
+                hook = _recorded(model_dir)["config"].get("model")
+                named = (f" ({hook})" if isinstance(hook, str) and ":" in hook else "")
                 raise ValueError(f"{model_dir} holds the weights only ({WEIGHTS_FILE}: its "
                                  "model could not be saved whole); pass --model=MODULE:FUNCTION, "
-                                 "the model function the run trained, to build it again.")
+                                 f"the model function the run trained{named}, to build it "
+                                 "again.")
             return saved_model(rebuild(model_dir, function, weights), output,
                                overwrite=overwrite)
         raise ValueError(f"`model_dir` {model_dir!r} has no {MODEL_FILE}; pass the directory "
