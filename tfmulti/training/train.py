@@ -89,8 +89,8 @@ def _claim_model_dir(config: TrainConfig) -> bool:
 
 
 def _published_metrics(model_dir: str) -> dict | None:
-    """The metrics.json of a run whose outputs (model.keras and metrics.json) are
-    published in `model_dir`, else None."""
+    """The metrics.json of a run whose outputs (metrics.json and the model:
+    model.keras or model.weights.h5) are published in `model_dir`, else None."""
     if outputs.published_model(model_dir) is None:
         return None
     try:
@@ -119,8 +119,10 @@ def _finished_run(config: TrainConfig, role, published: bool) -> dict | None:
                                                _FINISHED_WAIT_S)[0])
     if metrics is None:
         return None
+    model_file = outputs.published_model(config.model_dir) if published else None
+    files = f"metrics.json, {model_file}" if model_file else "metrics.json and the model"
     print(f"tfmulti: this run has finished already: its outputs are in {config.model_dir} "
-          "(metrics.json, model.keras); nothing left to train (overwrite=True, --overwrite, "
+          f"({files}); nothing left to train (overwrite=True, --overwrite, "
           "trains it again)", flush=True)
     if published and not config.keep_backup:
         backup.delete(config.backup_dir)
@@ -200,7 +202,9 @@ class _NotSaved(Exception):
 def train(config: TrainConfig, callbacks=()) -> dict:
     """Trains, evaluates on the test split, and writes results to `model_dir`.
 
-    Writes `<model_dir>/metrics.json`, `<model_dir>/model.keras` and TensorBoard
+    Writes `<model_dir>/metrics.json`, `<model_dir>/model.keras` (or, for a
+    model that would not load back from it, `<model_dir>/model.weights.h5`,
+    said before training) and TensorBoard
     logs under `<model_dir>/logs` (when `model_dir` is set), published together
     at the end: the logs wait in `<model_dir>/.tfmulti-pending/logs` meanwhile,
     and the outputs of the run they replace (`overwrite`) stay until then. In a
