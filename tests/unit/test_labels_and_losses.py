@@ -252,18 +252,20 @@ def test_soft_labels_are_not_one_hot():
     (timeseries_classification, "pipeline"),  # class ids, softmax, BatchNormalization
     (mnist_convnet, "pipeline"),  # one-hot labels, softmax, num_classes=10 by default
     (mnist_convnet, "mirrored"),
+    (timeseries_classification, "hybrid"),  # 2 pipelines of 2 stages
 ])
 def test_the_reported_test_loss_is_the_saved_models_loss_on_the_test_split(
         program, distribution, tmp_path):
     """The saved model.keras, compiled with the program's published loss and
     evaluated on the test split on one device, has the test loss the run
-    reported (mirrored over the 4 virtual devices; 2 pipeline stages)."""
+    reported (mirrored over the 4 virtual devices; 2 pipeline stages; 2
+    pipelines of 2 stages)."""
     model_dir = tmp_path / "run"
     metrics = train(TrainConfig(distribution=distribution, num_stages=2, model=program.build,
                                 dataset=program.data, global_batch_size=64, epochs=1,
                                 steps_per_epoch=2, seed=0, model_dir=str(model_dir),
                                 verbose=0))
-    assert metrics["num_replicas"] == (4 if distribution == "mirrored" else 1)
+    assert metrics["num_replicas"] == {"mirrored": 4, "hybrid": 2}.get(distribution, 1)
     saved = keras.saving.load_model(os.path.join(model_dir, "model.keras"), compile=False)
     saved.compile(loss=program.COMPILE["loss"], metrics=["accuracy"])
     (_, _), (x, y) = program.data()
