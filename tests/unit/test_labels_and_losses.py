@@ -252,7 +252,7 @@ def test_soft_labels_are_not_one_hot():
     (timeseries_classification, "pipeline"),  # class ids, softmax, BatchNormalization
     (mnist_convnet, "pipeline"),  # one-hot labels, softmax, num_classes=10 by default
     (mnist_convnet, "mirrored"),
-    (timeseries_classification, "hybrid"),  # 2 pipelines of 2 stages
+    (mnist_convnet, "hybrid"),  # 2 pipelines of 2 stages
 ])
 def test_the_reported_test_loss_is_the_saved_models_loss_on_the_test_split(
         program, distribution, tmp_path):
