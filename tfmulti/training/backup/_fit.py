@@ -172,7 +172,9 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
             (a SystemExit with code 75; `PreemptedUnsaved`, 76, when the
             workers could not agree on a step).
         callbacks, verbose, fit_kwargs: passed to `model.fit`; `verbose=0` also
-            silences the line printed at each backup.
+            silences the line printed at each backup. With `validation_data`,
+            each epoch's backup is taken after its last step, before `fit`
+            validates (which resets the metrics' training totals).
         steps_per_execution: the model's (`fit` runs the compiled value);
             another value is refused.
         fingerprint: the caller's fields that must not change across a resume
