@@ -16,8 +16,8 @@ import sys
 import time
 
 __all__ = ["REPO_ROOT", "TOY_ENV", "ceiling_seconds", "fmt", "launch_pinned", "machine_worker",
-           "plot_results", "plot_step_seconds", "report", "run_worker", "summary", "toy",
-           "toy_sized", "worker_env"]
+           "plot_results", "plot_step_seconds", "report", "run_worker", "run_workers",
+           "set_threads", "summary", "toy", "toy_sized", "worker_env"]
 
 WORKER_MODULE = "benchmarks.worker"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,6 +99,38 @@ def run_worker(kind: str, timeout: float = 900, **config) -> dict:
         raise RuntimeError(f"benchmark worker {kind} {config} failed ({result.returncode}):\n"
                            f"{result.stderr[-3000:]}")
     return json.loads(lines[-1])
+
+
+def run_workers(calls: list[tuple[str, dict]], timeout: float = 900) -> list[dict]:
+    """Runs each `(kind, config)` of `calls` as `run_worker` does, in turn; returns
+    their results in order.
+
+    At toy size all of them run in one process (worker kind "several",
+    `benchmarks.worker.run_several`): one TensorFlow start for the lot instead of
+    one per measurement. The calls must then set TensorFlow up alike (the same
+    virtual devices); threads are those the first sets (`set_threads`).
+    """
+    if not toy():
+        return [run_worker(kind, timeout, **config) for kind, config in calls]
+    return run_worker("several", timeout,
+                      calls=[[kind, config] for kind, config in calls])["results"]
+
+
+def set_threads(intra_op: int | None = None, inter_op: int | None = None) -> None:
+    """Sets TensorFlow's intra-op and inter-op threads (None: its default), which
+    must happen before its runtime starts. At toy size, where workers share a
+    process (`run_workers`), a later worker finds the runtime started and keeps
+    the threads the first one set (the figures mean nothing there)."""
+    import tensorflow as tf
+
+    try:
+        if intra_op is not None:
+            tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        if inter_op is not None:
+            tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    except RuntimeError:  # "... cannot be modified after initialization"
+        if not toy():
+            raise
 
 
 def launch_pinned(command: list[str], num_workers: int, timeout: float = 900) -> str:

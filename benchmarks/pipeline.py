@@ -55,7 +55,8 @@ _EPOCHS = 3
 _MATMUL_SECONDS = 0.25
 TOY = {"width": 32, "batch": 64, "steps": 1, "epochs": 1, "matmul_rows": (16, 32),
        "matmul_seconds": 0.01}
-"""`SHAPE` and the rest at toy size (`_harness.toy`: the end-to-end test)."""
+"""`SHAPE` and the rest at toy size (`_harness.toy`: the end-to-end test), where both
+workers share one process (`_harness.run_workers`) and so the serial step's threads."""
 
 
 def matmul_gflops_by_rows(width: int, rows=MATMUL_ROWS,
@@ -102,8 +103,7 @@ def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: i
     """
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    _harness.set_threads(intra_op=1, inter_op=inter_op or None)
     import keras
     import numpy as np
 
@@ -137,11 +137,12 @@ def _sizes() -> dict:
                                "matmul_seconds": _MATMUL_SECONDS}, TOY)
 
 
-def _run_configs(microbatches: dict, inter_op: int, repeats: int, matmul_rows: bool = False
-                 ) -> dict:
+def _config(microbatches: dict, inter_op: int, repeats: int, matmul_rows: bool = False
+            ) -> tuple[str, dict]:
+    """The worker call measuring `microbatches` with `inter_op` threads."""
     sizes = _sizes()
-    return _harness.run_worker(
-        "pipeline", timeout=600, microbatches=microbatches, inter_op=inter_op,
+    return "pipeline", dict(
+        microbatches=microbatches, inter_op=inter_op,
         repeats=repeats, **{k: sizes[k] for k in SHAPE}, epochs=sizes["epochs"],
         matmul_rows=matmul_rows, rows=list(sizes["matmul_rows"]),
         matmul_seconds=sizes["matmul_seconds"])
@@ -159,9 +160,10 @@ def run(repeats: int) -> dict:
     # others share one, interleaved within each repeat.
     start = time.monotonic()
     overlapped = {"naive": 1, **{f"M={m}": m for m in MICROBATCHES}}
-    serial = _run_configs({"serial": 1}, inter_op=1, repeats=repeats, matmul_rows=True)
-    times = {**serial["step_seconds"],
-             **_run_configs(overlapped, inter_op=0, repeats=repeats)["step_seconds"]}
+    serial, rest = _harness.run_workers(  # one process at toy size
+        [_config({"serial": 1}, inter_op=1, repeats=repeats, matmul_rows=True),
+         _config(overlapped, inter_op=0, repeats=repeats)], timeout=600)
+    times = {**serial["step_seconds"], **rest["step_seconds"]}
     rates = serial["matmul_gflops_by_rows"]
     best_m = min(MICROBATCHES, key=lambda m: statistics.median(times[f"M={m}"]))
     best = times[f"M={best_m}"]

@@ -44,7 +44,8 @@ _EPOCHS = 3
 TOY = {"seq_len": 16, "d_model": 16, "num_heads": 2, "num_layers": 2, "batch": 8, "steps": 1,
        "epochs": 1}
 """`SHAPE` (and the epochs per repeat, 3) at toy size (`_harness.toy`: the end-to-end
-test); sizes given to `run` still override it."""
+test), where both workers share one process (`_harness.run_workers`) and so its default
+threading; sizes given to `run` still override it."""
 
 
 def _setup(intra_op: int | None, seq_len: int, batch: int):
@@ -52,8 +53,7 @@ def _setup(intra_op: int | None, seq_len: int, batch: int):
     random bytes repeating one batch."""
     import tensorflow as tf
 
-    if intra_op is not None:
-        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+    _harness.set_threads(intra_op=intra_op)
     import numpy as np
 
     import tfmulti
@@ -148,10 +148,11 @@ def run(repeats: int, **shape) -> dict:
     shape = {**_harness.toy_sized(SHAPE, TOY), **shape}
     epochs = shape.pop("epochs", _EPOCHS)
     start = time.monotonic()
-    tensor = _harness.run_worker("tensor", timeout=900, repeats=repeats, epochs=epochs, **shape)
     pipelined = {"naive": 1, **{f"M={m}": m for m in MICROBATCHES}}
-    pipeline = _harness.run_worker("tensor_pipeline", timeout=900, repeats=repeats,
-                                   microbatches=pipelined, epochs=epochs, **shape)
+    tensor, pipeline = _harness.run_workers(  # one process at toy size
+        [("tensor", dict(repeats=repeats, epochs=epochs, **shape)),
+         ("tensor_pipeline", dict(repeats=repeats, microbatches=pipelined, epochs=epochs,
+                                  **shape))], timeout=900)
     times = {**tensor["step_seconds"], **pipeline["step_seconds"]}
     overheads = [s / u for s, u in zip(times[f"T={_DEVICES}"], times["unsplit"])]
     best_m = min(MICROBATCHES, key=lambda m: statistics.median(times[f"M={m}"]))

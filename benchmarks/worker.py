@@ -21,7 +21,7 @@ import sys  # noqa: E402
 
 from tfmulti.utils import checks  # noqa: E402
 
-__all__ = ["WORKERS", "main", "run"]
+__all__ = ["WORKERS", "main", "run", "run_several"]
 
 WORKERS = {
     "machine": "benchmarks._harness:machine_worker",
@@ -38,6 +38,7 @@ WORKERS = {
     "own_write": "benchmarks.own:write_worker",
     "own_train": "benchmarks.own:train_worker",
     "all_reduce": "benchmarks.scaling:all_reduce_worker",
+    "several": "benchmarks.worker:run_several",
 }
 """Worker kind -> "module:function"."""
 
@@ -50,6 +51,20 @@ def run(kind: str, config: dict) -> dict:
                          f"{config!r}.")
     module, function = WORKERS[kind].split(":")
     return getattr(importlib.import_module(module), function)(**config)
+
+
+def run_several(calls: list) -> dict:
+    """Runs the workers of `calls` (`[kind, config]` pairs) one after the other
+    in this process (`benchmarks._harness.run_workers` at toy size).
+
+    Returns:
+        {"results": each call's result, in order}.
+    """
+    if not isinstance(calls, list) or not all(
+            isinstance(c, list) and len(c) == 2 and c[0] != "several" for c in calls):
+        raise ValueError(f"`calls` must be a list of [kind, config] pairs (kind not "
+                         f"'several'), got {calls!r}.")
+    return {"results": [run(kind, config) for kind, config in calls]}
 
 
 def main(argv: list[str] | None = None) -> int:

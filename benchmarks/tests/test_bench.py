@@ -408,6 +408,38 @@ def test_tensor_suite_checks_its_sizes():
         tensor.check(d_model=0)
 
 
+def test_run_workers_shares_one_process_at_toy_size_only(monkeypatch):
+    started = []
+
+    def one_process(kind, timeout=900, **config):
+        started.append(kind)
+        return worker.run(kind, config)  # what the process would print
+
+    monkeypatch.setattr(_harness, "run_worker", one_process)
+    calls = [("machine", {}), ("machine", {})]
+    monkeypatch.setenv(_harness.TOY_ENV, "0")
+    full = _harness.run_workers(calls)
+    assert started == ["machine", "machine"]
+    monkeypatch.setenv(_harness.TOY_ENV, "1")
+    started.clear()
+    assert _harness.run_workers(calls) == full and started == ["several"]
+    assert full[0]["tensorflow"].startswith("2.21")
+    for bad in ([["machine"]], [["several", {"calls": []}]], "machine", [["machine", []]]):
+        with pytest.raises(ValueError):
+            worker.run("several", {"calls": bad})
+
+
+def test_set_threads_keeps_a_started_runtimes_threads_at_toy_size_only(monkeypatch):
+    tf.config.list_logical_devices()  # the runtime started, as by an earlier worker
+    other = tf.config.threading.get_intra_op_parallelism_threads() + 1
+    monkeypatch.setenv(_harness.TOY_ENV, "1")
+    _harness.set_threads(intra_op=other, inter_op=3)
+    assert tf.config.threading.get_intra_op_parallelism_threads() == other - 1
+    monkeypatch.setenv(_harness.TOY_ENV, "0")
+    with pytest.raises(RuntimeError, match="cannot be modified after initialization"):
+        _harness.set_threads(intra_op=other)
+
+
 @pytest.mark.slow
 def test_run_worker_reports_a_failed_worker():
     with pytest.raises(RuntimeError, match=r"benchmark worker pipeline \{'bogus': 1\} failed"):
