@@ -100,46 +100,42 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.cluster
-def test_multi_worker_sigkill_restarts_and_matches_uninterrupted(tmp_path, uninterrupted,
-                                                                 monkeypatch):
-    """Each worker SIGKILLed once in one launch (merges the old [victim=1] and
-    [victim=0] cases): worker 1 at step 22 (after the backup at 20), then the
-    chief at step 30 (after the backup at 28); each restart resumes from the
-    last backup and the result is the uninterrupted run's."""
+def test_multi_worker_kills_and_a_sigterm_resume_and_match_uninterrupted(tmp_path, uninterrupted,
+                                                                       monkeypatch):
+    """Each worker SIGKILLed once, then one SIGTERMed, in one launch (merges the
+    SIGKILL test, itself the old [victim=1] and [victim=0] cases, and the SIGTERM
+    test: one cluster instead of two): worker 1 killed at step 22 (after the
+    backup at 20), then the chief at step 30 (after the backup at 28); each
+    restart resumes from the last backup. Then worker 1 gets SIGTERM at step 38:
+    both workers save at the agreed next boundary, 39, exit 75, and the last
+    restart resumes from 39. The result is the uninterrupted run's; with
+    keep_backup only the chief's directory is kept, with the newest 2 checkpoints."""
     scratch = _private_tmp(monkeypatch, tmp_path)
     code, output = launch_python([WORKER, str(tmp_path), "multi_worker", "--kill", "22:1",
-                                  "--kill", "30:0"], max_restarts=2, grace_period=5)
+                                  "--kill", "30:0", "--kill", "38:1:TERM",
+                                  "--config", json.dumps({"keep_backup": True})],
+                                 max_restarts=3, grace_period=30)
     assert code == 0, output[-4000:]
     for victim in (1, 0):
         assert f"worker {victim} failed with exit code 137 (killed by SIGKILL)" in output, \
             output[-4000:]
-    assert "restart 1 of 2" in output and "restart 2 of 2" in output
+    assert "restart 1 of 3" in output and "restart 2 of 3" in output
+    assert "restart 3 of 3" in output
     first, second = _resumed(tmp_path, 20), _resumed(tmp_path, 28)  # the last backups
     assert first in output and second in output, output[-4000:]
     assert output.index(first) < output.index(second)
+    assert "exit code 75 (preempted" in output, output[-4000:]
+    # Worker 1 got SIGTERM at step 38; both saved at the next boundary, 39.
+    assert "backup at global step 39 (preempted)" in output, output[-4000:]
+    third = _resumed(tmp_path, 39)
+    assert third in output and output.index(second) < output.index(third), output[-4000:]
     _assert_same_weights(tmp_path, uninterrupted)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["resumed_from_step"] == 28 and metrics["epochs_completed"] == 3
-    assert not (tmp_path / "backup").exists()  # deleted when training ended cleanly
-    assert _scratch_dirs(scratch) == []  # no worker's temporary dir left
-
-
-@pytest.mark.cluster
-def test_multi_worker_sigterm_saves_at_agreed_step(tmp_path, uninterrupted, monkeypatch):
-    scratch = _private_tmp(monkeypatch, tmp_path)
-    code, output = launch_python([WORKER, str(tmp_path), "multi_worker", "--kill", "22:1:TERM",
-                                  "--config", json.dumps({"keep_backup": True})],
-                                 max_restarts=1, grace_period=30)
-    assert code == 0, output[-4000:]
-    assert "exit code 75 (preempted" in output, output[-4000:]
-    # Worker 1 got SIGTERM at step 22; both saved at the next boundary, 23.
-    assert "backup at global step 23 (preempted)" in output, output[-4000:]
-    assert _resumed(tmp_path, 23) in output
-    _assert_same_weights(tmp_path, uninterrupted)
+    assert metrics["resumed_from_step"] == 39 and metrics["epochs_completed"] == 3
     # keep_backup: only the chief's directory exists, with the newest 2 checkpoints.
     kept = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "backup" / "*.index")))
     assert kept == ["tfmulti-ckpt-44.index", "tfmulti-ckpt-48.index"]
-    assert _scratch_dirs(scratch) == []
+    assert _scratch_dirs(scratch) == []  # no worker's temporary dir left
 
 
 @pytest.mark.cluster
@@ -235,12 +231,13 @@ def test_mirrored_killed_then_rerun_resumes(tmp_path, uninterrupted):
     all with 4 steps per call (the steps per call are part of the backup's
     fingerprint; 1 step per call is the multi-worker tests'):
 
-    1. SIGKILL past step 22: it comes at 24, the end of a call, before that
-       call's backup: the rerun resumes from the backup at 20;
-    2. SIGTERM at 24: saves at that boundary, exits 75;
-    3. SIGKILL past 26: it comes at 28, before that call's backup, so the run
-       resumes from 24;
-    4. to the end: the uninterrupted run's weights.
+    1. SIGTERM at 24: saves at that boundary, exits 75;
+    2. SIGKILL past 26: it comes at 28, the end of a call, before that call's
+       backup: the newest backup is still 24's, and the run resumes from it;
+    3. to the end: the uninterrupted run's weights.
+
+    (Three processes: a first one SIGKILLed past 22, at 24 before its backup,
+    showed what 2. shows.)
     """
     backup_dir = tmp_path / "backup"
 
@@ -249,25 +246,22 @@ def test_mirrored_killed_then_rerun_resumes(tmp_path, uninterrupted):
                 "--config", json.dumps({"num_virtual_devices": 2, "steps_per_execution": 4})]
         return run_python(args, timeout=300)
 
-    killed = run("22:0:KILL")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert "sends itself SIGKILL at step 24" in killed.stdout
-    assert backup.latest_valid(str(backup_dir)).step == 20
-
     preempted = run("24:0:TERM")
     assert preempted.returncode == exit_codes.PREEMPTED, preempted.stderr[-3000:]
-    assert _resumed(tmp_path, 20) in preempted.stdout
+    assert "sends itself SIGTERM at step 24" in preempted.stdout
     # One process: it saves at the boundary where it sees the signal.
     assert "preempted: saved a backup at global step 24" in preempted.stderr
+    assert backup.latest_valid(str(backup_dir)).step == 24
 
     killed_in_a_call = run("26:0:KILL")
     assert killed_in_a_call.returncode == -signal.SIGKILL, killed_in_a_call.stderr[-3000:]
     assert _resumed(tmp_path, 24) in killed_in_a_call.stdout
     assert "sends itself SIGKILL at step 28" in killed_in_a_call.stdout
+    assert backup.latest_valid(str(backup_dir)).step == 24  # 28's backup never happened
 
     finished = run()
     assert finished.returncode == 0, finished.stderr[-3000:]
-    assert _resumed(tmp_path, 24) in finished.stdout  # 28's backup never happened
+    assert _resumed(tmp_path, 24) in finished.stdout
     _assert_same_weights(tmp_path, uninterrupted)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["resumed_from_step"] == 24 and metrics["epochs_completed"] == 3
