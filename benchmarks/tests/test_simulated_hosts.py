@@ -6,7 +6,7 @@ process in them are removed after each test, also after a failure.
 
 - 2 hosts x 2 workers train exactly as MirroredStrategy over 4 devices in
   this process (tests/workers/equivalence.py, as tests/integration/test_strategy.py does
-  for one host);
+  for one host), after an impostor (below) was dropped;
 - 2 hosts x 1 worker: worker 1, on host B, is SIGKILLed at step 10; with
   --max_restarts 1 on both, both hosts restart and resume from the backup
   that both see, and end with the weights of an uninterrupted MirroredStrategy
@@ -17,7 +17,8 @@ process in them are removed after each test, also after a failure.
   line, no worker started;
 - an impostor: a third host's launcher with another secret that claims host
   1's rank is dropped by host 0 (one line), then the real host 1 joins and the
-  job trains; the impostor starts no worker and exits 2 in one line.
+  job trains (the 2 x 2 workers above); the impostor starts no worker and exits
+  2 in one line.
 
 Skipped, with the reason, only where network namespaces cannot be made (not
 root, no iproute2).
@@ -185,15 +186,39 @@ def _wait_for(path: Path, text: str, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
-def test_an_impostor_with_another_secret_is_refused_and_the_real_host_joins(tmp_path):
+def _assert_trained_as_mirrored_over_four_devices(tmp_path):
+    """What tests/workers/equivalence.py wrote in `tmp_path` (the dict-input model, a
+    functional model with 2 named inputs; tuple inputs and both kinds on one host:
+    tests/integration/test_strategy.py) equals its run under MirroredStrategy over 4
+    devices in this process."""
+    import importlib.util
+
+    import tfmulti
+
+    spec = importlib.util.spec_from_file_location("equivalence_worker",
+                                                  WORKERS / "equivalence.py")
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    mirrored = tfmulti.get_strategy("mirrored", devices=[f"CPU:{i}" for i in range(4)])
+    want, got = worker.run(mirrored, use_dict=True), _load(tmp_path / "dict.npz")
+    assert not (tmp_path / "tuple.npz").exists()
+    assert np.ptp(want["losses"]) > 1e-4  # the steps differ: equality is not vacuous
+    weights = [k for k in want if k.startswith("w")]
+    assert weights and sorted(weights) == sorted(k for k in got if k.startswith("w"))
+    for key in ("losses", "eval_loss", "eval_accuracy", *weights):
+        np.testing.assert_allclose(got[key], want[key], atol=1e-5, rtol=0, err_msg=key)
+
+
+def test_an_impostor_is_refused_and_the_real_hosts_2_workers_each_train_as_mirrored(tmp_path):
     # Issue 27: a third machine that said it was host 1 (the view digest is public) got
-    # `go` and `start`, and the real host 1 was refused.
+    # `go` and `start`, and the real host 1 was refused. The job that then runs is 2
+    # hosts x 2 workers, which train exactly as MirroredStrategy over 4 devices.
     ok, why = simulated_hosts.available()
     if not ok:
         pytest.skip(f"cannot make network namespaces here: {why}")
     with simulated_hosts.SimulatedHosts(3) as sim:
         a, b, c = sim.addresses
-        view = f"{a}:1,{b}:1"
+        view = f"{a}:2,{b}:2"
         command = [sys.executable, str(WORKERS / "equivalence.py"), str(tmp_path), "dict"]
         logs = {name: tmp_path / f"{name}.log" for name in ("host0", "impostor", "host1")}
         procs = {}
@@ -226,13 +251,14 @@ def test_an_impostor_with_another_secret_is_refused_and_the_real_host_joins(tmp_
                       "failed to authenticate each other within 15 s: they hold different "
                       "secrets; give every host the same TFMULTI_LAUNCH_SECRET or "
                       "--secret_file"], output["impostor"]
-    # The job trained on the real hosts: both workers all-reduced, the chief wrote.
-    assert "[worker 0] total=3.0" in output["host0"].splitlines(), output["host0"][-3000:]
-    assert "[worker 1] total=3.0" in output["host1"].splitlines(), output["host1"][-3000:]
-    losses = _load(tmp_path / "dict.npz")["losses"]
-    assert len(losses) > 1 and np.all(np.isfinite(losses))
     # The secret is nowhere in what the launchers or the workers printed.
     assert sim.secret not in "".join(output.values())
+    # The job trained on the real hosts: all 4 workers all-reduced (global indexes, host
+    # 0's 0-1, host 1's 2-3), the chief wrote what MirroredStrategy over 4 devices gets.
+    for index in range(4):
+        assert f"[worker {index}] total=10.0" in output[f"host{index // 2}"].splitlines(), \
+            output[f"host{index // 2}"][-3000:]
+    _assert_trained_as_mirrored_over_four_devices(tmp_path)
 
 
 def test_a_killed_launcher_fails_the_other_host_within_seconds(launchers, tmp_path):
@@ -251,37 +277,6 @@ def test_a_killed_launcher_fails_the_other_host_within_seconds(launchers, tmp_pa
     # Each launcher said that its workers' ports are open (across hosts they must be).
     assert "host 0 of 2 (10.213.0.1): across hosts the workers cannot be isolated in a " \
            "private network namespace" in launch.output(0)
-
-
-def test_two_hosts_with_two_workers_each_train_as_mirrored_over_four_devices(
-        launchers, tmp_path):
-    import importlib.util
-
-    import tfmulti
-
-    # The dict-input model (a functional model with 2 named inputs); tuple inputs and
-    # both kinds on one host: tests/integration/test_strategy.py.
-    launch = launchers([sys.executable, str(WORKERS / "equivalence.py"), str(tmp_path),
-                        "dict"], "--startup_timeout", "300", workers=2)
-    codes = launch.wait()
-    outputs = [launch.output(r) for r in (0, 1)]
-    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
-    lines = [line for o in outputs for line in o.splitlines()]
-    for index in range(4):  # global indexes, host A's 0-1, host B's 2-3
-        assert f"[worker {index}] total=10.0" in lines, outputs
-    assert "[worker 2] total=10.0" in outputs[1].splitlines()
-    spec = importlib.util.spec_from_file_location("equivalence_worker",
-                                                  WORKERS / "equivalence.py")
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
-    mirrored = tfmulti.get_strategy("mirrored", devices=[f"CPU:{i}" for i in range(4)])
-    want, got = worker.run(mirrored, use_dict=True), _load(tmp_path / "dict.npz")
-    assert not (tmp_path / "tuple.npz").exists()
-    assert np.ptp(want["losses"]) > 1e-4  # the steps differ: equality is not vacuous
-    weights = [k for k in want if k.startswith("w")]
-    assert weights and sorted(weights) == sorted(k for k in got if k.startswith("w"))
-    for key in ("losses", "eval_loss", "eval_accuracy", *weights):
-        np.testing.assert_allclose(got[key], want[key], atol=1e-5, rtol=0, err_msg=key)
 
 
 def test_a_worker_killed_on_host_b_restarts_both_hosts_from_the_shared_backup(
