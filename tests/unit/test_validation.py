@@ -80,9 +80,10 @@ def test_validation_split_refused_for_files_saying_why(tmp_path, monkeypatch):
 
 
 def _with_validation(seed=0):
-    """A dataset function: own_model's data and a "validation" split of 256."""
-    train, test = own_model.data(seed)
-    return {"train": train, "test": test, "validation": own_model.arrays(256, seed + 2)}
+    """A dataset function: own_model's examples, 512 to train, 128 to test and a
+    "validation" split of 256."""
+    return {"train": own_model.arrays(512, seed), "test": own_model.arrays(128, seed + 1),
+            "validation": own_model.arrays(256, seed + 2)}
 
 
 def test_a_validation_entry_and_validation_split_together_refused():
@@ -162,7 +163,7 @@ def test_a_validation_entry_is_evaluated_every_epoch_under_mirrored(tmp_path):
     model = keras.models.load_model(tmp_path / "run" / "model.keras")
     want = model.evaluate(x, y, batch_size=256, return_dict=True, verbose=0)
     assert metrics["val_loss"] == pytest.approx(want["loss"], rel=1e-4)
-    assert metrics["steps_per_epoch"] == 16  # the 2,048 training examples, all of them
+    assert metrics["steps_per_epoch"] == 4  # the 512 training examples, all of them
 
 
 def test_a_validation_split_of_files_is_read_to_its_end_every_epoch(tmp_path, recwarn):
