@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["REPO_ROOT", "TOY_ENV", "ceiling_seconds", "fmt", "launch_pinned", "machine_worker",
+__all__ = ["REPO_ROOT", "TOY_ENV", "ceiling_seconds", "first_examples", "fmt", "launch_pinned", "machine_worker",
            "plot_results", "plot_step_seconds", "report", "run_worker", "run_workers",
            "set_threads", "summary", "toy", "toy_sized", "worker_env"]
 
@@ -49,6 +49,25 @@ TOY_CEILING_SECONDS = 0.2
 def ceiling_seconds(seconds: float) -> float:
     """`seconds` for `cpus.hardware_ceiling`, `TOY_CEILING_SECONDS` at toy size."""
     return TOY_CEILING_SECONDS if toy() else seconds
+
+
+def first_examples(dataset: str, train_examples: int, test_examples: int | None = None):
+    """A dataset function (for `TrainConfig.dataset`) of the named dataset's first
+    `train_examples` training and `test_examples` (default: all) test examples,
+    taken before the run's input caches and shuffles them: a toy run reads only
+    those, not the whole dataset (a shuffle fills its buffer first)."""
+
+    def first(data_dir=None):
+        from tfmulti import data
+
+        train, test = (data.load(dataset, split, data_dir=data_dir)
+                       for split in ("train", "test"))
+        info = data.dataset_info(dataset, data_dir)
+        return {"train": train.take(train_examples),
+                "test": test if test_examples is None else test.take(test_examples),
+                "num_classes": info["num_classes"], "task": info["task"]}
+
+    return first
 
 
 def summary(values: list[float]) -> dict:

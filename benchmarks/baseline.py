@@ -135,23 +135,6 @@ def seed_worker(seed: int, target_accuracy: float = TARGET_ACCURACY,
             "devices": list(strategy.extended.worker_devices)}
 
 
-def _first_examples(train_examples: int, test_examples: int | None):
-    """A dataset function (`TrainConfig.dataset`) of Fashion-MNIST's first
-    `train_examples` training and `test_examples` (default: all) test examples,
-    taken before the run's input caches and shuffles them (a toy run reads only
-    those)."""
-    from tfmulti import data
-
-    def first_examples(data_dir=None):
-        train, test = (data.load(TTA_CONFIG.dataset, split, data_dir=data_dir)
-                       for split in ("train", "test"))
-        return {"train": train.take(train_examples),
-                "test": test if test_examples is None else test.take(test_examples),
-                "num_classes": 10}
-
-    return first_examples
-
-
 def tfmulti_worker(seed: int, steps_per_execution: int,
                    target_accuracy: float = TARGET_ACCURACY,
                    max_epochs: int = MAX_EPOCHS["tfmulti"], steps_per_epoch: int | None = None,
@@ -175,7 +158,7 @@ def tfmulti_worker(seed: int, steps_per_execution: int,
     `steps_per_epoch` (default: a pass over the data) caps the epochs of both
     parts and `test_examples` (default: all) the evaluation (a toy run); with
     `steps_per_epoch`, only the training examples the race's epochs take are
-    read (`_first_examples`).
+    read (`_harness.first_examples`).
     """
     import tfmulti
 
@@ -189,8 +172,8 @@ def tfmulti_worker(seed: int, steps_per_execution: int,
     for split in ("train", "test"):  # the TFDS import and metadata, outside the race
         data.load(config.dataset, split)
     if steps_per_epoch is not None:
-        config = config.replace(dataset=_first_examples(
-            steps_per_epoch * config.global_batch_size, test_examples))
+        config = config.replace(dataset=_harness.first_examples(
+            config.dataset, steps_per_epoch * config.global_batch_size, test_examples))
     race = TimeToAccuracy(target_accuracy)
     race.start()
     run = runs.build_run(config)

@@ -31,14 +31,17 @@ SETTINGS = {"global_batch_size": 256, "steps_per_execution": 26, "calls_per_bloc
             "pairs_per_repeat": 3}
 """The worker's settings, also recorded in the suite's JSON."""
 TOY = {"global_batch_size": 32, "steps_per_execution": 1, "calls_per_block": 1,
-       "pairs_per_repeat": 1}
-"""`SETTINGS` at toy size (`_harness.toy`: the end-to-end test)."""
+       "pairs_per_repeat": 1, "num_examples": 256}
+"""`SETTINGS` at toy size (`_harness.toy`: the end-to-end test), reading only the
+first `num_examples` training examples."""
 _WARMUP_BLOCKS = 2
 
 
 def worker(repeats: int, global_batch_size: int, steps_per_execution: int,
-           calls_per_block: int, pairs_per_repeat: int) -> dict:
-    """Interleaved blocks of `fit` and `CustomLoop`, same work, one process.
+           calls_per_block: int, pairs_per_repeat: int,
+           num_examples: int | None = None) -> dict:
+    """Interleaved blocks of `fit` and `CustomLoop`, same work, one process, on
+    Fashion-MNIST (its first `num_examples` training examples; default: all).
 
     Returns:
         fit and loop seconds per step of each timed block, and each repeat's
@@ -56,6 +59,8 @@ def worker(repeats: int, global_batch_size: int, steps_per_execution: int,
     steps = k * calls_per_block
     config = TrainConfig(distribution="mirrored", dataset="fashion_mnist", model="mlp",
                          global_batch_size=global_batch_size, steps_per_execution=k, seed=0)
+    if num_examples is not None:
+        config = config.replace(dataset=_harness.first_examples(config.dataset, num_examples))
     run = runs.build_run(config)
     reference = runs.build_run(config, reuse=run).model  # the same initial weights
     with run.strategy.scope():  # the optimizer compile_model gives fit: same work
