@@ -429,6 +429,15 @@ def test_run_workers_shares_one_process_at_toy_size_only(monkeypatch):
             worker.run("several", {"calls": bad})
 
 
+def test_first_examples_is_a_dataset_function_of_the_first_examples(fashion_mnist_data_dir):
+    function = _harness.first_examples("fashion_mnist", 64, 32)
+    split = function(data_dir=fashion_mnist_data_dir)
+    assert (int(split["train"].cardinality()), int(split["test"].cardinality())) == (64, 32)
+    assert (split["num_classes"], split["task"]) == (10, "classification")
+    first = next(iter(data.load("fashion_mnist", "train", data_dir=fashion_mnist_data_dir)))
+    np.testing.assert_array_equal(next(iter(split["train"]))[0], first[0])
+
+
 def test_set_threads_keeps_a_started_runtimes_threads_at_toy_size_only(monkeypatch):
     tf.config.list_logical_devices()  # the runtime started, as by an earlier worker
     other = tf.config.threading.get_intra_op_parallelism_threads() + 1
