@@ -42,10 +42,132 @@ def run_python(args: list[str], timeout: float = 240, env: dict | None = None,
     )
 
 
+# A fresh process without TensorFlow's import each time (~5 CPU-s here): one
+# process per pytest process imports tensorflow and keras once, then forks a child
+# per call, which runs the script or `-c` code as `python` would, with its own
+# argv, environment, working directory and a TensorFlow runtime not yet started.
+_WARM_ENV_PREFIXES = ("TF_", "KERAS", "XLA", "OMP", "MKL", "CUDA", "LD_", "PYTHON")
+_WARM_SERVER = r"""
+import atexit, json, os, runpy, sys, tempfile, threading, traceback, types
+import tensorflow, keras  # noqa: F401  (the point: imported once)
+print("ready", flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            tempfile.tempdir = None  # TMPDIR as the caller set it
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(os.open(request["stdout"], os.O_WRONLY), 1)
+            os.dup2(os.open(request["stderr"], os.O_WRONLY), 2)
+            args = request["args"]
+            if args[0] == "-c":
+                sys.argv, sys.path[0] = ["-c", *args[2:]], ""
+                main = sys.modules["__main__"] = types.ModuleType("__main__")
+                exec(compile(args[1], "<string>", "exec"), main.__dict__)
+            elif args[0] == "-m":
+                sys.argv, sys.path[0] = ["-m", *args[2:]], os.getcwd()
+                runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = list(args)
+                sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+                runpy.run_path(args[0], run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            try:
+                threading._shutdown()
+                atexit._run_exitfuncs()
+                sys.stdout.flush(); sys.stderr.flush()
+            finally:
+                os._exit(code)
+    print(json.dumps({"pid": pid}), flush=True)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+"""
+_warm: dict = {}
+
+
+def _warm_server(env: dict) -> subprocess.Popen | None:
+    """The forking process for this pytest process (started on first use), or None
+    where `env` differs from its environment in a variable read at import."""
+    server = _warm.get("server")
+    if server is None or server.poll() is not None:
+        base = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        server = subprocess.Popen([sys.executable, "-c", _WARM_SERVER], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                  env=base, cwd=REPO)
+        if server.stdout.readline().strip() != "ready":
+            server.kill()
+            server.wait(timeout=30)
+            return None
+        _warm.update(server=server, env=base)
+        import atexit
+
+        atexit.register(lambda: (server.stdin.close(), server.wait(timeout=60)))
+    base = _warm["env"]
+    if any(env.get(k) != base.get(k) for k in {*env, *base} if k.startswith(_WARM_ENV_PREFIXES)):
+        return None
+    return server
+
+
+def run_python_warm(args: list[str], timeout: float = 240, env: dict | None = None,
+                    cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    """`run_python`, in a process forked from one that imported TensorFlow and
+    Keras already (started once per pytest process): for scripts and `-c` code
+    whose own start is not what is tested. Falls back to `run_python` where the
+    environment changes a variable read at import (TF_*, KERAS*, ...)."""
+    import json
+    import select
+    import signal
+    import tempfile
+
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    server = None if args[0].startswith("-") and args[0] not in ("-c", "-m") else \
+        _warm_server(full_env)
+    if server is None:
+        return run_python(args, timeout=timeout, env=env, cwd=cwd)
+    with tempfile.TemporaryDirectory(prefix="tfmulti-warm-") as folder:
+        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+        for path in (out, err):
+            open(path, "w").close()
+        server.stdin.write(json.dumps({"args": [str(a) for a in args], "env": full_env,
+                                       "cwd": str(cwd or REPO), "stdout": out,
+                                       "stderr": err}) + "\n")
+        server.stdin.flush()
+        pid = json.loads(server.stdout.readline())["pid"]
+        ready, _, _ = select.select([server.stdout], [], [], timeout)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        returncode = json.loads(server.stdout.readline())["returncode"]
+        with open(out) as f_out, open(err) as f_err:
+            stdout, stderr = f_out.read(), f_err.read()
+        if not ready:
+            raise subprocess.TimeoutExpired([sys.executable, *args], timeout, stdout, stderr)
+    return subprocess.CompletedProcess([sys.executable, *args], returncode, stdout, stderr)
+
+
 def run_recipe(name: str, *flags: str, timeout: float = 240,
                env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs `python recipes/NAME.py FLAGS` in a fresh process."""
     return run_python([str(RECIPES / f"{name}.py"), *flags], timeout=timeout, env=env)
+
+
+def run_recipe_warm(name: str, *flags: str, timeout: float = 240,
+                    env: dict | None = None) -> subprocess.CompletedProcess:
+    """`run_recipe` through `run_python_warm` (TensorFlow already imported)."""
+    return run_python_warm([str(RECIPES / f"{name}.py"), *flags], timeout=timeout, env=env)
 
 
 def launch_local(command: list[str], num_workers: int = 2, startup_timeout: float = 120,

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from tests._util import REPO, WORKERS, free_port, launch_python, run_python
+from tests._util import REPO, WORKERS, free_port, launch_python, run_python_warm
 from tests.workers import resumable, slurm_backup, user_model
 from tfmulti.training import backup
 from tfmulti.cluster import exit_codes, tf_config
@@ -244,7 +244,7 @@ def test_mirrored_killed_then_rerun_resumes(tmp_path, uninterrupted):
     def run(*kill):
         args = [WORKER, str(tmp_path), "mirrored", *(["--kill", kill[0]] if kill else []),
                 "--config", json.dumps({"num_virtual_devices": 2, "steps_per_execution": 4})]
-        return run_python(args, timeout=300)
+        return run_python_warm(args, timeout=300)
 
     preempted = run("24:0:TERM")
     assert preempted.returncode == exit_codes.PREEMPTED, preempted.stderr[-3000:]

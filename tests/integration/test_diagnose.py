@@ -13,7 +13,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests._util import run_python
+from tests._util import run_python_warm
 from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution
 from tfmulti.insight import diagnose, timing
 
@@ -77,7 +77,7 @@ def test_slow_input_is_input_bound():
 @pytest.mark.slow
 def test_cli_diagnose_json(tmp_path):
     plot, trace = tmp_path / "split.png", tmp_path / "trace"
-    result = run_python([
+    result = run_python_warm([
         "-m", "tfmulti.cli", "diagnose", "--distribution=mirrored", "--num_virtual_devices=2",
         "--dataset=synthetic", "--num_examples=4096", "--global_batch_size=32",
         "--steps_per_execution=1", "--seconds=0.2", "--no_measure", "--json",

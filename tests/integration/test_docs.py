@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests._util import run_python
+from tests._util import run_python_warm
 from tests.unit.test_docs import Block, PYTHON_BLOCKS
 CLUSTER_HINTS = ("notebook_launcher", "tfmulti.launch(", "cluster.launch(")
 
@@ -22,8 +22,8 @@ def _python_param(block: Block):
 
 @pytest.mark.parametrize("block", [_python_param(b) for b in PYTHON_BLOCKS])
 def test_python_block_runs(fashion_mnist_data_dir, block):
-    result = run_python(["-c", block.code], timeout=600,
-                        env={"TFDS_DATA_DIR": fashion_mnist_data_dir})
+    result = run_python_warm(["-c", block.code], timeout=600,
+                             env={"TFDS_DATA_DIR": fashion_mnist_data_dir})
     assert result.returncode == 0, f"{block.id}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     if "4 x 64" in block.code:  # the README's data-parallel example prints its split
         assert "4 x 64" in result.stdout and "'accuracy'" in result.stdout, result.stdout

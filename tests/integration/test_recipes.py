@@ -15,7 +15,8 @@ import keras
 import numpy as np
 import pytest
 
-from tests._util import RECIPES, REPO, file_tree, run_python, run_recipe
+from tests._util import RECIPES, REPO, file_tree, run_python_warm, run_recipe
+from tests._util import run_recipe_warm
 
 TINY = ["--dataset=synthetic", "--num_examples=512", "--epochs=2", "--global_batch_size=64"]
 
@@ -38,9 +39,9 @@ def _predicts(model_dir, shape, outputs) -> str:
 def test_train_recipe_mirrored_bfloat16(tmp_path):
     """Mirrored on 2 replicas with bfloat16 compute: every output written."""
     model_dir = tmp_path / "run"
-    result = run_recipe("train", "--distribution=mirrored", "--num_virtual_devices=2", *TINY,
-                        "--steps_per_execution=4", "--mixed_precision=bfloat16",
-                        f"--model_dir={model_dir}")
+    result = run_recipe_warm("train", "--distribution=mirrored", "--num_virtual_devices=2", *TINY,
+                             "--steps_per_execution=4", "--mixed_precision=bfloat16",
+                             f"--model_dir={model_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = _metrics(model_dir)
     assert metrics["num_replicas"] == 2
@@ -72,9 +73,9 @@ def test_train_recipe_trains_the_users_model_module(tmp_path):
     module on one device proved nothing more.)"""
     devices = 4
     model_dir = tmp_path / "run"
-    result = run_python([str(RECIPES / "train.py"), "--distribution=mirrored",
-                         f"--num_virtual_devices={devices}", *OWN, f"--model_dir={model_dir}"],
-                        cwd=REPO / "tests")
+    result = run_python_warm([str(RECIPES / "train.py"), "--distribution=mirrored",
+                              f"--num_virtual_devices={devices}", *OWN, f"--model_dir={model_dir}"],
+                             cwd=REPO / "tests")
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = _metrics(model_dir)
     assert metrics["model"] == "own_model:build" and metrics["dataset"] == "own_model:data"
@@ -92,7 +93,7 @@ def test_train_recipe_transformer_2x2x2_beats_the_unigram_baseline(tmp_path):
     at least 20% below the unigram (byte-frequency) baseline (24% here; 30%
     after 120 steps), printed and in metrics.json."""
     model_dir = tmp_path / "run"
-    result = run_recipe(
+    result = run_recipe_warm(
         "train", "--model=transformer", "--dataset=tfmulti_text", "--distribution=hybrid",
         "--num_virtual_devices=8", "--num_replicas=2", "--num_stages=2", "--tensor_parallel=2",
         "--num_microbatches=2", "--seq_len=64", "--d_model=64", "--num_heads=4",
@@ -110,10 +111,10 @@ def test_train_recipe_transformer_2x2x2_beats_the_unigram_baseline(tmp_path):
 
 @pytest.mark.slow
 def test_train_recipe_regression_one_device_xla(tmp_path):
-    result = run_recipe("train", "--distribution=one_device", "--model=regression",
-                        "--dataset=synthetic_regression", "--num_examples=256", "--epochs=1",
-                        "--global_batch_size=32", "--optimizer=sgd", "--learning_rate=0.01",
-                        "--jit_compile", f"--model_dir={tmp_path}")
+    result = run_recipe_warm("train", "--distribution=one_device", "--model=regression",
+                             "--dataset=synthetic_regression", "--num_examples=256", "--epochs=1",
+                             "--global_batch_size=32", "--optimizer=sgd", "--learning_rate=0.01",
+                             "--jit_compile", f"--model_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = _metrics(tmp_path)
     assert metrics["num_replicas"] == 1 and "test_mae" in metrics
@@ -132,9 +133,10 @@ def test_train_recipe_hybrid_pipeline(tmp_path):
     runs everything a `--distribution=pipeline` run does, which
     tests/integration/test_pipeline_outputs.py runs through the recipe too.)"""
     distribution, devices, replicas = "hybrid", 4, 2
-    result = run_recipe("train", f"--distribution={distribution}",
-                        f"--num_virtual_devices={devices}", "--num_stages=2",
-                        "--num_microbatches=4", "--model=cnn", *TINY, f"--model_dir={tmp_path}")
+    result = run_recipe_warm("train", f"--distribution={distribution}",
+                             f"--num_virtual_devices={devices}", "--num_stages=2",
+                             "--num_microbatches=4", "--model=cnn", *TINY,
+                             f"--model_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = _metrics(tmp_path)
     assert metrics["distribution"] == distribution and metrics["num_replicas"] == replicas
@@ -175,9 +177,9 @@ def test_train_recipe_error_after_tensorflow_starts_is_one_error_line(tmp_path):
     model_dir.mkdir()
     (model_dir / "keep.txt").write_text("previous results")
     before = file_tree(model_dir)
-    result = run_recipe("train", "--dataset=synthetic", "--num_examples=256",
-                        "--devices=CPU:9", "--num_virtual_devices=2",
-                        f"--model_dir={model_dir}", timeout=120)
+    result = run_recipe_warm("train", "--dataset=synthetic", "--num_examples=256",
+                             "--devices=CPU:9", "--num_virtual_devices=2",
+                             f"--model_dir={model_dir}", timeout=120)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(errors) == 1 and "do not exist; available" in errors[0], result.stderr[-2000:]
@@ -190,8 +192,8 @@ def test_train_recipe_error_after_tensorflow_starts_is_one_error_line(tmp_path):
 
 @pytest.mark.slow
 def test_seed_examples_data_parallel_matches_single_device():
-    result = run_recipe("seed_examples", "--example=data_parallel", "--dataset=synthetic",
-                        "--num_examples=512")
+    result = run_recipe_warm("seed_examples", "--example=data_parallel", "--dataset=synthetic",
+                             "--num_examples=512")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("batch (25, 28, 28, 1)") == 4
     diff = float(result.stdout.split("max gradient difference")[1].split()[0])
@@ -200,8 +202,8 @@ def test_seed_examples_data_parallel_matches_single_device():
 
 @pytest.mark.slow
 def test_seed_examples_optimizers_compares_both():
-    result = run_recipe("seed_examples", "--example=optimizers", "--dataset=synthetic",
-                        "--num_examples=400", "--epochs=2")
+    result = run_recipe_warm("seed_examples", "--example=optimizers", "--dataset=synthetic",
+                             "--num_examples=400", "--epochs=2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "adam=" in result.stdout and "sgd=" in result.stdout
     assert len([l for l in result.stdout.splitlines() if l.strip()[:1].isdigit()]) == 2

@@ -1,0 +1,58 @@
+"""tests/_util.py's `run_python_warm`: a forked child runs a script, `-c` code or
+`-m` module as a fresh `python` would (argv, working directory, environment,
+exit status, signals, timeout), so the tests that use it prove what
+`run_python` proved."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from tests._util import REPO, WORKERS, run_python_warm
+
+SHOW = ("import sys; warm = 'tensorflow' in sys.modules\n"
+        "import json, os, tempfile, tensorflow as tf\n"
+        "def f(): pass\n"
+        "import pickle\n"
+        "print(json.dumps({'argv': sys.argv, 'cwd': os.getcwd(), 'var': os.environ.get('V'),"
+        " 'tmp': tempfile.gettempdir(), 'warm': warm,"
+        " 'main_pickles': pickle.loads(pickle.dumps(f)) is f,"
+        " 'cpus': len(tf.config.list_physical_devices('CPU'))}))\n"
+        "sys.stderr.write('to stderr\\n')\n"
+        "sys.exit(3)\n")
+
+
+@pytest.mark.slow  # starts processes
+def test_run_python_warm_runs_as_a_fresh_python(tmp_path):
+    import json
+
+    result = run_python_warm(["-c", SHOW, "a", "b"], env={"V": "1", "TMPDIR": str(tmp_path)},
+                             cwd=tmp_path)
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert json.loads(result.stdout) == {"argv": ["-c", "a", "b"], "cwd": str(tmp_path),
+                                         "var": "1", "tmp": str(tmp_path), "warm": True,
+                                         "main_pickles": True, "cpus": 1}
+    assert result.stderr.endswith("to stderr\n")  # after TensorFlow's own lines
+
+    # A script: its folder first on sys.path (the test workers import their
+    # neighbours), its signals as exit status.
+    killed = run_python_warm([str(WORKERS / "resumable.py"), str(tmp_path), "mirrored",
+                              "--kill", "1:0:KILL", "--config", '{"num_examples": 128}'])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert "sends itself SIGKILL at step 1" in killed.stdout
+
+    module = run_python_warm(["-m", "tfmulti.cli", "diagnose", "--global_batch_size=0"])
+    assert module.returncode == 2 and module.stderr.startswith("tfmulti diagnose: error:")
+
+    raised = run_python_warm(["-c", "raise ValueError('boom')"])
+    assert raised.returncode == 1 and raised.stderr.endswith("ValueError: boom\n")
+
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_python_warm(["-c", "import time; time.sleep(60)"], timeout=2)
+
+    # A variable read at TensorFlow's import: a cold process, which reads it.
+    onednn = run_python_warm(["-c", "import sys; print('tensorflow' in sys.modules)"],
+                             env={"TF_ENABLE_ONEDNN_OPTS": "1"}, cwd=REPO)
+    assert onednn.returncode == 0 and onednn.stdout == "False\n"
