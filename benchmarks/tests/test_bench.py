@@ -611,6 +611,8 @@ def test_own_suite_runs_end_to_end(monkeypatch, capsys):
     keep the test short."""
     monkeypatch.setattr(_harness, "run_worker",
                         lambda kind, timeout=None, **config: worker.run(kind, config))
+    # The own-model part at its toy size too (the file launches' sizes are below).
+    monkeypatch.setattr(own, "MODEL_SETTINGS", {**own.MODEL_SETTINGS, **own.TOY["model"]})
     r = bench.run_suite("own", 1, epoch_seconds=0.1, num_files=4, examples_per_file=128,
                         per_worker_batch=64, epochs=2)
     assert json.loads(json.dumps(r)) == r
