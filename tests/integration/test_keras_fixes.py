@@ -15,7 +15,7 @@ from tests._util import WORKERS, launch_python, run_python
 from tests._util import fake_slurm
 from tests.unit.test_keras_fixes import (EMPTY_BATCH_CONV, FIT_MULTI_WORKER,
                                          SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
-                                         UNEVEN_FIRST_BATCH)
+                                         UNEVEN_FIRST_BATCH, BATCH_NORM_STATISTICS)
 
 # Convolutions on an empty batch under oneDNN. The bug is in oneDNN's
 # kernels, which TensorFlow turns on by default only on x86 CPUs with AVX-512
@@ -93,7 +93,7 @@ _SINGLE_PROCESS = textwrap.dedent("""
     # 240 test examples at global batch 256 give them 128 and 112 rows.
     @part
     def uneven_first_batch_upstream():
-        strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])  # no tfmulti fixes
+        strategy = keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"])  # Keras not patched yet
         with strategy.scope():
             model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
                                       keras.layers.Dense(10)])
@@ -102,6 +102,23 @@ _SINGLE_PROCESS = textwrap.dedent("""
                                training=False)
         model.evaluate(**test.evaluate_kwargs(), verbose=0)
         return "evaluate ok"
+
+    # BatchNormalization's moving statistics under 2 replicas whose halves of
+    # every batch differ (plain MirroredStrategy): the largest difference
+    # between the replicas' copies of the moving mean after 4 steps.
+    @part
+    def batch_norm_statistics_upstream():
+        strategy = keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"])  # Keras not patched yet
+        x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+        x[np.arange(256) % 64 >= 32] += 3.0
+        y = (x.sum(axis=1) > 12).astype("int32")
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                                      keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+            model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64), verbose=0)
+        copies = strategy.experimental_local_results(model.layers[1].moving_mean.value)
+        return float(np.max(np.abs(copies[0].numpy() - copies[1].numpy())))
 
     # Convolutions on an empty batch.
     def conv_model(**compile_args):
@@ -326,6 +343,14 @@ def test_upstream_bug_symbolic_build_of_a_first_batch_split_unevenly(upstream):
     assert "must have the same size and shape" in part["error"], part
 
 
+def test_upstream_bug_batch_normalization_statistics_differ_between_replicas(upstream):
+    # tensorflow/tensorflow#46488 (Keras 3: moving statistics made with
+    # aggregation "none"): each replica's copy follows its own batches.
+    part = upstream["batch_norm_statistics_upstream"]
+    assert part["error"] is None, part
+    assert part["result"] > 0.1, part  # equal with the fix (tests/unit/test_keras_fixes.py)
+
+
 def test_upstream_bug_conv_on_empty_batch(upstream):
     # Same oneDNN conv kernel as tensorflow/tensorflow#30968 (fixed there for
     # Conv3D only): an empty batch comes back with the input's shape.
@@ -375,10 +400,12 @@ def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
     assert part["error"] is None, part["error"]
     r = part["result"]
     assert r["active_before"] == [] and r["one_device"] == [] and r["stderr_before"] == ""
-    assert r["mirrored"] == r["again"] == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL, EMPTY_BATCH_CONV]
+    assert r["mirrored"] == r["again"] == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
+                                           BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV]
     assert r["everything"] == [FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER,
-                               STEPS_PER_CALL, EMPTY_BATCH_CONV]
+                               STEPS_PER_CALL, BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV]
     assert r["stderr"] == ("tfmulti: Keras fixes active: a first batch split unevenly over "
                            "replicas (keras#20585), several steps per call with 2+ "
-                           "replicas (keras#19246), convolutions on an empty batch under "
-                           "oneDNN (tensorflow#30968)\n")
+                           "replicas (keras#19246), BatchNormalization statistics that differ "
+                           "between replicas (tensorflow#46488), convolutions on an empty "
+                           "batch under oneDNN (tensorflow#30968)\n")

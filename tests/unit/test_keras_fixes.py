@@ -23,6 +23,7 @@ STEPS_PER_CALL = "several steps per call with 2+ replicas"
 EMPTY_BATCH_CONV = "convolutions on an empty batch under oneDNN"
 FIT_MULTI_WORKER = "fit under MultiWorkerMirroredStrategy"
 UNEVEN_FIRST_BATCH = "a first batch split unevenly over replicas"
+BATCH_NORM_STATISTICS = "BatchNormalization statistics that differ between replicas"
 SCALAR_LOGS_MULTI_WORKER = "logged scalars under MultiWorkerMirroredStrategy"
 
 
@@ -106,6 +107,45 @@ def test_fix_evaluates_a_first_batch_split_unevenly_over_replicas():
     assert np.isfinite(result["loss"])
 
 
+def test_fix_keeps_the_replicas_batch_normalization_statistics_equal():
+    # Two replicas see batches of different statistics (the second half of
+    # every batch shifted by 3): without the fix each keeps its own moving
+    # mean and variance, and the saved model (replica 0's copy) evaluates
+    # otherwise than the replicas did (tests/integration/test_keras_fixes.py
+    # shows the drift upstream).
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tfmulti
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    assert BATCH_NORM_STATISTICS in tfmulti.apply_keras_fixes(strategy)
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+        m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    x[np.arange(256) % 64 >= 32] += 3.0  # replica 1's half of every batch of 64
+    y = (x.sum(axis=1) > 12).astype("int32")
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(64)
+    with strategy.scope():
+        distributed = model()
+    distributed.fit(batches, epochs=2, verbose=0, shuffle=False)
+    for name in ("moving_mean", "moving_variance"):
+        copies = strategy.experimental_local_results(
+            getattr(distributed.layers[1], name).value)
+        np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())
+    saved = model()
+    saved.set_weights(distributed.get_weights())
+    assert distributed.evaluate(batches, verbose=0) == pytest.approx(
+        saved.evaluate(batches, verbose=0), rel=1e-5)
+
+
 # --------------------------------------------------------------------------
 # apply_keras_fixes: the fixes for a strategy the user built.
 
@@ -121,7 +161,7 @@ def test_apply_keras_fixes_to_a_mirrored_strategy_the_user_built():
 
     strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
     assert tfmulti.apply_keras_fixes(strategy) == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
-                                                   EMPTY_BATCH_CONV]
+                                                   BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV]
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
@@ -142,7 +182,7 @@ def test_apply_keras_fixes_by_strategy():
     assert keras_fixes.apply_keras_fixes(tf.distribute.get_strategy()) == []
     assert keras_fixes.apply_keras_fixes() == keras_fixes.active_fixes() == [
         FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
-        EMPTY_BATCH_CONV]
+        BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV]
 
 
 # --------------------------------------------------------------------------
@@ -164,6 +204,8 @@ def test_recorded_keras_functions_are_the_installed_ones():
      "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build"),
     (SCALAR_LOGS_MULTI_WORKER, "keras.src.backend.tensorflow.trainer:reduce_per_replica"),
     (STEPS_PER_CALL, "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function"),
+    (BATCH_NORM_STATISTICS,
+     "keras.src.layers.normalization.batch_normalization:BatchNormalization.build"),
     (EMPTY_BATCH_CONV, "keras.src.backend.tensorflow.nn:conv"),
 ])
 def test_guard_leaves_a_fix_off_where_keras_changed(fix, changed, monkeypatch):

@@ -12,6 +12,9 @@ Each fix is named by the symptom it cures and links its upstream issue:
   patch of Keras' reduction of the logs.
 * "several steps per call with 2+ replicas" (keras#19246): a patch of Keras'
   multi-step function, whose loop is `run_steps`.
+* "BatchNormalization statistics that differ between replicas"
+  (tensorflow#46488): the moving statistics are made with the mean
+  aggregation, as Keras 2 made them.
 * "convolutions on an empty batch under oneDNN" (tensorflow#30968): a patch
   of Keras' TensorFlow convolutions.
 * "SlurmClusterResolver without GPUs" (tensorflow#56894):
@@ -88,6 +91,10 @@ _STEPS_PER_CALL = _Fix(
     "several steps per call with 2+ replicas", "keras#19246",
     "https://github.com/keras-team/keras/issues/19246",
     (_TRAINER + "TensorFlowTrainer._make_function",))
+_BATCH_NORM_STATISTICS = _Fix(
+    "BatchNormalization statistics that differ between replicas", "tensorflow#46488",
+    "https://github.com/tensorflow/tensorflow/issues/46488",
+    ("keras.src.layers.normalization.batch_normalization:BatchNormalization.build",))
 _EMPTY_BATCH_CONV = _Fix(
     "convolutions on an empty batch under oneDNN", "tensorflow#30968",
     "https://github.com/tensorflow/tensorflow/pull/30968",
@@ -115,6 +122,8 @@ KERAS_ORIGINALS = {  # "module:qualified name" -> SHA-256 of its source in Keras
         "2e7d54b1e6edc29a8c6a7e6b66cd4c8be3ba7842412c93753ac3afe169fa7fb8",
     _TRAINER + "TensorFlowTrainer._make_function":
         "bb33b7a0da3d27406c70fac54b8e9617156ef225f452b93f6addf8cc34aca0d0",
+    "keras.src.layers.normalization.batch_normalization:BatchNormalization.build":
+        "d615e5ddb968b5d52a7414d6712da76975ebb18ffb50c7d858a6d0cd5d72345e",
     _NN + "conv":
         "1bae7c0469d44106255c586b417ef4463ed1b7524095f3331fbab2685b99d3e3",
     _NN + "depthwise_conv":
@@ -200,9 +209,9 @@ def _needed(strategy) -> tuple[_Fix, ...]:
     """The patches `strategy` needs (None: all of them)."""
     if strategy is None or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return (_FIT_MULTI_WORKER, _UNEVEN_FIRST_BATCH, _SCALAR_LOGS_MULTI_WORKER,
-                _STEPS_PER_CALL, _EMPTY_BATCH_CONV)
+                _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV)
     if isinstance(strategy, tf.distribute.MirroredStrategy):
-        return (_UNEVEN_FIRST_BATCH, _STEPS_PER_CALL, _EMPTY_BATCH_CONV)
+        return (_UNEVEN_FIRST_BATCH, _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV)
     return ()
 
 
@@ -216,6 +225,7 @@ def active_fixes() -> list[str]:
         ...     "a first batch split unevenly over replicas",
         ...     "logged scalars under MultiWorkerMirroredStrategy",
         ...     "several steps per call with 2+ replicas",
+        ...     "BatchNormalization statistics that differ between replicas",
         ...     "convolutions on an empty batch under oneDNN"}
         True
     """
@@ -238,10 +248,14 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
       (keras#20585's symbolic build: `evaluate` or `fit` whose first batch
       gives the replicas different numbers of rows, e.g. a test split smaller
       than the global batch), "several steps per call with 2+ replicas"
-      (keras#19246, `steps_per_execution > 1`) and "convolutions on an empty
-      batch under oneDNN" (tensorflow#30968, `evaluate` of a conv model when
-      a replica's share of the last batch is empty);
-    * any other strategy: none. None: all five (before the strategy exists).
+      (keras#19246, `steps_per_execution > 1`), "BatchNormalization
+      statistics that differ between replicas" (tensorflow#46488: each
+      replica's moving mean and variance drift apart and the saved model
+      keeps replica 0's; the fix needs the model built after it, as
+      `get_strategy` then building under its scope does) and "convolutions
+      on an empty batch under oneDNN" (tensorflow#30968, `evaluate` of a conv
+      model when a replica's share of the last batch is empty);
+    * any other strategy: none. None: all six (before the strategy exists).
 
     Calling it again does nothing more. The first call in a process that
     installs a fix prints one line to stderr naming the active fixes. A fix
@@ -262,6 +276,7 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
         >>> strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
         >>> tfmulti.apply_keras_fixes(strategy)  # doctest: +NORMALIZE_WHITESPACE
         ['a first batch split unevenly over replicas', 'several steps per call with 2+ replicas',
+         'BatchNormalization statistics that differ between replicas',
          'convolutions on an empty batch under oneDNN']
     """
     global _announced
@@ -269,6 +284,7 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
                _UNEVEN_FIRST_BATCH: _patch_symbolic_build,  # the same patch, installed once
                _SCALAR_LOGS_MULTI_WORKER: _patch_reduce_per_replica,
                _STEPS_PER_CALL: _patch_make_function,
+               _BATCH_NORM_STATISTICS: _patch_batch_norm_statistics,
                _EMPTY_BATCH_CONV: _patch_conv}
     needed = _needed(strategy)
     with _lock:
@@ -617,6 +633,34 @@ def _empty_batch_safe(op):
         return tf.cond(tf.shape(inputs)[0] > 0, lambda: op(inputs, *args, **kwargs), empty)
 
     return wrapper
+
+
+# --------------------------------------------------------------------------
+# BatchNormalization's moving statistics under 2+ replicas (TensorFlow 2.21,
+# Keras 3.15).
+#
+# Keras 3 makes `moving_mean` and `moving_variance` with the default
+# aggregation, "none": under a MirroredStrategy each replica assigns its own
+# batch's statistics to its own copy, the copies drift apart, and everything
+# evaluated afterwards (by all replicas) differs from the saved model (replica
+# 0's copy). Keras 2 made them with the mean aggregation: each assignment
+# takes the mean over the replicas, so the copies stay equal (for the mean:
+# equal to one device's on the whole batch). We do the same, for the
+# non-trainable weights BatchNormalization makes; the patch adds an
+# `add_weight` to the class and replaces nothing.
+# Upstream: https://github.com/tensorflow/tensorflow/issues/46488.
+# --------------------------------------------------------------------------
+
+def _patch_batch_norm_statistics() -> None:
+    import keras
+    from keras.src.layers.normalization import batch_normalization
+
+    def add_weight(self, *args, **kwargs):
+        if kwargs.get("trainable", True) is False and kwargs.get("aggregation", "none") == "none":
+            kwargs["aggregation"] = "mean"
+        return keras.layers.Layer.add_weight(self, *args, **kwargs)
+
+    batch_normalization.BatchNormalization.add_weight = add_weight
 
 
 def _patch_conv() -> None:
