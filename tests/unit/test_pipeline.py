@@ -139,6 +139,26 @@ def test_hybrid_evaluates_and_predicts_a_partial_last_batch():
         reference.evaluate(xe, ye, batch_size=BATCH, verbose=0), abs=1e-5)
 
 
+def test_hybrid_keeps_the_replicas_batch_normalization_statistics_equal():
+    # Each replica updates its BatchNormalization's moving statistics from
+    # its own half of the batch (here the halves differ: the second shifted
+    # by 3); after every step they are set to their mean, so what the
+    # replicas evaluate is what to_model() (replica 0) saves.
+    pipeline, _ = _pair(2, 2, num_replicas=2, batchnorm=True)
+    x, y = _data(n=BATCH * 2)
+    x[np.arange(len(x)) % BATCH >= BATCH // 2] += 3.0  # replica 1's half of every batch
+    pipeline.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    norm = [i for i, layer in enumerate(pipeline.stage_layers(0, 1))
+            if isinstance(layer, keras.layers.BatchNormalization)]
+    copies = [pipeline.stage_layers(r, 1)[norm[0]] for r in range(2)]
+    for a, b in zip(copies[0].non_trainable_weights, copies[1].non_trainable_weights):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6)
+    saved = pipeline.to_model()
+    saved.compile(loss=_loss())
+    assert pipeline.evaluate(x, y, batch_size=BATCH, verbose=0) == pytest.approx(
+        saved.evaluate(x, y, batch_size=BATCH, verbose=0), rel=1e-5)
+
+
 def test_fit_evaluate_predict_like_any_keras_model():
     pipeline, reference = _pair(2, 4)
     x, y = _data()

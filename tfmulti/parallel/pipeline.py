@@ -462,6 +462,7 @@ class PipelineModel(keras.Model):
                         self.replicas[r][s].trainable_variables, sums[r][s], round_grads[r][s])]
             previous = [g for grads in round_grads for row in grads for g in row]
         self.optimizer.apply_gradients(self._averaged(sums))
+        self._equalize_replica_state()
         with tf.device(self.stage_devices[0][-1]):
             loss = tf.add_n(losses) / (R * K)
             y_pred = tf.concat(predictions, axis=0)
@@ -485,6 +486,26 @@ class PipelineModel(keras.Model):
                     with tf.device(variable.value.device):
                         pairs.append((_scaled(mean, 1), variable))
         return pairs
+
+    def _equalize_replica_state(self) -> None:
+        """Each stage's floating-point non-trainable weights (BatchNormalization's
+        moving statistics), which every replica updates from its own share of
+        the batch, set to their mean over the replicas after each step, as the
+        mean aggregation keeps them under MirroredStrategy: the copies stay
+        equal, so what the replicas evaluate is what `to_model()` (replica 0)
+        saves."""
+        if self.num_replicas == 1:
+            return
+        for s in range(self.num_stages):
+            rows = [[w for w in self.replicas[r][s].non_trainable_weights
+                     if w.dtype.startswith("float") or w.dtype.startswith("bfloat")]
+                    for r in range(self.num_replicas)]
+            for copies in zip(*rows):
+                with tf.device(copies[0].value.device):
+                    mean = tf.add_n([tf.identity(c.value) for c in copies]) / len(copies)
+                for copy in copies:
+                    with tf.device(copy.value.device):
+                        copy.assign(tf.identity(mean))
 
     def _pipeline_step(self, r, micro_x, micro_y):
         """GPipe on replica r: forward all micro-batches, then backward, with
