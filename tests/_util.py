@@ -147,10 +147,17 @@ def run_python_warm(args: list[str], timeout: float = 240, env: dict | None = No
                                        "stderr": err}) + "\n")
         server.stdin.flush()
         pid = json.loads(server.stdout.readline())["pid"]
-        ready, _, _ = select.select([server.stdout], [], [], timeout)
-        if not ready:
+        try:
+            ready, _, _ = select.select([server.stdout], [], [], timeout)
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+            returncode = json.loads(server.stdout.readline())["returncode"]
+        except BaseException:  # pytest-timeout, Ctrl-C: no child left, a new server next
             os.kill(pid, signal.SIGKILL)
-        returncode = json.loads(server.stdout.readline())["returncode"]
+            server.kill()
+            server.wait(timeout=30)
+            _warm.clear()
+            raise
         with open(out) as f_out, open(err) as f_err:
             stdout, stderr = f_out.read(), f_err.read()
         if not ready:
