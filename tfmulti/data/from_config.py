@@ -57,11 +57,9 @@ class RunData:
 
     @property
     def info(self) -> dict:
-        """The input shape, classes and task; and "validation", the validation
-        split, when there is one."""
-        info = {"input_shape": self.input_shape, "num_classes": self.num_classes,
+        """The input shape, classes and task."""
+        return {"input_shape": self.input_shape, "num_classes": self.num_classes,
                 "task": self.task}
-        return info if self.validation is None else {**info, "validation": self.validation}
 
     def classes(self) -> int:
         """`num_classes`, when unknown: the width of one-hot labels, else read

@@ -59,6 +59,9 @@ class Run:
         steps_per_epoch: global steps (optimizer updates) per epoch.
         steps_per_execution: training steps per `tf.function` call.
         model: the compiled model (a `PipelineModel` for pipeline/hybrid).
+        validation_input: the validation split (`validation_split`, or the
+            dataset function's "validation") distributed as the test split
+            is; None without one.
     """
 
     config: TrainConfig
@@ -71,6 +74,7 @@ class Run:
     steps_per_epoch: int
     steps_per_execution: int
     model: keras.Model
+    validation_input: data.DistributedInput | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -171,14 +175,8 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
         run_data.train, strategy, examples_per_step, training=True, seed=config.seed,
         sharding=config.input_sharding, **(input_options or {}),
         steps_per_epoch=_if_unknown_size(run_data.train, config.steps_per_epoch))
-    test_input = None
-    if run_data.test is not None:
-        # input_sharding is about the training input; test data that is not
-        # files is read by examples (files: as the training data).
-        test_input = data.distribute(
-            run_data.test, strategy, config.global_batch_size, training=False,
-            sharding=(config.input_sharding if isinstance(run_data.test, FileSource)
-                      else "examples"))
+    test_input = _evaluation_input(run_data.test, strategy, config)
+    validation_input = _evaluation_input(run_data.validation, strategy, config)
     steps_per_epoch = config.steps_per_epoch or train_input.steps_per_epoch
     steps_per_execution = resolve_steps_per_execution(
         config.steps_per_execution, steps_per_epoch, config.backup_every_steps)
@@ -198,7 +196,19 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
     # labels and inputs the model takes, before the first epoch
     check_model_fits(run_data, model, output_shape=output)
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
-               test_input, steps_per_epoch, steps_per_execution, model)
+               test_input, steps_per_epoch, steps_per_execution, model,
+               validation_input)
+
+
+def _evaluation_input(source, strategy, config: TrainConfig):
+    """A test or validation split distributed for evaluation (None for no
+    split): `input_sharding` is about the training input, so evaluated data
+    that is not files is read by examples (files: as the training files)."""
+    if source is None:
+        return None
+    return data.distribute(
+        source, strategy, config.global_batch_size, training=False,
+        sharding=config.input_sharding if isinstance(source, FileSource) else "examples")
 
 
 def _loss(config: TrainConfig):

@@ -46,9 +46,7 @@ from tfmulti.training.outputs import MODEL_FILES, OUTPUTS
 from tfmulti.utils.atomic import write_json_atomic
 from tfmulti.config.train_config import TrainConfig
 from tfmulti.training.callbacks import EpochTimer, StopOnNonFiniteLoss
-from tfmulti import data
 from tfmulti.data import checks as data_checks
-from tfmulti.data.sources import FileSource
 from tfmulti.data.from_config import dataset_metrics
 from tfmulti.memory import estimate as memory
 
@@ -314,7 +312,7 @@ def _fit_and_evaluate(config: TrainConfig, run: runs.Run, role, all_callbacks, v
     the test results and the backup's `FitResult` (None without one)."""
     model = run.model
     resumed_step, last_epoch, result = 0, {}, None
-    validation = _validation_input(run)
+    validation = run.validation_input
     # No validation_steps: Keras then reads the split to its end each epoch, with
     # an iterator of its own (given the steps, it keeps one across epochs, and a
     # repeated split leaves the later evaluations of other data empty).
@@ -348,18 +346,6 @@ def _fit_and_evaluate(config: TrainConfig, run: runs.Run, role, all_callbacks, v
             results = model.evaluate(**run.test_input.evaluate_kwargs(), return_dict=True,
                                      verbose=0)
     return history, resumed_step, last_epoch, results, result
-
-
-def _validation_input(run: runs.Run):
-    """The validation split (`validation_split`, or the dataset function's
-    "validation") distributed as the test split is (files sharded as the
-    training files, other data by examples); None without a validation split."""
-    source = run.info.get("validation")
-    if source is None:
-        return None
-    return data.distribute(source, run.strategy, run.config.global_batch_size, training=False,
-                           sharding=(run.config.input_sharding if isinstance(source, FileSource)
-                                     else "examples"))
 
 
 @contextlib.contextmanager
