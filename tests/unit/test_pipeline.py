@@ -159,6 +159,26 @@ def test_hybrid_keeps_the_replicas_batch_normalization_statistics_equal():
         saved.evaluate(x, y, batch_size=BATCH, verbose=0), rel=1e-5)
 
 
+def test_a_list_of_named_inputs_takes_a_dict_by_the_inputs_names():
+    # As keras.Model(list_of_inputs, ...) takes a dict (keras-io's structured
+    # data example): by name, whatever the dict's order (sorted, "a" < "b",
+    # is not the model's).
+    keras.utils.set_random_seed(0)
+    b = keras.Input((3,), name="b")
+    a = keras.Input((1,), name="a", dtype="int32")
+    x = keras.layers.Concatenate()([b, keras.ops.cast(a, "float32")])
+    x = keras.layers.Dense(8, activation="relu")(x)
+    model = keras.Model([b, a], keras.layers.Dense(2)(keras.layers.Dense(4)(x)))
+    rng = np.random.default_rng(0)
+    inputs = {"a": rng.integers(0, 5, (8, 1)).astype("int32"),
+              "b": rng.random((8, 3), dtype=np.float32)}
+    expected = model(inputs)
+    pipeline = PipelineModel(model, num_stages=2)
+    np.testing.assert_allclose(pipeline(inputs), expected, atol=1e-6)
+    with pytest.raises(ValueError, match=r"inputs \['a'\] are missing"):
+        pipeline({"b": inputs["b"]})
+
+
 def test_fit_evaluate_predict_like_any_keras_model():
     pipeline, reference = _pair(2, 4)
     x, y = _data()

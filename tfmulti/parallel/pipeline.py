@@ -365,6 +365,14 @@ class PipelineModel(keras.Model):
                     f"inputs {missing} are missing; model {self._chain.name!r} takes "
                     f"{sorted(struct)}.")
             return keras.tree.flatten({k: inputs[k] for k in struct})
+        if isinstance(inputs, dict):  # by the Inputs' names, as a functional model takes them
+            names = [t.name for t in self._chain.inputs]
+            missing = sorted(set(names) - set(inputs))
+            if missing:
+                raise ValueError(
+                    f"inputs {missing} are missing; model {self._chain.name!r} takes "
+                    f"{names}.")
+            return [inputs[name] for name in names]
         flat = keras.tree.flatten(inputs)
         if len(flat) != expected:
             raise ValueError(
