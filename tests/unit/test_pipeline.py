@@ -179,6 +179,26 @@ def test_a_list_of_named_inputs_takes_a_dict_by_the_inputs_names():
         pipeline({"b": inputs["b"]})
 
 
+def test_model_checkpoint_saves_the_users_model(tmp_path):
+    # Keras' ModelCheckpoint (keras-io's time-series example passes one)
+    # saves the unpartitioned model: a .keras file and weights that load
+    # without tfmulti (was: NotImplementedError from PipelineModel.get_config).
+    pipeline, _ = _pair(2, 2)
+    x, y = _data()
+    whole, weights = tmp_path / "best.keras", tmp_path / "best.weights.h5"
+    pipeline.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[
+        keras.callbacks.ModelCheckpoint(str(whole)),
+        keras.callbacks.ModelCheckpoint(str(weights), save_weights_only=True)])
+    expected = pipeline.predict(x, batch_size=BATCH, verbose=0)
+    loaded = keras.models.load_model(whole)
+    np.testing.assert_allclose(loaded.predict(x, batch_size=BATCH, verbose=0), expected,
+                               atol=1e-5)
+    rebuilt = keras.Sequential([keras.Input((12,)), *_layers()])
+    rebuilt.load_weights(weights)
+    np.testing.assert_allclose(rebuilt.predict(x, batch_size=BATCH, verbose=0), expected,
+                               atol=1e-5)
+
+
 def test_fit_evaluate_predict_like_any_keras_model():
     pipeline, reference = _pair(2, 4)
     x, y = _data()

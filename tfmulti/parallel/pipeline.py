@@ -688,6 +688,18 @@ class PipelineModel(keras.Model):
             return source
         return keras.Model(source._inputs_struct, source._outputs_struct, name=name)
 
+    def save(self, filepath, overwrite=True, zipped=None, **kwargs):
+        """Saves the unpartitioned model, `to_model()` (the user's own, with
+        its trained weights), as `keras.Model.save` would save it: a file
+        anyone loads without tfmulti (Keras' `ModelCheckpoint` calls this)."""
+        return self.to_model().save(filepath, overwrite=overwrite, zipped=zipped, **kwargs)
+
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        """Saves the unpartitioned model's weights (`to_model().save_weights`):
+        they load into the model the user builds (`ModelCheckpoint(...,
+        save_weights_only=True)` calls this)."""
+        return self.to_model().save_weights(filepath, overwrite=overwrite, **kwargs)
+
     def checkpoint_layers(self) -> list[list[keras.layers.Layer]]:
         """The unpartitioned model's layers that the stages hold, in its own
         order (`to_model().layers`), once per replica (replica 0, the layer
