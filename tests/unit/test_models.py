@@ -152,6 +152,34 @@ def test_compile_needs_a_task_or_a_loss():
     assert model.compiled and model.loss == "mse"
 
 
+def test_a_model_with_its_own_train_step_compiles_without_a_loss():
+    # keras-io's VAE: `vae.compile(optimizer=...)`, its train_step computes
+    # the loss; tfmulti compiles it the same way, and it trains.
+    import numpy as np
+
+    class Own(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            with tf.GradientTape() as tape:
+                loss = keras.ops.mean(keras.ops.square(self(data) - 1.0))
+            grads = tape.gradient(loss, self.trainable_weights)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+            return {"own_loss": loss}
+
+    model = Own()
+    models.compile_model(model, optimizer="sgd", learning_rate=0.1)
+    assert model.compiled and model.loss is None
+    x = np.ones((8, 2), "float32")
+    history = model.fit(x, batch_size=4, epochs=3, verbose=0)
+    assert history.history["own_loss"][-1] < history.history["own_loss"][0]
+
+
 def _own_functional():
     from tests import own_model
 

@@ -264,8 +264,18 @@ def _adopt_optimizer(opt, strategy):
         return opt.__class__.from_config(opt.get_config())
 
 
+def _own_train_step(model) -> bool:
+    """Whether `model` trains by a `train_step` of the user's (a VAE, a GAN),
+    which computes its own loss: compiled without one, as its author does."""
+    step = getattr(type(model), "train_step", None)
+    module = getattr(step, "__module__", "") or ""
+    return step is not None and not module.startswith(("keras.", "tfmulti."))
+
+
 def _loss(loss, task, model, one_hot):
     if loss is None:
+        if task is None and _own_train_step(model):
+            return None
         if task is None:
             raise ValueError("pass `task` ('classification' or 'regression') for tfmulti's "
                              "default loss and metrics, or your own `loss`.")
@@ -282,7 +292,9 @@ def _loss(loss, task, model, one_hot):
 
 def _metrics(metrics, task, model, one_hot):
     if metrics is None:
-        return default_metrics(task, model, one_hot=one_hot) if task is not None else []
+        # None, not []: Keras fails a train_step of the user's ("Cannot get
+        # result() since the metric has not yet been built") when given [].
+        return default_metrics(task, model, one_hot=one_hot) if task is not None else None
     if isinstance(metrics, str):
         raise ValueError(f"`metrics` must be a list, got the string {metrics!r}; e.g. "
                          f"[{metrics!r}].")
@@ -370,7 +382,9 @@ def compile_model(
 
     Raises:
         ValueError: an unknown task, optimizer, loss, metric or scaling; neither
-            `task` nor `loss`; a learning rate that is not a positive finite
+            `task` nor `loss` for a model without a `train_step` of its own (one
+            with its own, a VAE or GAN, is compiled without a loss, as its
+            author compiles it); a learning rate that is not a positive finite
             number, or one given with an optimizer object; scaling or warmup
             of an optimizer whose rate is a schedule; a missing batch size or
             steps for scaling/warmup; or `jit_compile=True` with 2 or more
