@@ -39,7 +39,8 @@ demo: data
 
 # One pytest worker per core (pytest-xdist), two tiers (the markers select
 # them: the unmarked tests are tests/unit and the benchmarks' in-process
-# tests; tests/integration holds the marked ones). The fast tier's tests go to
+# tests, but for the tests/unit tests marked slow because they train for
+# seconds; tests/integration holds the marked ones). The fast tier's tests go to
 # whichever worker is free (--dist worksteal: 107 s instead of 131 s here);
 # the other tier keeps a file's tests on one worker, in order, since some
 # share a machine-wide resource (the simulated hosts' subnet) and a file's

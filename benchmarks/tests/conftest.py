@@ -6,4 +6,4 @@ starting a process is marked cluster, notebook or slow."""
 from __future__ import annotations
 
 from tests.conftest import *  # noqa: F401,F403  (the devices, the fixtures)
-from tests.conftest import _processes_need_a_marker  # noqa: F401  (autouse; not in `*`)
+from tests.conftest import pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401  (hooks)

@@ -330,10 +330,6 @@ def test_upstream_bug_steps_per_execution_with_replicas(upstream):
     assert "You must feed a value for placeholder tensor" in part["error"], part
 
 
-# --------------------------------------------------------------------------
-# Convolutions on an empty batch under oneDNN (tensorflow#30968).
-
-
 @pytest.mark.slow
 def test_upstream_bug_symbolic_build_of_a_first_batch_split_unevenly(upstream):
     # keras-team/keras#20585's build under MirroredStrategy: Keras reduces the
@@ -343,6 +339,7 @@ def test_upstream_bug_symbolic_build_of_a_first_batch_split_unevenly(upstream):
     assert "must have the same size and shape" in part["error"], part
 
 
+@pytest.mark.slow
 def test_upstream_bug_batch_normalization_statistics_differ_between_replicas(upstream):
     # tensorflow/tensorflow#46488 (Keras 3: moving statistics made with
     # aggregation "none"): each replica's copy follows its own batches.
@@ -351,6 +348,11 @@ def test_upstream_bug_batch_normalization_statistics_differ_between_replicas(ups
     assert part["result"] > 0.1, part  # equal with the fix (tests/unit/test_keras_fixes.py)
 
 
+# --------------------------------------------------------------------------
+# Convolutions on an empty batch under oneDNN (tensorflow#30968).
+
+
+@pytest.mark.slow
 def test_upstream_bug_conv_on_empty_batch(upstream):
     # Same oneDNN conv kernel as tensorflow/tensorflow#30968 (fixed there for
     # Conv3D only): an empty batch comes back with the input's shape.
