@@ -516,8 +516,8 @@ def _windows(record: dict, setup: Setup) -> Windows:
         return next((t for t, line in lines if re.search(pattern, line)), None)
 
     last_backup = first(rf"^\[worker 0\] tfmulti: backup at global step {setup.total_steps}\b")
-    # Worker 1 prints its summary once `train` returned: the chief starts writing.
-    evaluated = first(r"^\[worker 1\] tfmulti: test_")
+    # Worker 1 says it is done once `train` returned: the chief starts writing.
+    evaluated = first(r"^\[worker 1\] tfmulti: done\b")
     written = first(r"^\[worker 0\] tfmulti: wrote metrics\.json")
     if None in (last_backup, evaluated, written):
         raise RuntimeError(f"the reference run's output lacks the lines that time its phases; "

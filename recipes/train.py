@@ -78,6 +78,8 @@ def main(argv):
                   "num_replicas", "distribution", "epochs_completed") if k in metrics)
     if chief:  # every worker has the metrics; one line says them
         print(f"tfmulti: {summary}")
+    else:
+        print("tfmulti: done; the chief reports the results and writes the outputs")
 
 
 if __name__ == "__main__":

@@ -536,3 +536,4 @@ def test_train_recipe_two_workers_train_the_users_model_module(tmp_path):
     # The final metrics line: the chief's alone (the docs: only the chief reports).
     assert "[worker 0] tfmulti: test_accuracy=" in output, output[-4000:]
     assert "[worker 1] tfmulti: test_" not in output, output[-4000:]
+    assert "[worker 1] tfmulti: done; the chief reports the results" in output

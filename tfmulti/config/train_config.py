@@ -253,8 +253,9 @@ class TrainConfig:
     loss: str | Callable | None = _field(
         None, "Loss: any Keras loss name (e.g. sparse_categorical_crossentropy, mse, huber) "
         "or your own as package.module:function, loss(y_true, y_pred); "
-        "default by task (classification: sparse categorical cross-entropy, from logits "
-        "unless the model ends in softmax; regression: mean squared error). From Python, "
+        "default by task, chosen from the layer that makes the output (classification: "
+        "cross-entropy, categorical for one-hot labels, on probabilities after a softmax, "
+        "binary after a sigmoid, else from logits; regression: mean squared error). From Python, "
         "also a Keras loss object or a function loss(y_true, y_pred)."
         + _TRUST.format(flag="loss"))
     metrics: tuple[str, ...] | None = _field(
@@ -262,8 +263,8 @@ class TrainConfig:
         "mae for regression). From Python, also metric objects.")
     task: str = _field(
         "auto", "What the model does, for the default loss and metrics: auto (the built-in "
-        "model's task; for your own model, classification when the labels are integers, "
-        "else regression), classification or regression.", choices=("auto", *TASKS))
+        "model's task; for your own model, classification when the labels are integers or "
+        "one-hot rows, else regression), classification or regression.", choices=("auto", *TASKS))
     accumulate_steps: int = _field(
         1, "Gradient accumulation: each update sums the gradients of this many micro-steps "
         "of global_batch_size examples, run one after the other (the memory of one), equal "
