@@ -16,6 +16,8 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+import tensorflow as tf  # noqa: E402
+
 import tfmulti  # noqa: E402
 from tests.corpus import harness  # noqa: E402
 
@@ -28,6 +30,12 @@ def main(out_dir: str, names: list[str]) -> None:
                                      **harness.config_kwargs(name))
         try:
             tfmulti.train(config)
+        except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.CancelledError):
+            # The cluster itself failed (a worker stopped answering): the next
+            # program would wait for it forever; the launch fails now instead.
+            print(f"corpus: {name} lost its cluster", flush=True)
+            raise
         except Exception as e:  # pylint: disable=broad-except  (reported, then the next one)
             line = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             print(f"corpus: {name} refused: {line}", flush=True)
