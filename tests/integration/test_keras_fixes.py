@@ -89,19 +89,24 @@ _SINGLE_PROCESS = textwrap.dedent("""
         model.fit(**train.fit_kwargs(), epochs=1, verbose=0)
         return "fit ok"
 
+    # `evaluate` of a model built by `make_model` under 2 mirrored replicas
+    # (collective keys of their own, Keras not patched yet).
+    def evaluate_unpatched(make_model, num_examples, batch):
+        strategy = keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"])
+        with strategy.scope():
+            model = make_model()
+            model.compile(loss="sparse_categorical_crossentropy")
+        test = data.distribute(data.load("synthetic", "test", num_examples=num_examples),
+                               strategy, batch, training=False)
+        model.evaluate(**test.evaluate_kwargs(), verbose=0)
+        return "evaluate ok"
+
     # A first batch split unevenly over 2 replicas (plain MirroredStrategy):
     # 240 test examples at global batch 256 give them 128 and 112 rows.
     @part
     def uneven_first_batch_upstream():
-        strategy = keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"])  # Keras not patched yet
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
-                                      keras.layers.Dense(10)])
-            model.compile(loss="sparse_categorical_crossentropy")
-        test = data.distribute(data.load("synthetic", "test", num_examples=240), strategy, 256,
-                               training=False)
-        model.evaluate(**test.evaluate_kwargs(), verbose=0)
-        return "evaluate ok"
+        return evaluate_unpatched(lambda: keras.Sequential([
+            keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]), 240, 256)
 
     # BatchNormalization's moving statistics under 2 replicas whose halves of
     # every batch differ (plain MirroredStrategy): the largest difference
@@ -137,13 +142,7 @@ _SINGLE_PROCESS = textwrap.dedent("""
     def conv_upstream():
         # MirroredStrategy, 2 replicas, 80 test examples at global batch 64: the
         # last batch (16) fits in replica 0's share, replica 1 gets 0 examples.
-        strategy = keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"])  # not patched yet
-        with strategy.scope():
-            model = conv_model(loss="sparse_categorical_crossentropy")
-        test = data.distribute(data.load("synthetic", "test", num_examples=80), strategy, 64,
-                               training=False)
-        model.evaluate(**test.evaluate_kwargs(), verbose=0)
-        return "evaluate ok"
+        return evaluate_unpatched(conv_model, 80, 64)
 
     # apply_keras_fixes on strategies the user built: the first call that
     # patches prints one line to stderr, no other call does.
