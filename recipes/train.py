@@ -51,35 +51,15 @@ from tfmulti.config import flags as config_flags  # noqa: E402  (no TensorFlow)
 config_flags.define_absl_flags()
 
 
-def _chief(config) -> bool:
-    """Whether this process is the chief, the one that prints the results: by the
-    rule the strategy's cluster resolver follows (TF_CONFIG's chief, else its worker
-    0; SLURM's task 0), read before TensorFlow starts."""
-    if config.distribution not in ("auto", "multi_worker"):
-        return True  # one process
-    cluster = tf_config.from_environ()  # a malformed TF_CONFIG fails here too
-    if config.distribution == "multi_worker" and (
-            config.cluster_resolver == "slurm"
-            or (config.cluster_resolver == "auto" and cluster is None)):
-        return os.environ.get("SLURM_PROCID", "0") == "0"
-    return tf_config.is_chief(cluster)
-
-
 def main(argv):
     config = config_flags.config_from_absl()
     config.validate()  # before TensorFlow starts: a bad flag fails at once
-    chief = _chief(config)
+    chief = tf_config.process_is_chief(config.distribution, config.cluster_resolver)
+    from tfmulti.training import outputs
     from tfmulti.training.train import train
 
-    metrics = train(config)
-    summary = ", ".join(
-        f"{k}={metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
-        for k in ("test_accuracy", "test_loss", "test_mae", "val_loss", "examples_per_second",
-                  "num_replicas", "distribution", "epochs_completed") if k in metrics)
-    if chief:  # every worker has the metrics; one line says them
-        print(f"tfmulti: {summary}")
-    else:
-        print("tfmulti: done; the chief reports the results and writes the outputs")
+    metrics = train(config)  # every worker has the metrics; the chief's line says them
+    print(outputs.summary_line(metrics) if chief else outputs.OTHER_WORKER_LINE)
 
 
 if __name__ == "__main__":

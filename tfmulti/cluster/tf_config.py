@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 from tfmulti.utils.checks import is_int
 
 __all__ = ["LAUNCHED_ENV", "build_tf_config", "from_environ", "is_chief", "num_tasks",
-           "parse_tf_config", "peers", "task_address", "validate_tf_config"]
+           "parse_tf_config", "process_is_chief", "peers", "task_address", "validate_tf_config"]
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 LAUNCHED_ENV = "TFMULTI_LAUNCHED"
@@ -173,6 +173,38 @@ def is_chief(config: dict | None) -> bool:
     if "chief" in config["cluster"]:
         return task["type"] == "chief"
     return task["type"] == "worker" and task["index"] == 0
+
+
+def process_is_chief(distribution: str, cluster_resolver: str = "auto",
+                     environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is the chief of a training run (the one that prints
+    the results and writes the outputs), by the rule the strategy's cluster
+    resolver follows, read before TensorFlow starts: one process unless
+    `distribution` is "auto" or "multi_worker"; then TF_CONFIG's chief, else its
+    worker 0; SLURM's task 0 where the resolver is SLURM's.
+
+    Args:
+        distribution: the run's `TrainConfig.distribution`.
+        cluster_resolver: the run's `TrainConfig.cluster_resolver`.
+        environ: default `os.environ`.
+
+    Raises:
+        ValueError: a malformed TF_CONFIG.
+
+    Example:
+        >>> process_is_chief("multi_worker", environ={"SLURM_PROCID": "1"})
+        False
+        >>> process_is_chief("mirrored", environ={"SLURM_PROCID": "1"})
+        True
+    """
+    if distribution not in ("auto", "multi_worker"):
+        return True  # one process
+    environ = os.environ if environ is None else environ
+    cluster = from_environ(environ)  # a malformed TF_CONFIG fails here too
+    if distribution == "multi_worker" and (
+            cluster_resolver == "slurm" or (cluster_resolver == "auto" and cluster is None)):
+        return environ.get("SLURM_PROCID", "0") == "0"
+    return is_chief(cluster)
 
 
 def peers(config: dict) -> list[str]:

@@ -43,8 +43,8 @@ from typing import Callable
 
 from tfmulti.utils.atomic import fsync_path, publish_staged, sync_directory, write_json_atomic
 
-__all__ = ["MODEL_FILES", "OUTPUTS", "PENDING", "RUN_FILE", "Record", "claim", "lock",
-           "pending_logs", "publish", "published_model", "read_record"]
+__all__ = ["MODEL_FILES", "OTHER_WORKER_LINE", "OUTPUTS", "PENDING", "RUN_FILE", "Record", "claim", "lock",
+           "pending_logs", "publish", "published_model", "read_record", "summary_line"]
 
 RUN_FILE = ".tfmulti-run.json"
 PENDING = ".tfmulti-pending"
@@ -56,6 +56,23 @@ _PUBLISHED_NAMES = ("metrics.json", *MODEL_FILES, "logs")
 OUTPUTS = (*_PUBLISHED_NAMES, RUN_FILE)
 """What a finished run may leave in `model_dir` (one of `MODEL_FILES`)."""
 _STAGING = ".staging-"  # publish_staged's folders (a killed publish leaves one)
+SUMMARY_KEYS = ("test_accuracy", "test_loss", "test_mae", "val_loss", "examples_per_second",
+                "num_replicas", "distribution", "epochs_completed")
+"""The metrics of a run's results line, in its order (those a run has)."""
+OTHER_WORKER_LINE = "tfmulti: done; the chief reports the results and writes the outputs"
+"""What a worker other than the chief prints instead of the results line."""
+
+
+def summary_line(metrics: dict) -> str:
+    """The results line a run's chief prints (`tfmulti train`, recipes/train.py).
+
+    Example:
+        >>> summary_line({"test_accuracy": 0.8125, "num_replicas": 4, "loss": [0.5]})
+        'tfmulti: test_accuracy=0.8125, num_replicas=4'
+    """
+    return "tfmulti: " + ", ".join(
+        f"{k}={metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
+        for k in SUMMARY_KEYS if k in metrics)
 
 
 @dataclasses.dataclass
