@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests import own_model
-from tests._util import run_recipe
+from tests._util import run_recipe, run_recipe_warm
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +27,10 @@ def test_a_validation_split_outside_0_1_is_one_line_before_tensorflow(tmp_path):
 def test_a_validation_split_of_files_is_one_line_saying_why(tmp_path):
     own_model.write_tfrecords(tmp_path, num_files=2, per_file=8)
     model_dir = tmp_path / "run"
-    result = run_recipe("train", "--dataset=tests.own_model:file_data",
-                        "--model=tests.own_model:build", "--validation_split=0.2",
-                        f"--model_dir={model_dir}", timeout=120,
-                        env={"OWN_MODEL_FILES": str(tmp_path / "part-*.tfrecord")})
+    result = run_recipe_warm("train", "--dataset=tests.own_model:file_data",
+                             "--model=tests.own_model:build", "--validation_split=0.2",
+                             f"--model_dir={model_dir}", timeout=120,
+                             env={"OWN_MODEL_FILES": str(tmp_path / "part-*.tfrecord")})
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(errors) == 1, result.stderr[-2000:]
