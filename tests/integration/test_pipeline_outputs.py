@@ -11,13 +11,13 @@ import json
 
 import pytest
 
-from tests._util import run_recipe
+from tests._util import run_recipe_warm
 
 
 @pytest.mark.slow
 def test_a_pipeline_run_of_a_users_model_without_kwargs_ends_with_its_outputs(tmp_path):
     model_dir = tmp_path / "run"
-    result = run_recipe(
+    result = run_recipe_warm(
         "train", "--distribution=pipeline", "--num_virtual_devices=2", "--num_stages=2",
         "--num_microbatches=2", "--model=tests.corpus.text_transformer:build",
         "--dataset=tests.corpus.text_transformer:data", "--global_batch_size=64",
