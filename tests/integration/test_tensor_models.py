@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests._util import run_recipe
+from tests._util import run_recipe_warm
 from tests.integration.test_pipeline_outputs import reloaded_accuracy
 
 OWN = ["--model=tests.corpus.text_transformer:build",
@@ -20,7 +20,7 @@ OWN = ["--model=tests.corpus.text_transformer:build",
 
 @pytest.mark.slow
 def test_train_recipe_splits_the_users_transformer_block(tmp_path):
-    result = run_recipe("train", *OWN, "--tensor_parallel=2", f"--model_dir={tmp_path}")
+    result = run_recipe_warm("train", *OWN, "--tensor_parallel=2", f"--model_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     split = [line for line in result.stdout.splitlines() if "split over 2 devices" in line]
     assert len(split) == 1 and "transformer_block.att (MultiHeadAttention, 2 heads)" in split[0]
@@ -35,7 +35,7 @@ def test_train_recipe_splits_the_users_transformer_block(tmp_path):
 
 @pytest.mark.slow
 def test_train_recipe_refuses_a_split_the_heads_do_not_allow(tmp_path):
-    result = run_recipe("train", *OWN, "--tensor_parallel=4", f"--model_dir={tmp_path}")
+    result = run_recipe_warm("train", *OWN, "--tensor_parallel=4", f"--model_dir={tmp_path}")
     assert result.returncode == 2, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if "num_heads" in line]
     assert len(lines) == 1 and "transformer_block.att" in lines[0], result.stderr[-3000:]
