@@ -7,10 +7,12 @@ starts 2 processes of `python train.py --epochs 1` on this host, each with its o
 them when one fails or the launcher gets Ctrl-C/SIGTERM, and exits with the chief's status.
 
 TensorFlow's gRPC servers are unauthenticated and listen on all interfaces, so by default the
-workers run inside one private network namespace (`unshare --net`, loopback only): nothing
-they open is reachable from other hosts, and they have no outside network access either.
-Where no such namespace can be made, the launch fails closed (one line, exit 2) unless
-`--no_isolate` was given.
+workers run inside one private network namespace (`unshare --net`): nothing they open is
+reachable from outside it. Where slirp4netns is installed they keep outbound network access
+through it (`tfmulti.cluster.outbound`); elsewhere they have loopback only, and the launcher
+says so. Where no such namespace can be made, the launch fails closed (one line, exit 2)
+unless `--no_isolate` was given. The launcher needs Linux (util-linux `unshare`, prctl);
+elsewhere it fails at once (one line, exit 2).
 
 From Python or a notebook:
 
@@ -48,9 +50,10 @@ import threading
 import time
 from typing import Sequence, TextIO
 
-from tfmulti.cluster._process import (ERROR_PREFIX, POLL_S, READER_JOIN_S, REAP_TIMEOUT_S,
-                                      Output, StopSignals, children, pump)
+from tfmulti.cluster._process import (ERROR_PREFIX, NAMESPACE_READY, POLL_S, READER_JOIN_S,
+                                      REAP_TIMEOUT_S, Output, StopSignals, children, pump)
 from tfmulti.cluster import auth
+from tfmulti.cluster import outbound as outbound_lib
 from tfmulti.cluster import gpus as gpus_lib
 from tfmulti.cluster import hosts as hosts_lib
 from tfmulti.cluster.exit_codes import exit_status
@@ -99,6 +102,34 @@ def _isolation_error(reason: str) -> ValueError:
         "open on all interfaces of a host whose network you trust.")
 
 
+def _check_linux(platform: str) -> None:
+    """Refuses any OS but Linux, before anything starts.
+
+    Raises:
+        ValueError: naming `platform` and where to run instead.
+    """
+    if not platform.startswith("linux"):
+        raise ValueError(
+            f"`tfmulti launch` needs Linux (it isolates and reaps the workers with Linux "
+            f"namespaces and prctl: util-linux `unshare`), and this is {platform!r}: run it "
+            "on a Linux host, container or VM (WSL 2 on Windows); on one machine without "
+            "it, train on its devices in one process (`tfmulti train --distribution "
+            "mirrored`).")
+
+
+def _isolation_message(tool: str | None) -> str:
+    """What isolation gives and costs, with or without the outbound network `tool`."""
+    if tool:
+        return ("workers are isolated in a private network namespace: their ports are not "
+                "reachable from outside it; they reach the network outbound only, through "
+                f"{outbound_lib.TOOL} (--no_isolate turns isolation off)")
+    return ("workers are isolated in a private network namespace: their ports are not "
+            "reachable from outside it, and they have no network beyond it (no bucket, "
+            "tracker or download); install the package "
+            f"{outbound_lib.PACKAGE} to keep their outbound access (--no_isolate turns "
+            "isolation off)")
+
+
 def _parent_death_setup(sig: int):
     """A `preexec_fn`: the child gets `sig` when the launcher's thread exits."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded before fork
@@ -143,25 +174,58 @@ def _stop_supervisor(proc: subprocess.Popen, sig: int, grace_period: float) -> N
     proc.wait(timeout=REAP_TIMEOUT_S)
 
 
+def _attach_outbound(proc: subprocess.Popen, outbound: outbound_lib.Outbound,
+                     namespace_ready: threading.Event, timeout_s: float, out: Output,
+                     signals: StopSignals) -> None:
+    """Once the supervisor's parent `proc` says it runs in its namespaces, attaches
+    `outbound` to its network namespace, then tells it to go on (with or without: a
+    failure is one line, and the workers run with loopback only)."""
+    deadline = time.monotonic() + timeout_s
+    while not namespace_ready.wait(POLL_S):
+        if proc.poll() is not None or signals.count or time.monotonic() > deadline:
+            break
+    if namespace_ready.is_set() and not signals.count:
+        why = outbound.start(proc.pid, _parent_death_setup(signal.SIGKILL))
+        if why:
+            out.say(f"the workers have no outbound network ({why}); they run with loopback "
+                    "only")
+    try:
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+    except OSError:  # the supervisor's parent is gone: its exit status tells
+        pass
+
+
 def _run_supervised(command: list[str], plan: LaunchPlan, out: Output,
-                    signals: StopSignals, env: dict | None = None) -> int:
+                    signals: StopSignals, env: dict | None = None,
+                    outbound: outbound_lib.Outbound | None = None) -> int:
     """Runs the supervisor `command` and passes its output, the launcher's signals and the
-    exit status through. The supervisor stops the workers if the launcher dies, even by
-    SIGKILL: `command`'s process gets SIGHUP then, and passes SIGTERM on."""
+    exit status through; with `outbound`, attaches it to the supervisor's network
+    namespace before any worker starts (`command` has `--wait_network`) and ends it with
+    the launch. The supervisor stops the workers if the launcher dies, even by SIGKILL:
+    `command`'s process gets SIGHUP then, and passes SIGTERM on."""
     errors: list[str] = []
+    namespace_ready = threading.Event()
 
     def keep(text: str) -> bool:
         if text.startswith(ERROR_PREFIX):
             errors.append(text[len(ERROR_PREFIX):].strip())
             return False
+        if text == NAMESPACE_READY:
+            namespace_ready.set()
+            return False
         return True
 
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, env=env,
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE if outbound else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=env,
                             preexec_fn=_parent_death_setup(signal.SIGHUP))
     reader = pump(proc.stdout, "", out, keep)
     forwarded, first_forward_at = 0, None
     try:
+        if outbound is not None:
+            _attach_outbound(proc, outbound, namespace_ready, plan.startup_timeout, out,
+                             signals)
         while proc.poll() is None:
             if signals.count > forwarded:  # each one: a second Ctrl-C means SIGKILL now
                 _signal_supervisor(proc, signals.received)
@@ -176,6 +240,8 @@ def _run_supervised(command: list[str], plan: LaunchPlan, out: Output,
             time.sleep(POLL_S)
     finally:
         _stop_supervisor(proc, signal.SIGTERM, plan.grace_period)
+        if outbound is not None:
+            outbound.stop()
         reader.join(timeout=READER_JOIN_S)
     if errors and proc.returncode == 2:
         raise ValueError(errors[-1])
@@ -269,11 +335,13 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
         startup_timeout: seconds the workers wait for each other (passed through as
             TFMULTI_STARTUP_TIMEOUT), and the launchers across hosts; 60 by default.
         isolate: run the workers in one private network namespace (on by default), so their
-            unauthenticated gRPC ports are unreachable from other hosts; isolated workers
-            have no outside network access. Where no such namespace can be made, `launch`
-            fails (ValueError) before starting anything; False runs the workers with their
-            ports open on all interfaces. It cannot apply across `hosts`: the hosts need a
-            private network between them.
+            unauthenticated gRPC ports are unreachable from outside it. Isolated workers
+            keep outbound network access where slirp4netns is installed
+            (`tfmulti.cluster.outbound`: user-mode networking, slower than the host's
+            own), else they have loopback only (the launcher says so). Where no such
+            namespace can be made, `launch` fails (ValueError) before starting anything;
+            False runs the workers with their ports open on all interfaces. It cannot
+            apply across `hosts`: the hosts need a private network between them.
         grace_period: seconds between SIGTERM and SIGKILL when stopping workers that save
             a backup on SIGTERM (others get `save_notice.STOP_WITHOUT_SAVE_S`), and that
             a preempted worker's peers get to save; 60 by default (`DEFAULT_GRACE_PERIOD`:
@@ -308,12 +376,14 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
     supervisor dies, even by SIGKILL, every worker and everything they started is killed.
 
     Raises:
-        ValueError: for bad arguments (see `make_plan`), no secret or a bad one with
+        ValueError: on any OS but Linux, for bad arguments (see `make_plan`), no secret or
+            a bad one with
             `hosts` (`tfmulti.cluster.auth.load_secret`), a command that is not found, a
             `port` already in use, `isolate` where no network namespace can be made, a
             host that does not resolve, too few GPUs, or launchers across hosts that do
             not agree on the cluster.
     """
+    _check_linux(sys.platform)
     out = Output(output if output is not None else sys.stdout)
     check_numbers(num_workers, port, startup_timeout, grace_period, max_restarts,
                   gpus_per_worker)  # before anything else runs
@@ -340,6 +410,7 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
     with StopSignals() as signals:
         network = isolate and not plan.hosts
         mode, reason = _probe_namespaces(network=network)
+        tool = None
         if plan.hosts:
             name = plan.hosts[plan.host_rank][0]
             out.say(f"host {plan.host_rank} of {len(plan.hosts)} ({name}): across hosts the "
@@ -349,11 +420,12 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
         elif isolate:
             if mode is None:
                 raise _isolation_error(reason)
-            out.say("workers are isolated in a private network namespace: their ports "
-                    "are not reachable from other hosts, and they have no outside "
-                    "network access (--no_isolate turns this off)")
+            tool = outbound_lib.find()
+            out.say(_isolation_message(tool))
         else:
             out.say("warning: --no_isolate: the workers' TensorFlow gRPC ports are "
                     "unauthenticated and open on all interfaces")
-        command = supervisor_command(plan, sys.executable, mode, network=network)
-        return _run_supervised(command, plan, out, signals, supervisor_env)
+        outbound = outbound_lib.Outbound(tool) if network and tool else None
+        command = supervisor_command(plan, sys.executable, mode, network=network,
+                                     wait_network=outbound is not None)
+        return _run_supervised(command, plan, out, signals, supervisor_env, outbound)

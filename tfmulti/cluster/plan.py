@@ -325,14 +325,16 @@ def isolation_prefix(mode: str, network: bool = True) -> list[str]:
 
 
 def supervisor_command(plan: LaunchPlan, python: str, isolation_mode: str | None = None,
-                       network: bool = True) -> list[str]:
+                       network: bool = True, wait_network: bool = False) -> list[str]:
     """The command that runs the supervisor, which starts the workers with `plan.command`.
 
     The process it starts forks the supervisor and stays its parent: a child subreaper that
     passes on its exit status and kills whatever the workers leave behind. For
     `isolation_mode` "root" or "userns" the supervisor is the init of a new PID namespace
     (`isolation_prefix`), in a private network namespace when `network`; for None (no
-    namespace can be made) it runs in the host's namespaces.
+    namespace can be made) it runs in the host's namespaces. With `wait_network` it starts
+    nothing until the launcher has attached the namespace's outbound network
+    (`tfmulti.cluster.outbound`).
 
     Example:
         >>> plan = make_plan(["python", "train.py"], 2)
@@ -340,6 +342,9 @@ def supervisor_command(plan: LaunchPlan, python: str, isolation_mode: str | None
         ['unshare', '--pid', '--net', '--', 'python3', '-m']
         >>> supervisor_command(plan, "python3")[:3]
         ['python3', '-m', 'tfmulti.cluster.supervisor']
+        >>> supervisor_command(plan, "python3", "root", wait_network=True)[-1]
+        '--wait_network'
     """
     prefix = [*isolation_prefix(isolation_mode, network), "--"] if isolation_mode else []
-    return [*prefix, python, "-m", "tfmulti.cluster.supervisor", plan.to_json()]
+    return [*prefix, python, "-m", "tfmulti.cluster.supervisor", plan.to_json(),
+            *(["--wait_network"] if wait_network else [])]

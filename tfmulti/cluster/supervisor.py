@@ -1,8 +1,11 @@
 """The supervisor: the process that starts a launch's workers and waits for them.
 
-    python -m tfmulti.cluster.supervisor PLAN_JSON   (internal; `tfmulti launch` runs it)
+    python -m tfmulti.cluster.supervisor PLAN_JSON [--wait_network]
+    (internal; `tfmulti launch` runs it)
 
-`tfmulti launch` runs it, inside a private network namespace when isolated.
+`tfmulti launch` runs it, inside a private network namespace when isolated (with
+`--wait_network`, it waits for the launcher to give that namespace outbound access
+before it starts anything: `tfmulti.cluster.outbound`).
 It picks the ports, starts each worker in its own session with its
 `TF_CONFIG`, passes their output through with `[worker I]` prefixes, stops
 all of them when one fails, restarts the cluster up to `max_restarts` times,
@@ -28,8 +31,9 @@ from typing import Callable, Sequence
 
 from tfmulti.cluster import exit_codes, rendezvous, save_notice
 from tfmulti.cluster import hosts as hosts_lib
-from tfmulti.cluster._process import (ERROR_PREFIX, POLL_S, READER_JOIN_S, REAP_TIMEOUT_S,
-                                      Outcome, Output, StopSignals, children, pump)
+from tfmulti.cluster._process import (ERROR_PREFIX, NAMESPACE_READY, POLL_S, READER_JOIN_S,
+                                      REAP_TIMEOUT_S, Outcome, Output, StopSignals, children,
+                                      pump)
 from tfmulti.cluster.exit_codes import describe_end, describe_exit
 from tfmulti.cluster.plan import LaunchPlan, port_range, worker_env
 from tfmulti.cluster.rendezvous import Remote
@@ -456,7 +460,7 @@ def _supervise(plan_json: str) -> int:
             return 2
 
 
-def main(plan_json: str) -> int:
+def main(plan_json: str, wait_network: bool = False) -> int:
     """The launcher's child: forks the supervisor and stays its parent, a child subreaper.
 
     In a new PID namespace (`unshare --pid`, `plan.isolation_prefix`) the supervisor is the
@@ -467,6 +471,10 @@ def main(plan_json: str) -> int:
     process ignores them; its parent-death signal (SIGHUP, set by the launcher) becomes
     SIGTERM to the supervisor. Returns the supervisor's exit status (128 + N when it was
     killed by signal N).
+
+    With `wait_network`, it first prints `NAMESPACE_READY` and waits for a line (or the
+    end) of its standard input: the launcher's word that the namespace's outbound network
+    is attached, or that it is not to be.
     """
     launcher = os.getppid()
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -483,6 +491,10 @@ def main(plan_json: str) -> int:
     _set_parent_death_signal(signal.SIGHUP)
     if os.getppid() != launcher:  # the launcher died before that
         return 128 + signal.SIGHUP
+    if wait_network:
+        sys.stdout.write(NAMESPACE_READY)
+        sys.stdout.flush()
+        sys.stdin.readline()
     sys.stdout.flush()
     child[0] = os.fork()
     if child[0] == 0:
@@ -498,7 +510,7 @@ def main(plan_json: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m tfmulti.cluster.supervisor PLAN_JSON (internal; use "
-                 "`tfmulti launch`)")
-    sys.exit(main(sys.argv[1]))
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--wait_network"]):
+        sys.exit("usage: python -m tfmulti.cluster.supervisor PLAN_JSON [--wait_network] "
+                 "(internal; use `tfmulti launch`)")
+    sys.exit(main(sys.argv[1], wait_network=sys.argv[2:] == ["--wait_network"]))
