@@ -38,8 +38,9 @@ __all__ = ["AUTO_STEPS_PER_EXECUTION", "BUILTIN_MODELS", "COUNT_LIMITS", "DIAGNO
            "DISTRIBUTIONS", "HOOK_PATTERN", "MAX_COUNT", "MAX_DEVICES", "MAX_SEED",
            "MAX_SYNTHETIC_EXAMPLES", "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS",
            "TRANSFORMER", "TRANSFORMER_LIMITS", "TrainConfig", "check_directory", "check_limits",
-           "check_transformer_sizes", "is_hook", "largest_divisor", "parse_steps_per_execution",
-           "resolve_steps_per_execution", "validate_for_diagnose"]
+           "check_posix_path", "check_transformer_sizes", "is_hook", "largest_divisor",
+           "parse_profile_steps", "parse_steps_per_execution", "resolve_steps_per_execution",
+           "validate_for_diagnose"]
 
 DISTRIBUTIONS = ("auto", "one_device", "mirrored", "multi_worker", "pipeline", "hybrid")
 """How a run spreads over devices: tf.distribute strategies, or placed pipeline stages."""
@@ -213,7 +214,8 @@ class TrainConfig:
         "data_dir). From "
         "Python, also the function itself." + _TRUST.format(flag="dataset"))
     data_dir: str | None = _field(
-        None, "TFDS data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets).")
+        None, "TFDS data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets); a path of "
+        "this machine, as model_dir.")
     download: bool = _field(
         False, "Allow a TFDS download when the data is not prepared (needs internet).")
     num_examples: int | None = _field(
@@ -315,7 +317,7 @@ class TrainConfig:
         None, "Make the run resumable: checkpoints here at every epoch end and every "
         "backup_every_steps; rerun the same command after a crash or preemption to resume "
         "at the next step. Deleted when the run ends normally (unless keep_backup). Must be "
-        "readable by every worker.")
+        "readable by every worker; a path of this machine, as model_dir.")
     backup_every_steps: int | None = _field(
         None, "Also back up every this many global steps (needs backup_dir).")
     keep_backup: bool = _field(False, "Keep backup_dir after the run ends normally.")
@@ -326,7 +328,8 @@ class TrainConfig:
     model_dir: str | None = _field(
         None, "Where to write metrics.json, model.keras and TensorBoard logs; a folder that "
         "holds another run's outputs is refused unless overwrite, one with files tfmulti did "
-        "not write always.")
+        "not write always. A POSIX path (a local disk, NFS, or a bucket mounted with a FUSE "
+        "driver such as gcsfuse or s3fs); URLs such as gs://bucket/run are refused.")
     overwrite: bool = _field(
         False, "Replace the outputs an earlier tfmulti run published in model_dir (recorded in "
         "its .tfmulti-run.json), once this run publishes its own; files tfmulti did not write "
@@ -465,6 +468,8 @@ class TrainConfig:
                                     tensor_parallel=self.tensor_parallel)
         if self.backup_every_steps and not self.backup_dir:
             raise ValueError("`backup_every_steps` needs `backup_dir`; set `backup_dir` too.")
+        if self.data_dir:
+            check_posix_path("data_dir", self.data_dir)
         if self.backup_dir is not None:
             if not self.backup_dir:
                 raise ValueError("`backup_dir` is empty; pass a directory path.")
@@ -560,9 +565,10 @@ def check_directory(name: str, path: str) -> None:
     before anything starts, so a bad path fails at once, not at the first save.
 
     Raises:
-        ValueError: `path` is a file, or neither it nor the folder it would be
-            created in is writable by this user.
+        ValueError: `path` is a URL (`check_posix_path`), a file, or neither it
+            nor the folder it would be created in is writable by this user.
     """
+    check_posix_path(name, path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"`{name}` {path!r} exists and is not a directory; pass a directory "
                          "path.")
@@ -577,3 +583,46 @@ def check_directory(name: str, path: str) -> None:
             f"cannot be created: {existing!r} is not writable"
         raise ValueError(f"`{name}` {path!r} {what} by this user; pass a directory you can "
                          "write.")
+
+
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+# A FUSE driver that mounts each common scheme's buckets as a folder and renames files
+# there, as tfmulti's writes do (os.replace): mountpoint-s3 does not rename.
+_FUSE_DRIVERS = {"gs": "gcsfuse", "s3": "s3fs", "hdfs": "hdfs-fuse", "abfs": "blobfuse2",
+                 "az": "blobfuse2"}
+
+
+def check_posix_path(name: str, path: str) -> None:
+    """`path` is a path of this machine's file system, not a URL (`gs://...`,
+    `s3://...`, any `scheme://`).
+
+    tfmulti writes its outputs, backups and locks through the operating
+    system's files (`open`, `os.replace`, `fcntl.flock`), where `gs://b/run`
+    would be the local folder `./gs:/b/run`; a bucket is used mounted as a
+    folder by a FUSE driver that renames files (gcsfuse, s3fs), NFS or a
+    local disk.
+
+    Raises:
+        ValueError: `path` starts with a URL scheme; the message names the
+            FUSE driver that mounts it.
+
+    Example:
+        >>> check_posix_path("model_dir", "/mnt/bucket/run")
+        >>> check_posix_path("model_dir", "gs://bucket/run")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+            ...
+        ValueError: `model_dir` 'gs://bucket/run' is a URL: ... with a FUSE driver (gcsfuse \
+for gs://), e.g. /mnt/bucket/run.
+    """
+    match = _URL.match(str(path))
+    if not match:
+        return
+    scheme = match.group(1).lower()
+    driver = _FUSE_DRIVERS.get(scheme, "gcsfuse, s3fs")
+    rest = path[match.end():]
+    example = rest if scheme == "file" else f"/mnt/{rest}"  # file:///tmp/run is /tmp/run
+    raise ValueError(f"`{name}` {path!r} is a URL: tfmulti reads and writes through the "
+                     f"operating system's files and needs a POSIX path: a local disk, NFS, "
+                     f"or the bucket mounted with a FUSE driver ({driver}"
+                     f"{f' for {scheme}://' if scheme in _FUSE_DRIVERS else ''}), e.g. "
+                     f"{example}.")
