@@ -13,7 +13,7 @@ The package's folders are its layers, top to bottom; each imports only from
 the layers below it (the import contract in `setup.cfg`, `[importlinter]`,
 is the one description; `tests/integration/test_layers.py` holds the code to it):
 
-    cli        the `tfmulti` command
+    cli | ray  the `tfmulti` command | training on Ray (`tfmulti[ray]`)
     insight    diagnose, environment, timing
     training   a run assembled from a TrainConfig, train, loops, backup, export
     memory     the memory model and the estimate per device
