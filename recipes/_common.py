@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tfmulti.utils import quiet  # (no TensorFlow)
+
+quiet.install()  # TensorFlow's C++ start-up lines dropped, TF_CPP_MIN_LOG_LEVEL=2
 
 from absl import app, flags, logging  # noqa: E402
 
@@ -24,8 +26,8 @@ def usage_error(message: str) -> None:
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flag parsing with a one-line error and exit code 2 (absl exits 1)."""
-    try:
-        rest = flags.FLAGS(argv)
+    try:  # the flag style of every tool: --num-workers, --no_x / --no-x as absl's --nox
+        rest = flags.FLAGS(config_flags.absl_argv(argv))
     except flags.Error as e:
         usage_error(f"{e} (see --helpfull)")
     if not flags.FLAGS["verbosity"].present:

@@ -39,7 +39,7 @@ from tfmulti.config.train_config import (MAX_COUNT, MAX_DEVICES, check_directory
                                          validate_for_diagnose)
 from tfmulti.memory.arguments import config_arguments
 from tfmulti.cluster import exit_codes
-from tfmulti.utils import checks
+from tfmulti.utils import checks, quiet
 
 __all__ = ["build_parser", "main"]
 
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:  # reported by the subcommand, which knows its options
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet.install()  # TensorFlow's C++ start-up lines dropped, TF_CPP_MIN_LOG_LEVEL=2
     try:
         return args.func(args)
     except (ValueError, OSError) as e:

@@ -37,6 +37,7 @@ from tfmulti.cluster._process import (ERROR_PREFIX, NAMESPACE_READY, POLL_S, REA
 from tfmulti.cluster.exit_codes import describe_end, describe_exit
 from tfmulti.cluster.plan import LaunchPlan, port_range, worker_env
 from tfmulti.cluster.rendezvous import Remote
+from tfmulti.utils.quiet import startup_filter
 
 __all__ = []  # a process, not an API: `python -m tfmulti.cluster.supervisor`
 
@@ -361,7 +362,7 @@ def _run_workers(plan: LaunchPlan, out: Output, signals: StopSignals,
                                  "and permissions.") from e
         for i, p in enumerate(procs):
             pumps += [pump(p.stdout, f"[worker {first + i}] ", out),
-                      pump(p.stderr, f"[worker {first + i}] ", out)]
+                      pump(p.stderr, f"[worker {first + i}] ", out, startup_filter())]
         outcome = _wait_workers(procs, signals, out, plan.grace_period, first, remote)
     finally:
         _stop_workers(procs, plan.grace_period, signals, out, first, notices)
