@@ -3,6 +3,7 @@ clusters, each with a timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import gzip
 import importlib
@@ -46,25 +47,44 @@ def run_python(args: list[str], timeout: float = 240, env: dict | None = None,
 # process per pytest process imports tensorflow and keras once, then forks a child
 # per call, which runs the script or `-c` code as `python` would, with its own
 # argv, environment, working directory and a TensorFlow runtime not yet started.
+# Several children may run at once (`popen_python_warm`): the server reaps each
+# in a thread of its own and reports {"pid", "returncode"} when it ends.
 _WARM_ENV_PREFIXES = ("TF_", "KERAS", "XLA", "OMP", "MKL", "CUDA", "LD_", "PYTHON")
+_WARM_ENV_READ_LATER = frozenset({"TF_CONFIG"})  # read when a cluster starts, not at import
 _WARM_SERVER = r"""
 import atexit, json, os, runpy, sys, tempfile, threading, traceback, types
 import tensorflow, keras  # noqa: F401  (the point: imported once)
-print("ready", flush=True)
+REPLIES = os.dup(1)
+
+def reply(message):  # one write of a short line: whole, whichever thread writes
+    os.write(REPLIES, (json.dumps(message) + "\n").encode())
+
+def reap(pid):
+    _, status = os.waitpid(pid, 0)
+    reply({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+
+reply("ready")
 for line in sys.stdin:
     request = json.loads(line)
     sys.stdout.flush(); sys.stderr.flush()
+    out = os.open(request["stdout"], os.O_WRONLY)  # a file, or a FIFO its reader holds open
+    err = out if request["stderr"] is None else os.open(request["stderr"], os.O_WRONLY)
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
+            os.close(REPLIES)
+            if request.get("session"):
+                os.setsid()
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            for fd in {out, err}:
+                os.close(fd)
             os.chdir(request["cwd"])
             os.environ.clear()
             os.environ.update(request["env"])
             tempfile.tempdir = None  # TMPDIR as the caller set it
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            os.dup2(os.open(request["stdout"], os.O_WRONLY), 1)
-            os.dup2(os.open(request["stderr"], os.O_WRONLY), 2)
             args = request["args"]
             if args[0] == "-c":
                 sys.argv, sys.path[0] = ["-c", *args[2:]], ""
@@ -92,11 +112,32 @@ for line in sys.stdin:
                 sys.stdout.flush(); sys.stderr.flush()
             finally:
                 os._exit(code)
-    print(json.dumps({"pid": pid}), flush=True)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+    for fd in {out, err}:
+        os.close(fd)
+    reply({"pid": pid})
+    threading.Thread(target=reap, args=(pid,), daemon=True).start()
 """
 _warm: dict = {}
+
+
+def _warm_read(timeout: float | None) -> dict | str | None:
+    """The server's next reply, None after `timeout` s without one. Replies are
+    read from the pipe's descriptor (no buffered reader: `select` must see every
+    line not yet taken)."""
+    import json
+    import select
+
+    server, pending = _warm["server"], _warm["pending"]
+    while b"\n" not in pending:
+        ready, _, _ = select.select([server.stdout], [], [], timeout)
+        if not ready:
+            return None
+        chunk = os.read(server.stdout.fileno(), 65536)
+        if not chunk:
+            raise RuntimeError("the warm Python server ended")
+        pending += chunk
+    line, _, _warm["pending"] = pending.partition(b"\n")
+    return json.loads(line)
 
 
 def _warm_server(env: dict) -> subprocess.Popen | None:
@@ -108,18 +149,73 @@ def _warm_server(env: dict) -> subprocess.Popen | None:
         server = subprocess.Popen([sys.executable, "-c", _WARM_SERVER], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                   env=base, cwd=REPO)
-        if server.stdout.readline().strip() != "ready":
+        _warm.clear()
+        _warm.update(server=server, env=base, pending=b"", ended={})
+        if _warm_read(300) != "ready":
             server.kill()
             server.wait(timeout=30)
+            _warm.clear()
             return None
-        _warm.update(server=server, env=base)
         import atexit
 
         atexit.register(lambda: (server.stdin.close(), server.wait(timeout=60)))
     base = _warm["env"]
-    if any(env.get(k) != base.get(k) for k in {*env, *base} if k.startswith(_WARM_ENV_PREFIXES)):
+    if any(env.get(k) != base.get(k) for k in {*env, *base}
+           if k.startswith(_WARM_ENV_PREFIXES) and k not in _WARM_ENV_READ_LATER):
         return None
     return server
+
+
+def _warm_start(args: list[str], env: dict, cwd, stdout: str, stderr: str | None,
+                session: bool = False) -> int | None:
+    """Forks a warm child running `python ARGS` (its stdout and stderr written to
+    those paths; stderr None: to stdout): its pid, or None where no warm server
+    serves `env`."""
+    import json
+
+    server = None if args[0].startswith("-") and args[0] not in ("-c", "-m") else \
+        _warm_server(env)
+    if server is None:
+        return None
+    server.stdin.write(json.dumps({"args": [str(a) for a in args], "env": env,
+                                   "cwd": str(cwd or REPO), "stdout": stdout,
+                                   "stderr": stderr, "session": session}) + "\n")
+    server.stdin.flush()
+    while True:  # the children that end meanwhile are kept for `_warm_wait`
+        reply = _warm_read(None)
+        if "returncode" not in reply:
+            return reply["pid"]
+        _warm["ended"][reply["pid"]] = reply["returncode"]
+
+
+def _warm_wait(pid: int, timeout: float | None) -> int | None:
+    """The exit status of warm child `pid` (negative: the signal that ended it),
+    None if it is still running after `timeout` s."""
+    import time
+
+    ended = _warm["ended"]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pid not in ended:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        reply = _warm_read(left)
+        if reply is None:
+            return None
+        ended[reply["pid"]] = reply["returncode"]
+    return ended.pop(pid)
+
+
+def _warm_abandon(pid: int) -> None:
+    """After an interruption (pytest-timeout, Ctrl-C): child `pid` killed, and a new
+    server next time (this one may owe replies no one reads)."""
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    server = _warm.get("server")
+    if server is not None:
+        server.kill()
+        server.wait(timeout=30)
+    _warm.clear()
 
 
 def run_python_warm(args: list[str], timeout: float = 240, env: dict | None = None,
@@ -128,41 +224,110 @@ def run_python_warm(args: list[str], timeout: float = 240, env: dict | None = No
     Keras already (started once per pytest process): for scripts and `-c` code
     whose own start is not what is tested. Falls back to `run_python` where the
     environment changes a variable read at import (TF_*, KERAS*, ...)."""
-    import json
-    import select
     import signal
     import tempfile
 
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-    server = None if args[0].startswith("-") and args[0] not in ("-c", "-m") else \
-        _warm_server(full_env)
-    if server is None:
-        return run_python(args, timeout=timeout, env=env, cwd=cwd)
     with tempfile.TemporaryDirectory(prefix="tfmulti-warm-") as folder:
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
         for path in (out, err):
             open(path, "w").close()
-        server.stdin.write(json.dumps({"args": [str(a) for a in args], "env": full_env,
-                                       "cwd": str(cwd or REPO), "stdout": out,
-                                       "stderr": err}) + "\n")
-        server.stdin.flush()
-        pid = json.loads(server.stdout.readline())["pid"]
+        pid = _warm_start(args, full_env, cwd, out, err)
+        if pid is None:
+            return run_python(args, timeout=timeout, env=env, cwd=cwd)
         try:
-            ready, _, _ = select.select([server.stdout], [], [], timeout)
-            if not ready:
+            returncode = _warm_wait(pid, timeout)
+            if returncode is None:
                 os.kill(pid, signal.SIGKILL)
-            returncode = json.loads(server.stdout.readline())["returncode"]
-        except BaseException:  # pytest-timeout, Ctrl-C: no child left, a new server next
-            os.kill(pid, signal.SIGKILL)
-            server.kill()
-            server.wait(timeout=30)
-            _warm.clear()
+                _warm_wait(pid, None)
+        except BaseException:
+            _warm_abandon(pid)
             raise
         with open(out) as f_out, open(err) as f_err:
             stdout, stderr = f_out.read(), f_err.read()
-        if not ready:
+        if returncode is None:
             raise subprocess.TimeoutExpired([sys.executable, *args], timeout, stdout, stderr)
     return subprocess.CompletedProcess([sys.executable, *args], returncode, stdout, stderr)
+
+
+class WarmProcess:
+    """What `subprocess.Popen` gives with stdout=PIPE and text=True, for a child
+    forked from the warm server (`popen_python_warm`): `pid`, `stdout` (a pipe),
+    `poll`, `wait`, `send_signal`, `kill`, `communicate`, `returncode`."""
+
+    def __init__(self, args: list[str], pid: int, stdout):
+        self.args, self.pid, self.stdout, self.returncode = args, pid, stdout, None
+
+    def poll(self) -> int | None:
+        return self.wait(timeout=0, _raise=False)
+
+    def wait(self, timeout: float | None = None, _raise: bool = True) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = _warm_wait(self.pid, timeout)
+            except BaseException:
+                _warm_abandon(self.pid)
+                raise
+            if self.returncode is None and _raise:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        """The rest of stdout (to its end) and None, once the child ended."""
+        import select
+
+        if timeout is not None:  # the pipe's end may come after `timeout`
+            ready, _, _ = select.select([self.stdout], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        rest = self.stdout.read()
+        self.wait(timeout)
+        return rest, None
+
+
+def popen_python_warm(args: list[str], env: dict | None = None,
+                      cwd: str | os.PathLike | None = None, stderr: str = "stdout",
+                      start_new_session: bool = False):
+    """`subprocess.Popen([python, *args], stdout=PIPE, text=True, ...)` forked from the
+    warm server (several may run at once): a `WarmProcess`, or a `subprocess.Popen`
+    where the environment changes a variable read at import. `stderr`: "stdout"
+    (merged into it, as stderr=STDOUT) or "devnull"; TF_CONFIG may differ (read
+    when a cluster starts)."""
+    import fcntl
+    import tempfile
+
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    with tempfile.TemporaryDirectory(prefix="tfmulti-warm-") as folder:
+        fifo = os.path.join(folder, "stdout")
+        os.mkfifo(fifo)
+        # Opened before the child exists (no reader: its open would block), without
+        # waiting for a writer; blocking reads once the child holds the other end.
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            pid = _warm_start(args, full_env, cwd, fifo,
+                              None if stderr == "stdout" else os.devnull,
+                              session=start_new_session)
+        except BaseException:
+            os.close(reader)
+            raise
+        if pid is None:
+            os.close(reader)
+            return subprocess.Popen(
+                [sys.executable, *args], stdout=subprocess.PIPE, text=True, env=full_env,
+                cwd=cwd or REPO, start_new_session=start_new_session,
+                stderr=subprocess.STDOUT if stderr == "stdout" else subprocess.DEVNULL)
+    fcntl.fcntl(reader, fcntl.F_SETFL, fcntl.fcntl(reader, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return WarmProcess([sys.executable, *args], pid, os.fdopen(reader, "r"))
 
 
 def run_recipe(name: str, *flags: str, timeout: float = 240,
