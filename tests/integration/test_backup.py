@@ -20,7 +20,8 @@ import time
 import numpy as np
 import pytest
 
-from tests._util import REPO, WORKERS, free_port, launch_python, run_python_warm
+from tests._util import (REPO, WORKERS, free_port, launch_python, popen_python_warm,
+                         run_python_warm)
 from tests.workers import resumable, slurm_backup, user_model
 from tfmulti.training import backup
 from tfmulti.cluster import exit_codes, tf_config
@@ -277,13 +278,11 @@ def test_dead_peer_fails_the_survivor_within_60s(tmp_path, victim):
     procs = []
     try:
         for index in range(2):
-            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
-                   "TF_CONFIG": json.dumps(tf_config.build_tf_config(addresses, index))}
-            procs.append(subprocess.Popen(
-                [sys.executable, WORKER, str(tmp_path), "multi_worker", "--config",
+            env = {"TF_CONFIG": json.dumps(tf_config.build_tf_config(addresses, index))}
+            procs.append(popen_python_warm(
+                [WORKER, str(tmp_path), "multi_worker", "--config",
                  json.dumps({"epochs": 1000, "num_examples": 4096})],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                start_new_session=True))
+                env=env, start_new_session=True))
         chief_lines = []
         deadline = time.monotonic() + 240
         for line in procs[0].stdout:  # wait until training is under way
@@ -351,9 +350,7 @@ def test_a_crash_during_a_save_leaves_a_consistent_backup(tmp_path):
     rng = np.random.default_rng(0)
     steps = []
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, worker, str(tmp_path)], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True,
-                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        proc = popen_python_warm([worker, str(tmp_path)], stderr="devnull")
         try:
             ready, _, _ = select.select([proc.stdout], [], [], 180)  # after its first save
             assert ready and proc.stdout.readline().strip() == "ready"
@@ -380,8 +377,7 @@ def test_a_killed_runs_lock_does_not_block_its_rerun(tmp_path):
     code = ("import sys, time; from tfmulti.training.backup import _files; "
             "lock = _files.DirLock(sys.argv[1]); lock.acquire(); print('locked', flush=True); "
             "time.sleep(300)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
-                            text=True, cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    proc = popen_python_warm(["-c", code, str(tmp_path)], stderr="devnull")
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 120)
         assert ready and proc.stdout.readline().strip() == "locked"
