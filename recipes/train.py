@@ -1,4 +1,4 @@
-"""Train a model with data parallelism, pipeline parallelism or both.
+r"""Train a model with data parallelism, pipeline parallelism or both.
 
 The main job (`make demo`): Fashion-MNIST, the MLP, MirroredStrategy
 over 4 virtual CPU devices, 5 epochs:
@@ -33,8 +33,12 @@ rerunning the same command resumes at the next step (`tfmulti launch
 
 Writes <model_dir>/metrics.json, <model_dir>/model.keras and TensorBoard logs
 in <model_dir>/logs. Every flag is a field of `tfmulti.config.train_config.TrainConfig`
-(`--helpfull` lists them). Bad flags print one line and exit with code 2, before
-TensorFlow starts, writing nothing.
+(`--help` lists them, `--helpfull` adds absl's own), the flags of `tfmulti train`;
+`--config FILE` reads their values from a YAML or JSON file (a run's
+<model_dir>/.tfmulti-run.json runs it again), flags on the command line override it.
+Flags take dashes or underscores (`--global-batch-size 64`); booleans are `--x`,
+`--x=false`, `--no_x`, `--no-x` or `--nox`. Bad flags print one line and exit with
+code 2, before TensorFlow starts, writing nothing.
 """
 
 from __future__ import annotations
@@ -45,10 +49,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets the TF log level before TensorFlow loads)
 
+from absl import flags  # noqa: E402
+
 from tfmulti.cluster import tf_config  # noqa: E402  (no TensorFlow)
 from tfmulti.config import flags as config_flags  # noqa: E402  (no TensorFlow)
 
 config_flags.define_absl_flags()
+flags.adopt_module_key_flags(config_flags)  # --help lists them (--helpfull: absl's too)
 
 
 def main(argv):

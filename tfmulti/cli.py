@@ -1,9 +1,12 @@
 """The `tfmulti` console script: parsing, help and exit codes; the work is in the library.
 
+    tfmulti --version
+    tfmulti train [--config FILE] [training flags: the fields of TrainConfig]
     tfmulti env [--json] [--num_virtual_devices N] [--gpus_per_worker K --num_workers N]
     tfmulti prepare-data [--dataset fashion_mnist|tfmulti_text] [--data_dir DIR]
                          [--source_dir DIR]
-    tfmulti estimate-memory [--model mlp] [--dataset D --data_dir DIR --download --task T]
+    tfmulti estimate-memory [--config FILE]
+                            [--model mlp] [--dataset D --data_dir DIR --download --task T]
                             [--distribution one_device]
                             [--num_virtual_devices N | --devices D,... | --num_devices N]
                             [--num_stages S --num_microbatches M --num_replicas R --remat]
@@ -16,13 +19,17 @@
                    [--startup_timeout S] [--no_isolate] [--grace_period S] [--max_restarts K]
                    [--hosts HOST[:N],... --host_rank R | --hosts slurm] [--secret_file PATH]
                    [--gpus_per_worker K] -- COMMAND ...
-    tfmulti diagnose [recipes/train.py flags] [--no_prefetch] [--no_cache] [--seconds S]
-                     [--no_measure] [--profile_dir DIR] [--plot FILE.png] [--json]
+    tfmulti diagnose [--config FILE] [training flags] [--no_prefetch] [--no_cache]
+                     [--seconds S] [--no_measure] [--profile_dir DIR] [--plot FILE.png]
+                     [--json]
     tfmulti export --model_dir DIR --output DIR [--overwrite] [--model MODULE[:FUNCTION]]
 
-The training options of `diagnose` and `estimate-memory` are generated from
-`tfmulti.config.train_config.TrainConfig` (`tfmulti.config.flags`). Bad input prints one
-line, `tfmulti COMMAND: error: ...`, and exits 2; flags are checked before
+The training options of `train`, `diagnose` and `estimate-memory` are generated from
+`tfmulti.config.train_config.TrainConfig` (`tfmulti.config.flags`), and `--config FILE`
+gives their values in a YAML or JSON file (flags on the command line win). Every option
+takes the one flag style of `tfmulti.config.flags`: `--num_workers 2`, `--num-workers=2`,
+`--jit_compile`, `--no_jit_compile` (`--no-jit-compile`, `--nojit_compile`). Bad input
+prints one line, `tfmulti COMMAND: error: ...`, and exits 2; flags are checked before
 TensorFlow starts.
 """
 
@@ -34,11 +41,12 @@ import os
 import sys
 import zipfile
 
+from tfmulti import __version__
 from tfmulti.config import flags as config_flags
 from tfmulti.config.train_config import (MAX_COUNT, MAX_DEVICES, check_directory, check_limits,
                                          validate_for_diagnose)
 from tfmulti.memory.arguments import config_arguments
-from tfmulti.cluster import exit_codes
+from tfmulti.cluster import exit_codes, tf_config
 from tfmulti.utils import checks, quiet
 
 __all__ = ["build_parser", "main"]
@@ -46,10 +54,12 @@ __all__ = ["build_parser", "main"]
 MAX_DIAGNOSE_SECONDS = 3600.0
 """The longest `diagnose --seconds`: each of its timings runs about this long (several
 run), so an hour each is already a long day."""
-# TrainConfig fields that `diagnose` does not take: it trains no epochs and writes nothing.
-# (It takes steps_per_epoch: the steps per tf.function call, auto, divide an epoch's.)
+# TrainConfig fields that `diagnose` does not take: it trains no epochs and writes nothing
+# (its own --profile_dir writes a profile). (It takes steps_per_epoch: the steps per
+# tf.function call, auto, divide an epoch's.)
 DIAGNOSE_EXCLUDES = ("epochs", "backup_dir", "backup_every_steps", "keep_backup",
-                     "discard_unreadable_backup", "model_dir", "overwrite", "verbose")
+                     "discard_unreadable_backup", "model_dir", "overwrite", "verbose",
+                     "tensorboard", "profile_steps", "callbacks")
 # The training flags that bear on a memory estimate, spelled as for training: the model
 # and its data (shapes, classes), the layout (devices, stages, micro-batches, replicas),
 # the batch, the optimizer's slots, the precision and the per-device budget.
@@ -60,11 +70,12 @@ ESTIMATE_FIELDS = ("model", "dataset", "data_dir", "download", "task", "distribu
                    "num_layers", "device_memory_mb")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (`PROG: error: MESSAGE`) and exit code 2."""
+class _Parser(config_flags.ArgumentParser):
+    """argparse in the tools' flag style (`tfmulti.config.flags.ArgumentParser`), with a
+    one-line error (`PROG: error: MESSAGE`) and exit code 2."""
 
     def error(self, message: str):
-        self.exit(exit_codes.USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(exit_codes.USAGE, f"{self.prog}: error: {self.shown_names(message)}\n")
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -131,7 +142,8 @@ def _add_estimate_memory_parser(sub) -> None:
     p.add_argument("--num_devices", type=int, default=None,
                    help="the old name of --num_virtual_devices: data-parallel devices "
                         "(default 1; pipeline/hybrid: replicas x stages)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action=config_flags.BooleanFlag, default=False,
+                   help="print JSON")
     p.set_defaults(func=_cmd_estimate_memory, parser=p)
 
 
@@ -143,7 +155,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         command = command[1:]
     return launch(
         command, num_workers=args.num_workers, pin_cpus=args.pin_cpus, port=args.port,
-        startup_timeout=args.startup_timeout, isolate=not args.no_isolate,
+        startup_timeout=args.startup_timeout, isolate=args.isolate,
         grace_period=args.grace_period, max_restarts=args.max_restarts, hosts=args.hosts,
         host_rank=args.host_rank, gpus_per_worker=args.gpus_per_worker,
         secret_file=args.secret_file, oversubscribe=args.oversubscribe,
@@ -162,14 +174,15 @@ def _add_launch_parser(sub) -> None:
                     "line on every host (its own --host_rank) with the job's shared secret "
                     "(TFMULTI_LAUNCH_SECRET or --secret_file): the launchers authenticate "
                     "each other, check that they see the same cluster, then start and "
-                    "restart their workers together.",
+                    "restart their workers together. Needs Linux (util-linux unshare, "
+                    "prctl).",
     )
     p.add_argument("--num_workers", type=int, default=2,
                    help="number of workers, 1 to 1024 (default 2; with --hosts: on each host "
                         "listed without :N); more than 4 per core need --oversubscribe")
-    p.add_argument("--oversubscribe", action="store_true",
+    p.add_argument("--oversubscribe", action=config_flags.BooleanFlag, default=False,
                    help="start more than 4 workers per core of this host")
-    p.add_argument("--pin_cpus", action="store_true",
+    p.add_argument("--pin_cpus", action=config_flags.BooleanFlag, default=False,
                    help="give each worker its own contiguous share of the cores")
     p.add_argument("--port", type=int, default=None,
                    help="base port: workers use PORT..PORT+N-1 (default: free ports); with "
@@ -178,10 +191,11 @@ def _add_launch_parser(sub) -> None:
     p.add_argument("--startup_timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT,
                    help="seconds workers wait for each other, as TFMULTI_STARTUP_TIMEOUT "
                         f"(default {DEFAULT_STARTUP_TIMEOUT:g})")
-    p.add_argument("--no_isolate", action="store_true",
-                   help="do not run the workers in a private network namespace; by default "
-                        "they are isolated: their unauthenticated gRPC ports are unreachable "
-                        "from other hosts, isolated workers have no outside network, and "
+    p.add_argument("--isolate", action=config_flags.BooleanFlag, default=True,
+                   help="--no_isolate: do not run the workers in a private network "
+                        "namespace; by default they are isolated: their unauthenticated gRPC "
+                        "ports are unreachable from outside it, they keep outbound network "
+                        "access where slirp4netns is installed (else loopback only), and "
                         "where no namespace can be made the launch fails (exit 2)")
     p.add_argument("--grace_period", type=float, default=DEFAULT_GRACE_PERIOD,
                    help="seconds between SIGTERM and SIGKILL when stopping workers that save "
@@ -225,8 +239,8 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     from tfmulti.insight.diagnose import diagnose
 
     report = diagnose(
-        config, prefetch=not args.no_prefetch, cache=False if args.no_cache else None,
-        seconds=args.seconds, measure_advice=not args.no_measure,
+        config, prefetch=args.prefetch, cache=args.cache,
+        seconds=args.seconds, measure_advice=args.measure,
         profile_dir=args.profile_dir, progress=lambda line: print(line, file=sys.stderr,
                                                                   flush=True))
     if args.plot:
@@ -234,6 +248,34 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         print(f"tfmulti diagnose: wrote {args.plot}", file=sys.stderr)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format(flags=True))
     return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    config = config_flags.config_from_args(args)
+    config.validate()  # before TensorFlow starts: a bad flag fails at once
+    chief = tf_config.process_is_chief(config.distribution, config.cluster_resolver)
+    from tfmulti.training import outputs
+    from tfmulti.training.train import train
+
+    metrics = train(config)  # every worker has the metrics; the chief's line says them
+    print(outputs.summary_line(metrics) if chief else outputs.OTHER_WORKER_LINE, flush=True)
+    return 0
+
+
+def _add_train_parser(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train a model: any distribution, your own model and data",
+        usage="%(prog)s [-h] [--config FILE] [--FLAG=VALUE ...]",
+        description="Trains the configuration its flags describe, as recipes/train.py "
+                    "does (the same flags: the fields of tfmulti.TrainConfig), and writes "
+                    "metrics.json, the model and TensorBoard logs to --model_dir. The "
+                    "chief prints the results line; under `tfmulti launch -- tfmulti "
+                    "train --distribution=multi_worker ...` the other workers say they "
+                    "are done. --config FILE takes the flags' values from a YAML or JSON "
+                    "file (a run's <model_dir>/.tfmulti-run.json runs it again); flags on "
+                    "the command line override it.")
+    config_flags.add_arguments(p)
+    p.set_defaults(func=_cmd_train, parser=p)
 
 
 def _add_diagnose_parser(sub) -> None:
@@ -245,18 +287,21 @@ def _add_diagnose_parser(sub) -> None:
                     "the changes that help by their measured gain. Takes the flags of "
                     "recipes/train.py (distributions auto, one_device and mirrored).")
     config_flags.add_arguments(p, exclude=DIAGNOSE_EXCLUDES)
-    p.add_argument("--no_prefetch", action="store_true",
-                   help="diagnose the input pipeline without prefetching")
-    p.add_argument("--no_cache", action="store_true",
-                   help="diagnose the input pipeline without the in-memory cache")
+    p.add_argument("--prefetch", action=config_flags.BooleanFlag, default=True,
+                   help="--no_prefetch: diagnose the input pipeline without prefetching")
+    p.add_argument("--cache", action=config_flags.BooleanFlag, default=None,
+                   help="--no_cache: diagnose the input pipeline without the in-memory "
+                        "cache (default: cached, as training does)")
     p.add_argument("--seconds", type=float, default=1.0,
                    help="about how long each timing runs (default 1)")
-    p.add_argument("--no_measure", action="store_true",
-                   help="list the changes that could help without running them")
+    p.add_argument("--measure", action=config_flags.BooleanFlag, default=True,
+                   help="--no_measure: list the changes that could help without running "
+                        "them")
     p.add_argument("--profile_dir", default=None,
                    help="also write a TensorBoard profiler trace of a few fit steps here")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="plot the time split")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json", action=config_flags.BooleanFlag, default=False,
+                   help="print the report as JSON")
     p.set_defaults(func=_cmd_diagnose, parser=p)
 
 
@@ -312,7 +357,8 @@ def _add_export_parser(sub) -> None:
                     "function, with the saved weights.")
     p.add_argument("--model_dir", required=True, help="the training run's --model_dir")
     p.add_argument("--output", required=True, help="the SavedModel directory to create")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--overwrite", action=config_flags.BooleanFlag, default=False,
+                   help="replace an existing --output")
     p.add_argument("--model", default=None, metavar="MODULE[:FUNCTION]",
                    help="the run's --model hook: its module is imported first, so that the "
                         "custom layers it defines load; with :FUNCTION, a model that does not "
@@ -323,9 +369,12 @@ def _add_export_parser(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tfmulti", description="Multi-device training for TensorFlow + Keras 3.")
+    parser.add_argument("--version", action="version", version=f"tfmulti {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_train_parser(sub)
     env = sub.add_parser("env", help="report versions, devices, NCCL, CPUs, oneDNN, RAM, TF_CONFIG")
-    env.add_argument("--json", action="store_true", help="print JSON")
+    env.add_argument("--json", action=config_flags.BooleanFlag, default=False,
+                     help="print JSON")
     env.add_argument("--num_virtual_devices", type=int, default=0,
                      help="split the CPU into this many logical devices first")
     env.add_argument("--gpus_per_worker", type=int, default=0,
@@ -362,11 +411,15 @@ def _option_names(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, unknown = build_parser().parse_known_args(argv)
-    if unknown:  # reported by the subcommand, which knows its options
-        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
     quiet.install()  # TensorFlow's C++ start-up lines dropped, TF_CPP_MIN_LOG_LEVEL=2
     try:
+        if getattr(args, "config", None) is not None:  # its values, then the flags again
+            config_flags.apply_config_file(args.parser, args.config)
+            args, unknown = parser.parse_known_args(argv)
+        if unknown:  # reported by the subcommand, which knows its options
+            args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         return args.func(args)
     except (ValueError, OSError) as e:
         message = config_flags.flag_message(str(e), extra_names=_option_names(args.parser))

@@ -103,11 +103,12 @@ def test_diagnose_takes_the_training_flags_but_not_the_run_ones():
     parser = cli.build_parser()
     args = parser.parse_args(["diagnose", "--distribution=mirrored", "--global_batch_size=64",
                               "--devices=CPU:0,CPU:1", "--no_measure"])
-    assert (args.distribution, args.global_batch_size, args.devices, args.no_measure) == \
-        ("mirrored", 64, ("CPU:0", "CPU:1"), True)
+    assert (args.distribution, args.global_batch_size, args.devices, args.measure) == \
+        ("mirrored", 64, ("CPU:0", "CPU:1"), False)
     assert set(cli.DIAGNOSE_EXCLUDES) == {"epochs", "backup_dir", "backup_every_steps",
                                           "keep_backup", "discard_unreadable_backup",
-                                          "model_dir", "overwrite", "verbose"}
+                                          "model_dir", "overwrite", "verbose", "tensorboard",
+                                          "profile_steps", "callbacks"}
     for name in cli.DIAGNOSE_EXCLUDES:
         assert not hasattr(args, name), name
 

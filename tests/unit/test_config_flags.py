@@ -41,7 +41,7 @@ SAMPLE = TrainConfig(
     seq_len=64, d_model=96, num_heads=6, num_layers=3, device_memory_mb=512.5,
     mixed_precision="bfloat16", jit_compile=True, backup_dir="/tmp/backup",
     backup_every_steps=4, keep_backup=True, discard_unreadable_backup=True, model_dir="/tmp/model",
-    verbose=2)
+    verbose=2, tensorboard=False, profile_steps="2,3", callbacks="tests.own_model:callbacks")
 
 
 def _flags_for(config, *, absl_bools: bool) -> list[str]:
@@ -266,7 +266,7 @@ def test_absl_exclude_and_overrides():
 
 
 def _parser(config_cls=TrainConfig, **kwargs) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prog")
+    parser = config_flags.ArgumentParser(prog="prog")
     config_flags.add_arguments(parser, config_cls, **kwargs)
     return parser
 
@@ -320,7 +320,8 @@ def test_argparse_help_shows_each_fields_help_and_default():
         shown = ",".join(spec.default) if spec.kind == "list" and spec.default else spec.default
         assert f"--{spec.name}" in text
         assert "".join(f"{spec.help} (default: {shown})".split()) in squashed, spec.name
-    assert "--download [BOOL]" in text and "--epochs EPOCHS" in text
+    assert "--download, --no_download" in text and "--epochs EPOCHS" in text
+    assert "--no-download" not in text and "--global-batch-size" not in text  # not shown
 
 
 def test_argparse_only_exclude_defaults_and_suppress():
@@ -328,7 +329,7 @@ def test_argparse_only_exclude_defaults_and_suppress():
                      defaults={"distribution": "one_device"})
     assert "(default: one_device)" in _help(parser)
     args = parser.parse_args([])
-    assert vars(args) == {"distribution": "one_device", "global_batch_size": 256}
+    assert vars(args) == {"config": None, "distribution": "one_device", "global_batch_size": 256}
     assert config_flags.config_from_args(args).distribution == "one_device"
     with pytest.raises(SystemExit):
         parser.parse_args(["--epochs=2"])  # not added
