@@ -56,3 +56,38 @@ def test_run_python_warm_runs_as_a_fresh_python(tmp_path):
     onednn = run_python_warm(["-c", "import sys; print('tensorflow' in sys.modules)"],
                              env={"TF_ENABLE_ONEDNN_OPTS": "1"}, cwd=REPO)
     assert onednn.returncode == 0 and onednn.stdout == "False\n"
+
+
+@pytest.mark.slow  # starts processes
+def test_popen_python_warm_runs_children_at_once_as_popen_would():
+    """`popen_python_warm`: forked children that run at the same time, each with
+    its stdout a pipe read line by line (stderr merged, or discarded), its own
+    session where asked, its exit status or the signal that ended it; TF_CONFIG
+    (read when a cluster starts, not at import) keeps it warm."""
+    import os
+
+    from tests._util import WarmProcess, popen_python_warm
+
+    sleeper = popen_python_warm(
+        ["-c", "import os, sys, time; print('up', os.getsid(0) == os.getpid(), flush=True); "
+               "print('to stderr', file=sys.stderr, flush=True); time.sleep(300)"],
+        start_new_session=True)
+    quick = popen_python_warm(
+        ["-c", "import os, sys; print(os.environ['TF_CONFIG'], 'tensorflow' in sys.modules); "
+               "print('hidden', file=sys.stderr); sys.exit(4)"],
+        env={"TF_CONFIG": "{}"}, stderr="devnull")
+    try:
+        assert isinstance(sleeper, WarmProcess) and isinstance(quick, WarmProcess)
+        assert [sleeper.stdout.readline(), sleeper.stdout.readline()] == ["up True\n",
+                                                                          "to stderr\n"]
+        assert quick.communicate(timeout=120) == ("{} True\n", None)
+        assert quick.returncode == 4
+        assert sleeper.poll() is None  # still running while the other one ended
+        with pytest.raises(subprocess.TimeoutExpired):
+            sleeper.wait(timeout=0.5)
+        os.killpg(sleeper.pid, signal.SIGKILL)
+        assert sleeper.wait(timeout=60) == -signal.SIGKILL
+        assert sleeper.stdout.read() == ""  # the pipe's end
+    finally:
+        sleeper.kill()
+        quick.kill()
