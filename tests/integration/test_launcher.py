@@ -1,12 +1,18 @@
 """Tests of tfmulti.cluster.launcher (`launch`, `tfmulti launch`) end to end:
 output prefixes, CPU pinning, the isolation warning, exit statuses, a failing
 or dying worker, SIGINT, a killed launcher, restarts, a port in use, network
-isolation, and recipes/train.py on 2 workers.
+isolation and the isolated workers' outbound network, and recipes/train.py on
+2 workers.
 
-The mechanics use a tiny plain-Python worker (no TensorFlow). Nothing here
-connects anywhere: isolation is checked by reading /proc/net/tcp{,6}. Every
-test starts the launcher (marker `cluster`); every launcher is reaped, and a
-launcher started as a process is killed with its workers if a test fails.
+The mechanics use a tiny plain-Python worker (no TensorFlow). Isolation on
+this host is checked by reading /proc/net/tcp{,6}; the outbound network of
+isolated workers (slirp4netns) on simulated hosts (benchmarks.simulated_hosts:
+network namespaces made here, joined by a bridge of their own), where a
+worker connects to a server on another simulated host, and that host cannot
+connect to the workers' ports; no other connection leaves this machine's
+loopback. Every test starts the launcher (marker `cluster`); every launcher is
+reaped, and a launcher started as a process is killed with its workers (and
+slirp4netns) if a test fails.
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import simulated_hosts
 from tests._util import RECIPES, REPO, WORKERS, launch_python
-from tfmulti.cluster import exit_codes, launch, launcher, plan
+from tfmulti.cluster import exit_codes, launch, launcher, outbound, plan
 from tfmulti.cluster._process import children
 
 pytestmark = pytest.mark.cluster
@@ -95,7 +102,15 @@ WORKER = textwrap.dedent('''
             wait_for("tmp-0")
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(300)
-    elif mode == "listen":
+    elif mode in ("listen", "outbound"):
+        if mode == "outbound":  # out of the namespace: the server named in `target-RANK`
+            touch(f"interfaces-{rank}", " ".join(n for _, n in socket.if_nameindex()))
+            host, port = open(os.path.join(d, f"target-{rank}")).read().split()
+            try:
+                socket.create_connection((host, int(port)), timeout=30).close()
+                touch(f"reached-{rank}", "yes")
+            except OSError as e:
+                touch(f"reached-{rank}", repr(e))
         s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)  # like gRPC: [::]:port,
         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # SO_REUSEADDR
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -162,15 +177,26 @@ class _Launcher:
     """`tfmulti launch` in its own session; killed with its workers if a test fails."""
 
     def __init__(self, tmp: Path, mode: str, *options: str, num_workers: int = 2,
-                 env: dict | None = None):
+                 env: dict | None = None, where=lambda argv: argv):
         self.tmp, self.num_workers = tmp, num_workers
         script = tmp / "worker.py"
         script.write_text(WORKER)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tfmulti.cli", "launch", "--num_workers", str(num_workers),
-             *options, "--", sys.executable, str(script), str(tmp), mode],
+            where([sys.executable, "-m", "tfmulti.cli", "launch", "--num_workers",
+                   str(num_workers), *options, "--", sys.executable, str(script), str(tmp),
+                   mode]),
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True, env=env)
+        # The launcher's own children (as the host sees them: it is not in the launch's
+        # PID namespace) live while it runs; `kill` ends them too.
+        self.helpers: set[int] = set()
+
+    def children_named(self, name: str) -> list[int]:
+        """The launcher's children whose command line holds `name`."""
+        found = [pid for pid in children(self.proc.pid)
+                 if name.encode() in _cmdline(pid)]
+        self.helpers.update(found)
+        return found
 
     def wait_for_pids(self, kinds=("pid",)) -> list[int]:
         names = [f"{kind}-{i}" for kind in kinds for i in range(self.num_workers)]
@@ -186,17 +212,24 @@ class _Launcher:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.communicate(timeout=10)
-        for pid in _processes_with(str(self.tmp)):
+        for pid in [*_processes_with(str(self.tmp)), *filter(_alive, self.helpers)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> bytes:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    return b""
 
 
 @pytest.fixture
 def cli_launcher(tmp_path):
     started = []
 
-    def start(mode, *options, num_workers=2, env=None):
-        started.append(_Launcher(tmp_path, mode, *options, num_workers=num_workers, env=env))
+    def start(mode, *options, num_workers=2, env=None, where=lambda argv: argv):
+        started.append(_Launcher(tmp_path, mode, *options, num_workers=num_workers, env=env,
+                                 where=where))
         return started[-1]
 
     yield start
@@ -282,14 +315,137 @@ def test_isolation_fails_closed_where_no_namespace_can_be_made(tmp_path):
 
 def test_the_unprivileged_mode_runs_in_a_user_namespace(monkeypatch):
     # What a non-root user gets where user namespaces are allowed (here forced, as root):
-    # the same isolation, the workers mapped to root of a new user namespace.
+    # the same isolation, the workers mapped to root of a new user namespace, and the
+    # namespace's outbound interface where slirp4netns is installed.
     _needs_isolation()
     monkeypatch.setattr(launcher, "ISOLATION_MODES", ("userns",))
     code, output = launch_python(
-        ["-c", "print('uid_map', open('/proc/self/uid_map').read().split())"], num_workers=1)
+        ["-c", "import socket; print('uid_map', open('/proc/self/uid_map').read().split(), "
+               "[name for _, name in socket.if_nameindex()])"], num_workers=1)
     assert code == 0, output
     assert "workers are isolated in a private network namespace" in output
-    assert "[worker 0] uid_map ['0', '0', '1']" in output.splitlines()  # not the host's map
+    interfaces = ['lo', 'tap0'] if outbound.find() else ['lo']
+    assert f"[worker 0] uid_map ['0', '0', '1'] {interfaces}" in output.splitlines()
+
+
+def _needs_outbound_tool() -> None:
+    _needs_isolation()
+    if outbound.find() is None:
+        pytest.skip(f"{outbound.TOOL} is not installed (`make test` installs the package "
+                    f"{outbound.PACKAGE})")
+
+
+@pytest.fixture
+def sim():
+    ok, why = simulated_hosts.available()
+    if not ok:
+        pytest.skip(f"cannot make network namespaces here: {why}")
+    with simulated_hosts.SimulatedHosts(2) as hosts:
+        yield hosts
+
+
+# From a simulated host: how a connection to each address:port given ends.
+PROBE = textwrap.dedent('''
+    import json, socket, sys
+    ends = {}
+    for target in sys.argv[1:]:
+        host, port = target.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=10).close()
+            ends[target] = "connected"
+        except OSError as e:
+            ends[target] = type(e).__name__ + (f" errno {e.errno}" if e.errno else "")
+    print(json.dumps(ends))
+''')
+
+
+def test_isolated_workers_reach_another_host_and_it_cannot_reach_their_ports(
+        cli_launcher, sim, tmp_path):
+    # Issue 29: isolated workers had only `lo` (no bucket, tracker or download). The
+    # launcher runs on simulated host A; worker 0 connects to a server on simulated host
+    # B, worker 1 to one on A's loopback (at slirp4netns' gateway), while B (and A
+    # itself) cannot connect to their ports.
+    _needs_outbound_tool()
+    a, b = sim.addresses
+    accept = textwrap.dedent('''
+        import socket, sys
+        with socket.create_server((sys.argv[1], 5000)) as s:
+            s.settimeout(120)
+            print(s.accept()[1][0], flush=True)
+    ''')
+    servers = [subprocess.Popen(sim.command(host, [sys.executable, "-c", accept, address]),
+                                stdout=subprocess.PIPE, text=True)
+               for host, address in ((1, b), (0, "127.0.0.1"))]
+    try:
+        (tmp_path / "target-0").write_text(f"{b} 5000")
+        (tmp_path / "target-1").write_text(f"{outbound.GATEWAY} 5000")
+        lau = cli_launcher("outbound", where=functools.partial(sim.command, 0))
+        _wait_for(lambda: all((tmp_path / f"ready-{i}").exists() for i in (0, 1)), 60,
+                  "the workers to listen")
+        (helper,) = lau.children_named(outbound.TOOL)
+        ports = [int((tmp_path / f"ready-{i}").read_text()) for i in (0, 1)]
+        probes = {host: subprocess.run(
+            sim.command(host, [sys.executable, "-c", PROBE,
+                               *(f"{address}:{p}" for p in ports
+                                 for address in (a, "127.0.0.1", outbound.ADDRESS))]),
+            capture_output=True, text=True, timeout=60) for host in (0, 1)}
+        (tmp_path / "stop").touch()
+        code, out, err = lau.finish()
+        peers = [server.communicate(timeout=60)[0].strip() for server in servers]
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                server.kill()
+                server.wait(timeout=10)
+    assert code == 0, out + err
+    assert "they reach the network outbound only, through slirp4netns" in out
+    for i in (0, 1):
+        assert (tmp_path / f"reached-{i}").read_text() == "yes"
+        assert (tmp_path / f"interfaces-{i}").read_text() == "lo tap0"
+    # B sees host A's address, A's loopback its own: the namespace's is nowhere outside.
+    assert peers == [a, "127.0.0.1"]
+    for host, probe in probes.items():
+        assert probe.returncode == 0, probe.stderr
+        for target, end in json.loads(probe.stdout).items():
+            # Nothing listens on A's addresses, and no host has a route to the namespace.
+            want = ("OSError errno 101" if target.startswith(outbound.ADDRESS)
+                    else "ConnectionRefusedError errno 111")
+            assert end == want, (host, target, end)
+    _wait_for(lambda: not _alive(helper), 10, "slirp4netns to exit with the launch")
+    assert not _processes_with(str(tmp_path))
+
+
+def test_without_the_networking_tool_isolated_workers_have_loopback_and_are_told(
+        monkeypatch):
+    _needs_isolation()
+    monkeypatch.setattr(outbound, "find", lambda: None)
+    code, output = launch_python(
+        ["-c", "import socket; print('interfaces', [n for _, n in socket.if_nameindex()])"],
+        num_workers=1)
+    assert code == 0, output
+    lines = output.splitlines()
+    assert "[worker 0] interfaces ['lo']" in lines
+    (said,) = [line for line in lines if "isolated" in line]
+    assert said.endswith("they have no network beyond it (no bucket, tracker or download); "
+                         "install the package slirp4netns to keep their outbound access "
+                         "(--no_isolate turns isolation off)")
+
+
+def test_a_networking_tool_that_fails_leaves_loopback_and_one_line(monkeypatch, tmp_path):
+    _needs_isolation()
+    fake = tmp_path / "slirp4netns"
+    fake.write_text("#!/bin/sh\necho 'slirp4netns: cannot open /dev/net/tun' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(outbound, "find", lambda: str(fake))
+    code, output = launch_python(
+        ["-c", "import socket; print('interfaces', [n for _, n in socket.if_nameindex()])"],
+        num_workers=1)
+    assert code == 0, output
+    lines = output.splitlines()
+    assert "[worker 0] interfaces ['lo']" in lines
+    assert [line for line in lines if "outbound network (" in line] == [
+        "tfmulti launch: the workers have no outbound network (slirp4netns failed: "
+        "slirp4netns: cannot open /dev/net/tun); they run with loopback only"]
 
 
 def test_exit_status_is_the_chiefs(tmp_path):
@@ -384,10 +540,12 @@ def test_a_killed_launcher_leaves_no_worker_behind(cli_launcher, isolate):
     options = () if isolate else ("--no_isolate",)
     lau = cli_launcher("sleep", *options)
     pids = lau.wait_for_pids(("pid", "child"))
+    helpers = lau.children_named(outbound.TOOL)  # the isolated workers' network
+    assert len(helpers) == (1 if isolate and outbound.find() else 0), helpers
     lau.proc.kill()  # SIGKILL: no chance to clean up; the supervisor must do it
     lau.finish(timeout=10)
-    _wait_for(lambda: not any(_alive(p) for p in pids), 20,
-              f"the workers and their children {pids} to exit")
+    _wait_for(lambda: not any(_alive(p) for p in pids + helpers), 20,
+              f"the workers, their children and slirp4netns {pids + helpers} to exit")
 
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["pid_namespace", "subreaper"])
@@ -402,7 +560,8 @@ def test_a_killed_supervisor_leaves_no_process_behind(cli_launcher, tmp_path, na
     pids = lau.wait_for_pids(("pid", "child"))
     marked = _processes_with(str(tmp_path))
     assert set(pids) <= set(marked), (pids, marked)
-    (middle,) = children(lau.proc.pid)  # the supervisor's parent (under `unshare --pid`)
+    # The supervisor's parent (under `unshare --pid`), beside slirp4netns when isolated.
+    (middle,) = lau.children_named("tfmulti.cluster.supervisor")
     (supervisor,) = children(middle)
     assert b"tfmulti.cluster.supervisor" in Path(f"/proc/{supervisor}/cmdline").read_bytes()
     os.kill(supervisor, signal.SIGKILL)
@@ -411,6 +570,7 @@ def test_a_killed_supervisor_leaves_no_process_behind(cli_launcher, tmp_path, na
               f"every process of the launch {marked} to exit")
     assert code == 137, out + err
     assert "the supervisor was killed (SIGKILL, e.g. by the out-of-memory killer)" in out
+    assert not any(_alive(pid) for pid in lau.helpers), "slirp4netns outlived the launch"
 
 
 def test_port_in_use_is_a_clear_error():

@@ -97,7 +97,7 @@ class Outbound:
                 preexec_fn=preexec_fn)
         except OSError as e:
             self.stop()
-            return f"{self.tool} did not start ({e})"
+            return f"{TOOL} did not start ({e})"
         finally:
             os.close(ready_w)
             os.close(exit_r)
@@ -107,8 +107,8 @@ class Outbound:
             os.close(ready_r)
         if ready:
             return ""
-        why = (f"{self.tool} failed: {self._last_line()}" if self.proc.poll() is not None
-               else f"{self.tool} did not configure the namespace within {timeout_s:g} s")
+        why = (f"{TOOL} failed: {self._last_line()}" if self.proc.poll() is not None
+               else f"{TOOL} did not configure the namespace within {timeout_s:g} s")
         self.stop()
         return why
 
