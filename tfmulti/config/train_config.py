@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfmulti.utils import checks
+from tfmulti.utils import human
 
 __all__ = ["AUTO_STEPS_PER_EXECUTION", "BUILTIN_MODELS", "COUNT_LIMITS", "DIAGNOSE_DISTRIBUTIONS",
            "DISTRIBUTIONS", "HOOK_PATTERN", "MAX_COUNT", "MAX_DEVICES", "MAX_SEED",
@@ -149,6 +150,30 @@ def parse_steps_per_execution(value) -> int | str:
         raise ValueError(f"`steps_per_execution` must be 'auto' or a positive integer, got "
                          f"{value!r}.")
     return number
+
+
+def parse_profile_steps(value) -> tuple[int, int] | None:
+    """The first and last global step to profile, from "A,B" (also a pair of
+    integers, e.g. from a config file); None for None or "".
+
+    Raises:
+        ValueError: not two integers A,B with 1 <= A <= B (up to `MAX_COUNT`).
+
+    Example:
+        >>> parse_profile_steps("10,12"), parse_profile_steps(None)
+        ((10, 12), None)
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    parts = value.split(",") if isinstance(value, str) else value
+    try:
+        first, last = (int(p) if isinstance(p, str) else p for p in parts)
+    except (TypeError, ValueError):
+        first = last = None
+    if not (checks.is_int(first) and checks.is_int(last) and 1 <= first <= last <= MAX_COUNT):
+        raise ValueError(f"`profile_steps` must be two global steps A,B with 1 <= A <= B, "
+                         f"e.g. 10,12 (steps 10 to 12, counted from 1), got {value!r}.")
+    return first, last
 
 
 def resolve_steps_per_execution(value, steps_per_epoch: int | None,
@@ -337,6 +362,21 @@ class TrainConfig:
     verbose: int | str = _field(
         "auto", "Progress output: auto (a progress bar on a terminal, a line per epoch "
         "otherwise; nothing on workers other than the chief), 0, 1 or 2.", choices=VERBOSITY)
+    tensorboard: bool = _field(
+        True, "Write TensorBoard logs (the epoch metrics, by Keras' TensorBoard callback) to "
+        "<model_dir>/logs, on the chief; off, no logs folder is written.")
+    profile_steps: str | tuple | None = _field(
+        None, "Profile the global training steps A to B (counted from 1), given as A,B, e.g. "
+        "10,12: a TensorBoard profile (its Profile tab: the time of each op on each device) "
+        "in <model_dir>/logs/train/plugins/profile, on the chief. Whole tf.function calls are "
+        "profiled, steps_per_execution steps each. Needs model_dir and tensorboard.")
+    callbacks: str | Callable | None = _field(
+        None, "Your own Keras callbacks (an experiment tracker, early stopping, ...) as "
+        "package.module:function, a function returning a list of keras.callbacks.Callback, "
+        "called on every worker after the model is built, before training; it may take "
+        "model_dir, is_chief, worker_index, num_workers and config (the TrainConfig). Only the "
+        "chief should write: return the writing callbacks where is_chief. From Python, also "
+        "the function itself." + _TRUST.format(flag="callbacks"))
 
     @property
     def model_parallel(self) -> bool:
@@ -438,7 +478,8 @@ class TrainConfig:
             if self.global_batch_size % (replicas * self.num_microbatches):
                 raise ValueError(
                     f"`global_batch_size` ({self.global_batch_size}) must split into "
-                    f"{replicas} replica(s) x {self.num_microbatches} micro-batches; use a "
+                    f"{human.count(replicas, 'replica')} x {self.num_microbatches} "
+                    f"micro-batches; use a "
                     f"multiple of {replicas * self.num_microbatches}.")
             if self.jit_compile:
                 raise ValueError(
@@ -480,6 +521,30 @@ class TrainConfig:
                                  "order; set `seed`.")
         if self.model_dir:
             check_directory("model_dir", self.model_dir)
+        self._check_logging()
+
+    def _check_logging(self) -> None:
+        """`tensorboard`, `profile_steps` and `callbacks`."""
+        if not isinstance(self.tensorboard, bool):
+            raise ValueError(f"`tensorboard` must be True or False, got {self.tensorboard!r}.")
+        if self.callbacks is not None and not (
+                callable(self.callbacks) and not isinstance(self.callbacks, str)) \
+                and not is_hook(self.callbacks):
+            raise ValueError(f"`callbacks` must be package.module:function, got "
+                             f"{self.callbacks!r}; write e.g. my_tracker:callbacks (the "
+                             f"function `callbacks` in my_tracker.py, returning a list of "
+                             f"keras.callbacks.Callback).")
+        steps = parse_profile_steps(self.profile_steps)
+        if steps is None:
+            return
+        shown = f"{steps[0]},{steps[1]}"
+        if not self.model_dir:
+            raise ValueError(f"`profile_steps` ({shown}) writes the profile into "
+                             f"<model_dir>/logs; set `model_dir` too.")
+        if not self.tensorboard:
+            raise ValueError(f"`profile_steps` ({shown}) writes a TensorBoard profile, and "
+                             f"`tensorboard` is off; set tensorboard=True or leave "
+                             f"profile_steps out.")
 
 
 COUNT_LIMITS = {**{name: MAX_COUNT for name in (

@@ -1,5 +1,9 @@
 """Keras callbacks tfmulti adds to a run, and the stop on a non-finite loss.
 
+`ProfileSteps` writes a TensorBoard profile of a range of global steps
+(`profile_steps`), counted by the optimizer's iterations, so that the range
+means the same steps with several steps per call and in a resumed run.
+
 A training loss that turns NaN or infinite (NaN in the data, a diverging
 learning rate) stops training at once (`StopOnNonFiniteLoss` under `fit`,
 `tfmulti.training.loops.run` in a custom loop): one line on stderr names the
@@ -26,12 +30,13 @@ import sys
 import time
 
 import keras
+import tensorflow as tf
 
 from tfmulti.cluster import exit_codes
 from tfmulti.training import backup as backup_lib
 
-__all__ = ["EpochTimer", "NON_FINITE_LOSS", "NonFiniteLoss", "StopOnNonFiniteLoss",
-           "check_loss"]
+__all__ = ["EpochTimer", "NON_FINITE_LOSS", "NonFiniteLoss", "ProfileSteps",
+           "StopOnNonFiniteLoss", "check_loss"]
 
 NON_FINITE_LOSS = exit_codes.NON_FINITE_LOSS
 """The exit code of a run stopped by a NaN or infinite training loss (65)."""
@@ -155,3 +160,70 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
                 else batch + 1)
         check_loss(loss, first_step=last - steps + 1, last_step=last, epoch=self._epoch,
                    backup_dir=self.backup_dir)
+
+
+def _global_step(model) -> int:
+    """The optimizer updates made so far (the global step)."""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+class ProfileSteps(keras.callbacks.Callback):
+    """Profiles global steps `first` to `last` (counted from 1) with
+    TensorFlow's profiler into `log_dir` (its `plugins/profile/<run>/`, which
+    TensorBoard's Profile tab reads).
+
+    Keras calls callbacks once per `tf.function` call of `steps_per_execution`
+    steps, so the profile covers the whole calls that hold the range. Steps
+    are the optimizer's iterations, so a resumed run profiles the same steps
+    (none, when it resumes past them). A profiler that cannot start (another
+    one runs in this process) costs one line, not the run.
+
+    Args:
+        log_dir: where the profiler writes.
+        first, last: the global steps to profile.
+        steps_per_execution: the steps of one call.
+        shown_dir: the folder the message names (default `log_dir`), for logs
+            that are moved there at the end.
+    """
+
+    def __init__(self, log_dir: str, first: int, last: int, *, steps_per_execution: int = 1,
+                 shown_dir: str | None = None):
+        super().__init__()
+        self.log_dir, self.first, self.last = log_dir, first, last
+        self.steps_per_execution = steps_per_execution
+        self.shown_dir = shown_dir or log_dir
+        self._from = None  # the first step profiled, while tracing
+        self._done = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._done or self._from is not None:
+            return
+        done = _global_step(self.model)
+        if done >= self.last:  # resumed past the range
+            self._done = True
+        elif done + self.steps_per_execution >= self.first:  # this call reaches the range
+            try:
+                tf.profiler.experimental.start(self.log_dir)
+            except Exception as e:  # pylint: disable=broad-except  (the profiler's own errors)
+                print(f"tfmulti: warning: the profile of steps {self.first}-{self.last} was "
+                      f"not written: the profiler did not start ({type(e).__name__}: {e})",
+                      file=sys.stderr, flush=True)
+                self._done = True
+                return
+            self._from = done + 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._from is not None and _global_step(self.model) >= self.last:
+            self._stop()
+
+    def on_train_end(self, logs=None):
+        if self._from is not None:  # training ended inside the range (a callback stopped it)
+            self._stop()
+
+    def _stop(self) -> None:
+        last = _global_step(self.model)
+        tf.profiler.experimental.stop()
+        print(f"tfmulti: profiled global steps {self._from}-{last} into "
+              f"{os.path.join(self.shown_dir, 'plugins', 'profile')} (TensorBoard's Profile "
+              f"tab)", flush=True)
+        self._from, self._done = None, True

@@ -44,8 +44,9 @@ from tfmulti.models import rebuild
 from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.training.outputs import MODEL_FILES, OUTPUTS
 from tfmulti.utils.atomic import write_json_atomic
-from tfmulti.config.train_config import TrainConfig
-from tfmulti.training.callbacks import EpochTimer, StopOnNonFiniteLoss
+from tfmulti.config import user_functions as hooks
+from tfmulti.config.train_config import TrainConfig, parse_profile_steps
+from tfmulti.training.callbacks import EpochTimer, ProfileSteps, StopOnNonFiniteLoss
 from tfmulti.data import checks as data_checks
 from tfmulti.data.from_config import dataset_metrics
 from tfmulti.memory import estimate as memory
@@ -57,7 +58,9 @@ __all__ = ["OUTPUTS", "train"]
 _FINISHED_WAIT_S = 300.0
 MODEL_FILE, WEIGHTS_FILE = MODEL_FILES
 # Fields that may differ between a run and its resumption.
-_RESUMABLE_CHANGES = ("verbose", "overwrite", "keep_backup", "discard_unreadable_backup")
+# (TensorBoard and the profile only watch the run; the user's callbacks may change it.)
+_RESUMABLE_CHANGES = ("verbose", "overwrite", "keep_backup", "discard_unreadable_backup",
+                      "tensorboard", "profile_steps")
 
 
 def _plain(value):
@@ -203,15 +206,19 @@ def train(config: TrainConfig, callbacks=()) -> dict:
     Writes `<model_dir>/metrics.json`, `<model_dir>/model.keras` (or, for a
     model that would not load back from it, `<model_dir>/model.weights.h5`,
     said before training) and TensorBoard
-    logs under `<model_dir>/logs` (when `model_dir` is set), published together
+    logs under `<model_dir>/logs` (when `model_dir` is set, unless
+    `tensorboard` is off; with `profile_steps`, a profile of those steps
+    there too), published together
     at the end: the logs wait in `<model_dir>/.tfmulti-pending/logs` meanwhile,
     and the outputs of the run they replace (`overwrite`) stay until then. In a
     multi-worker cluster only the chief (by the strategy's cluster resolver:
     TF_CONFIG, SLURM, ...) writes and shows progress; the others write nothing.
+    `config.callbacks`, the user's function, is called on every worker before
+    anything is written (its callbacks create their files once training begins).
 
     Args:
         config: the run.
-        callbacks: extra Keras callbacks for `fit`.
+        callbacks: extra Keras callbacks for `fit` (after those of `config.callbacks`).
 
     Returns:
         The metrics: the test split's loss and compiled metrics (`test_loss`,
@@ -229,9 +236,16 @@ def train(config: TrainConfig, callbacks=()) -> dict:
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
     config.validate()
+    # A callbacks function that cannot be found fails before anything is built.
+    make_callbacks = (hooks.resolve(config.callbacks, "callbacks")
+                      if config.callbacks is not None else None)
     memory.check_config(config)  # a layout a device cannot hold fails before anything is built
     run = runs.build_run(config)
     role = strategy_lib.cluster_role(run.strategy)
+    _check_profile_steps(config, run)
+    # Made before model_dir is claimed: a function that fails leaves it untouched (so its
+    # callbacks create their files when training begins, not in __init__).
+    callbacks = [*_user_callbacks(make_callbacks, config, role), *callbacks]
     # The backup stays this run's from before the first write to model_dir until
     # after the last (a second run on it fails here, having touched nothing).
     held = (backup.lock(config.backup_dir, run.strategy) if config.backup_dir
@@ -239,6 +253,50 @@ def train(config: TrainConfig, callbacks=()) -> dict:
     writes = bool(config.model_dir) and role.is_chief  # only the chief writes
     with held, (outputs.lock(config.model_dir) if writes else contextlib.nullcontext()):
         return _train(config, run, role, callbacks)
+
+
+def _check_profile_steps(config: TrainConfig, run: runs.Run) -> None:
+    """`profile_steps` within the run's global steps (known once the data is).
+
+    Raises:
+        ValueError: the range ends after the run's last step.
+    """
+    steps = parse_profile_steps(config.profile_steps)
+    total = config.epochs * run.steps_per_epoch
+    if steps is not None and steps[1] > total:
+        raise ValueError(
+            f"`profile_steps` ({steps[0]},{steps[1]}) ends after the run's last global step, "
+            f"{total} ({config.epochs} epochs x {run.steps_per_epoch} steps); profile steps "
+            f"up to {total}, e.g. profile_steps={min(steps[0], total)},{total}.")
+
+
+def _user_callbacks(make_callbacks, config: TrainConfig, role) -> list:
+    """The Keras callbacks the user's function (`config.callbacks`) returns;
+    it takes whichever of model_dir, is_chief, worker_index, num_workers and
+    config it names.
+
+    Raises:
+        ValueError: the function needs other arguments, or returns something
+            other than a list (or tuple) of `keras.callbacks.Callback`.
+    """
+    if make_callbacks is None:
+        return []
+    offered = {"model_dir": config.model_dir, "is_chief": role.is_chief,
+               "worker_index": role.worker_index, "num_workers": role.num_workers,
+               "config": config}
+    made = hooks.call(make_callbacks, offered, "callbacks")
+    name = config.callbacks if isinstance(config.callbacks, str) else getattr(
+        make_callbacks, "__qualname__", repr(make_callbacks))
+    if not isinstance(made, (list, tuple)):
+        raise ValueError(f"`callbacks` {name!r} returned {type(made).__name__}, not a list of "
+                         f"keras.callbacks.Callback; return a list (empty where this worker "
+                         f"has nothing to log).")
+    wrong = [type(c).__name__ for c in made if not isinstance(c, keras.callbacks.Callback)]
+    if wrong:
+        raise ValueError(f"`callbacks` {name!r} returned {', '.join(wrong)} in its list, not "
+                         f"keras.callbacks.Callback; subclass keras.callbacks.Callback (Keras "
+                         f"3's, not tf.keras's).")
+    return list(made)
 
 
 def _fingerprint(run: runs.Run, role) -> dict:
@@ -267,9 +325,17 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     timer = EpochTimer()
     # A NaN or infinite loss stops the run before any callback saves from it.
     all_callbacks = [timer, StopOnNonFiniteLoss(config.backup_dir), *callbacks]
-    if writes:
+    logs = writes and config.tensorboard
+    if logs:
         # Published with the other outputs at the end (the old ones stay until then).
-        all_callbacks.append(keras.callbacks.TensorBoard(outputs.pending_logs(config.model_dir)))
+        pending = outputs.pending_logs(config.model_dir)
+        all_callbacks.append(keras.callbacks.TensorBoard(pending))
+        steps = parse_profile_steps(config.profile_steps)
+        if steps is not None:  # the profile goes beside the TensorBoard's "train" run
+            all_callbacks.append(ProfileSteps(
+                os.path.join(pending, "train"), *steps,
+                steps_per_execution=run.steps_per_execution,
+                shown_dir=os.path.join(config.model_dir, "logs", "train")))
     verbose = config.verbose
     if verbose == "auto":
         verbose = 0 if not chief else 1 if sys.stdout.isatty() else 2
@@ -295,8 +361,9 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     failpoint("train.write")
     if writes:
         model_file = _write_outputs(config, model, metrics)
-        print(f"tfmulti: wrote metrics.json, {model_file} and logs/ to {config.model_dir}",
-              flush=True)
+        written = f"metrics.json, {model_file} and logs/" if logs else \
+            f"metrics.json and {model_file}"
+        print(f"tfmulti: wrote {written} to {config.model_dir}", flush=True)
     if backed_up is not None and not config.keep_backup:
         # Only now: a crash during evaluation or the writes above resumes from
         # the finished backup instead of training again.
