@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -71,16 +72,27 @@ def test_a_killed_worker_restarts_and_the_run_resumes_exactly(tmp_path):
     # Ray's sockets live in its temp dir: a short path (108 bytes at most).
     ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     marker = f"{MARKER}={uuid.uuid4().hex}"
+    seen, done = set(), threading.Event()
+
+    def watch():  # Ray's processes while it runs: the check below looks for the right ones
+        while not done.wait(1.0):
+            seen.update(line.split()[1] for line in _processes_with(marker))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     try:
         result = run_python_warm(
             [str(WORKERS / "ray_train.py"), str(tmp_path), f"--kill_at_step={KILL_AT_STEP}"],
             timeout=840, env={"RAY_TMPDIR": ray_tmp, "HOME": str(tmp_path),
-                              marker.split("=")[0]: marker.split("=")[1]})
-        left = _left_over(marker)
+                              MARKER: marker.split("=")[1]})
     finally:
+        done.set()
+        watcher.join()
+        left = _left_over(marker)
         shutil.rmtree(ray_tmp, ignore_errors=True)
     log = result.stdout[-4000:] + result.stderr[-6000:]
     assert result.returncode == 0, log
+    assert {"raylet", "gcs_server"} <= {os.path.basename(p) for p in seen}, seen
     assert left == [], f"Ray processes left behind: {left}"
     run = json.loads(result.stdout.strip().splitlines()[-1])
     fired = json.loads((tmp_path / "fired").read_text())  # worker 1 killed itself
