@@ -137,7 +137,7 @@ def test_diagnose_unknown_option_names_the_command(capsys, no_diagnose):
     (["--mixed_precision=int8"],
      "--mixed_precision must be one of ['none', 'bfloat16', 'float16'], got 'int8'."),
     (["--distribution=pipeline", "--num_microbatches=3"],
-     "--global_batch_size (256) must split into 1 replica(s) x 3 micro-batches"),
+     "--global_batch_size (256) must split into 1 replica x 3 micro-batches"),
     (["--global_batch_size=0"], "--global_batch_size must be a positive integer, got 0"),
     (["--num_devices=abc"], "argument --num_devices: invalid int value: 'abc'"),
     (["--remat=maybe"], "argument --remat: expected true or false, got 'maybe'"),

@@ -233,8 +233,8 @@ def test_devices_must_be_a_non_empty_tuple(value):
     ("hybrid", 12, 1, 8, 8),
 ])
 def test_pipeline_batch_must_split(distribution, batch, microbatches, replicas, multiple):
-    shown = replicas if distribution == "hybrid" else 1
-    _refused(rf"`global_batch_size` \({batch}\) must split into {shown} replica\(s\) x "
+    shown = f"{replicas} replicas" if distribution == "hybrid" else "1 replica"
+    _refused(rf"`global_batch_size` \({batch}\) must split into {shown} x "
              rf"{microbatches} micro-batches; use a multiple of {multiple}\.",
              distribution=distribution, global_batch_size=batch,
              num_microbatches=microbatches, num_replicas=replicas)

@@ -34,7 +34,7 @@ def test_each_stage_holds_its_group_of_devices(replicas, stages, shards, groups)
 
 
 def test_too_few_devices_names_the_layout_and_the_fix():
-    with pytest.raises(ValueError, match=r"2 stages x 2 replica\(s\) x 2 tensor-parallel "
+    with pytest.raises(ValueError, match=r"2 stages x 2 replicas x 2 tensor-parallel "
                                          r"devices need 8 devices, found 4.*"
                                          r"configure_virtual_devices\(8\)"):
         build_parallel_transformer(num_replicas=2, num_stages=2, tensor_parallel=2, **SIZES)

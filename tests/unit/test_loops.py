@@ -77,7 +77,7 @@ def one_device():
     ({"global_batch_size": 0}, r"`global_batch_size` must be an integer >= 1, got 0"),
     ({"steps_per_execution": 2.0}, r"`steps_per_execution` must be an integer >= 1, got 2\.0"),
     ({"accumulate_steps": 3}, r"`global_batch_size` \(32\) must be divisible by the 1 "
-                              r"replica\(s\) x accumulate_steps \(3\); use a multiple of 3"),
+                              r"replica x accumulate_steps \(3\); use a multiple of 3"),
 ])
 def test_step_refuses_bad_counts(one_device, arguments, message):
     strategy, model, optimizer = one_device

@@ -133,7 +133,7 @@ def test_half_precision_halves_activations_not_parameters(mixed_precision):
     (dict(distribution="bogus"), r"`distribution` must be one of \['one_device', "),
     (dict(distribution="mirrored", num_devices=3),
      r"`global_batch_size` \(256\) must be divisible"),
-    (dict(distribution="pipeline", num_microbatches=3), r"must split into 1 replica\(s\) x 3"),
+    (dict(distribution="pipeline", num_microbatches=3), r"must split into 1 replica x 3"),
     (dict(distribution="one_device", num_devices=2), "distribution 'one_device' uses 1 device"),
     (dict(distribution="pipeline", num_devices=4), "uses 1 replica"),
     (dict(mixed_precision="int8"), "`mixed_precision` must be one of"),
@@ -262,7 +262,7 @@ def test_tensor_parallel_devices_share_each_stage(replicas, stages, shards):
     (dict(model="transformer", distribution="pipeline", tensor_parallel=3),
      r"`tensor_parallel` \(3\) must divide num_heads \(4\)"),
     (dict(model="transformer", distribution="pipeline", tensor_parallel=2, num_devices=2),
-     r"uses 1 replica\(s\) x 2 stages x 2 tensor-parallel = 4 devices, got `num_devices` \(2\)"),
+     r"uses 1 replica x 2 stages x 2 tensor-parallel = 4 devices, got `num_devices` \(2\)"),
 ])
 def test_tensor_parallel_arguments_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):

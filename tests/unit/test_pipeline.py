@@ -391,7 +391,7 @@ def test_pipeline_footprint_per_device():
     ({"num_stages": 0}, r"^`num_stages` must be a positive integer, got 0"),
     ({"devices": ["CPU:0", "CPU:7"]}, r"do not exist; available"),
     ({"num_stages": 2, "devices": ["CPU:0", "CPU:1", "CPU:2"]}, r"lists 3 devices but"),
-    ({"num_stages": 3, "num_replicas": 2}, r"3 stages x 2 replica\(s\) need 6 devices, found 4"),
+    ({"num_stages": 3, "num_replicas": 2}, r"3 stages x 2 replicas need 6 devices, found 4"),
     ({"num_microbatches": 0}, r"`num_microbatches` must be a positive integer"),
     ({"partition": "magic"}, r"magic"),
 ])
@@ -418,7 +418,7 @@ def test_bad_inputs():
     pipeline = PipelineModel(_layers(), input_shape=(12,), num_stages=2, num_microbatches=3)
     pipeline.compile(optimizer="sgd", loss=_loss())
     x, y = _data()
-    with pytest.raises(ValueError, match=r"the batch \(32\) must split into 1 replica\(s\) x 3"):
+    with pytest.raises(ValueError, match=r"the batch \(32\) must split into 1 replica x 3"):
         pipeline.fit(x, y, batch_size=BATCH, verbose=0)
     with pytest.raises(ValueError, match=r"keeps XLA off"):
         pipeline.compile(optimizer="sgd", loss=_loss(), jit_compile=True)
@@ -572,7 +572,7 @@ def test_accumulation_equals_the_big_batch_step():
     fresh = PipelineModel(_layers(), input_shape=(12,), num_microbatches=2, accumulate_steps=2)
     fresh.compile(optimizer="sgd", loss=_loss())
     with pytest.raises(ValueError, match=r"the batch \(30\) must split into 2 accumulation "
-                                         r"step\(s\) x 1 replica\(s\) x 2 micro-batches"):
+                                         r"steps x 1 replica x 2 micro-batches"):
         fresh.train_on_batch(x[:30], y[:30])
     with pytest.raises(ValueError, match=r"`accumulate_steps` must be a positive integer"):
         PipelineModel(_layers(), input_shape=(12,), accumulate_steps=0)

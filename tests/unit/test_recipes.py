@@ -58,7 +58,7 @@ BAD_FLAGS = [
     (["--steps_per_execution=many"],
      "--steps_per_execution must be 'auto' or a positive integer, got 'many'"),
     (["--distribution=pipeline", "--global_batch_size=30", "--num_microbatches=4"],
-     "--global_batch_size (30) must split into 1 replica(s) x 4 micro-batches"),
+     "--global_batch_size (30) must split into 1 replica x 4 micro-batches"),
     (["--distribution=pipeline", "--devices=CPU:0,CPU:1", "--num_stages=3"],
      "--devices lists 2 devices but num_stages (3) x num_replicas (1) = 3"),
     (["--mixed_precision=float16"],  # the test machine has no GPU

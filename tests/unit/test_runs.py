@@ -44,7 +44,7 @@ def test_mirrored_on_four_devices():
     assert type(run.model.optimizer).__name__ == "Adam"
     assert run.model.name == "mlp"
     line = run.describe()
-    assert line.startswith("MirroredStrategy with 4 replica(s)")
+    assert line.startswith("MirroredStrategy with 4 replicas")
     assert "global batch 64 = 4 x 16; 16 steps/epoch, 16 per call" in line
 
 
@@ -83,7 +83,7 @@ def test_pipeline():
     assert model.name == "mlp" and model.optimizer is not None
     assert isinstance(model.loss, keras.losses.SparseCategoricalCrossentropy)
     line = run.describe()
-    assert line.startswith("pipeline: 1 replica(s) x 2 stages on ")
+    assert line.startswith("pipeline: 1 replica x 2 stages on ")
     assert "global batch 64 = 1 x 4 micro-batches of 16; 16 steps/epoch, 16 per call" in line
 
 
@@ -98,7 +98,7 @@ def test_hybrid():
                                    ["/device:CPU:2", "/device:CPU:3"]]
     assert run.num_replicas == 2 and run.per_replica_batch_size == 32
     assert model.name == "cnn"
-    assert "hybrid: 2 replica(s) x 2 stages on" in run.describe()
+    assert "hybrid: 2 replicas x 2 stages on" in run.describe()
     assert "global batch 64 = 2 x 2 micro-batches of 16" in run.describe()
 
 

@@ -84,7 +84,7 @@ def test_mirrored_run_and_reduce(cross_device_ops):
 
 def test_describe():
     text = strategy_lib.describe(get_strategy("mirrored", devices=["CPU:0", "CPU:1"]))
-    assert text.startswith("MirroredStrategy with 2 replica(s); local devices ")
+    assert text.startswith("MirroredStrategy with 2 replicas; local devices ")
     assert "CPU:0" in text and "CPU:1" in text
 
 

@@ -68,7 +68,7 @@ def test_train_returns_and_writes_metrics_model_and_logs(tmp_path, capsys):
                                              "model.keras"]  # no staging folder left
     assert not backup_dir.exists()  # deleted after a clean end (keep_backup=False)
     out = capsys.readouterr().out
-    assert "tfmulti: MirroredStrategy with 2 replica(s)" in out
+    assert "tfmulti: MirroredStrategy with 2 replicas" in out
     assert "global batch 64 = 2 x 32; 8 steps/epoch, 8 per call" in out
     assert f"tfmulti: wrote metrics.json, model.keras and logs/ to {model_dir}" in out
 
@@ -106,7 +106,7 @@ def test_train_pipeline_saves_a_plain_keras_model(tmp_path, capsys):
     assert type(loaded) is keras.Sequential and loaded.name == "mlp"
     assert [layer.name for layer in loaded.layers] == ["flatten", "fc1", "dropout", "logits"]
     out = capsys.readouterr().out
-    assert "pipeline: 1 replica(s) x 2 stages on ['/device:CPU:0', '/device:CPU:1']" in out
+    assert "pipeline: 1 replica x 2 stages on ['/device:CPU:0', '/device:CPU:1']" in out
     assert "balance (max/mean stage cost, 1.00 is perfect)" in out  # the plan's table
     assert "replica  stage  parameters  gradients" in out  # and its memory per device
 
@@ -118,7 +118,7 @@ def test_train_pipeline_saves_a_plain_keras_model(tmp_path, capsys):
     ({"steps_per_execution": 3}, r"`steps_per_execution` \(3\) must divide the steps per "
                                  r"epoch \(8\)"),
     ({"distribution": "mirrored", "devices": ("CPU:0", "CPU:9")}, r"do not exist; available"),
-    ({"distribution": "pipeline", "global_batch_size": 30}, r"must split into 1 replica\(s\)"),
+    ({"distribution": "pipeline", "global_batch_size": 30}, r"must split into 1 replica x"),
 ])
 def test_a_bad_configuration_writes_nothing(tmp_path, fields, match):
     existing, new = tmp_path / "existing", tmp_path / "new"

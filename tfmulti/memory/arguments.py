@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from tfmulti.utils import checks
+from tfmulti.utils import human
 from tfmulti.config.train_config import (BUILTIN_MODELS, MIXED_PRECISION, MODEL_PARALLEL,
                                          MODEL_TASKS, OPTIMIZERS, TASKS, TRANSFORMER,
                                          TrainConfig, check_transformer_sizes, is_hook)
@@ -48,14 +49,15 @@ def _layout(distribution, num_devices, num_stages, num_microbatches, num_replica
     if num_devices is not None and num_devices != used:
         shards = f" x {tensor_parallel} tensor-parallel" if tensor_parallel > 1 else ""
         raise ValueError(
-            f"distribution {distribution!r} uses {replicas} replica(s) x {num_stages} "
+            f"distribution {distribution!r} uses {human.count(replicas, 'replica')} x {num_stages} "
             f"stages{shards} = {used} devices, got `num_devices` ({num_devices}); leave it "
             f"unset or set num_devices={used}.")
     split = replicas * num_microbatches
     if global_batch_size % split:
         raise ValueError(
-            f"`global_batch_size` ({global_batch_size}) must split into {replicas} "
-            f"replica(s) x {num_microbatches} micro-batches; use a multiple of {split}.")
+            f"`global_batch_size` ({global_batch_size}) must split into "
+            f"{human.count(replicas, 'replica')} x {num_microbatches} micro-batches; use a "
+            f"multiple of {split}.")
     return replicas, num_stages, global_batch_size // split
 
 

@@ -40,6 +40,7 @@ import warnings
 import tensorflow as tf
 
 from tfmulti.runtime import keras_fixes
+from tfmulti.utils import human
 
 __all__ = ["KERAS_COPIED", "accumulate_gradients", "sum_gradients"]
 
@@ -64,8 +65,8 @@ def _micro_batches(data, steps: int):
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         raise ValueError(
             f"Each replica's batch ({rows} rows) must be divisible by accumulate_steps "
-            f"({steps}); make the global batch a multiple of {steps} x {replicas} "
-            f"replica(s), e.g. {steps * replicas * max(1, rows // steps)}.")
+            f"({steps}); make the global batch a multiple of {steps} x "
+            f"{human.count(replicas, 'replica')}, e.g. {steps * replicas * max(1, rows // steps)}.")
 
     def split(t):
         t = tf.convert_to_tensor(t)

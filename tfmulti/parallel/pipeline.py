@@ -72,6 +72,7 @@ import tensorflow as tf
 from keras.src.trainers import data_adapters
 
 from tfmulti.utils import checks
+from tfmulti.utils import human
 from tfmulti.models import optimizers
 from tfmulti.models import rebuild
 from tfmulti.runtime import devices as devices_lib
@@ -140,7 +141,7 @@ def choose_devices(devices, num_stages, num_replicas, tensor_parallel=1) -> list
         needed = stages * num_replicas * T
         if len(available) < needed:
             raise ValueError(
-                f"{stages} stages x {num_replicas} replica(s){shards} need {needed} "
+                f"{stages} stages x {human.count(num_replicas, 'replica')}{shards} need {needed} "
                 f"devices, found {len(available)}: {available}; create more with "
                 f"tfmulti.configure_virtual_devices({needed}) or pass `devices`.")
         return [devices_lib.canonical_device_name(d) for d in available[:needed]]
@@ -432,9 +433,9 @@ class PipelineModel(keras.Model):
         parts = K * R * M
         batch = flat[0].shape[0]
         if batch is not None and batch % parts:
-            rounds = f"{K} accumulation step(s) x " if K > 1 else ""
+            rounds = f"{K} accumulation steps x " if K > 1 else ""
             raise ValueError(
-                f"the batch ({batch}) must split into {rounds}{R} replica(s) x {M} "
+                f"the batch ({batch}) must split into {rounds}{human.count(R, 'replica')} x {M} "
                 f"micro-batches; use a batch that is a multiple of {parts} (drop the last "
                 "partial batch).")
         if batch is None:

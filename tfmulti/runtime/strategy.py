@@ -19,6 +19,7 @@ import sys
 import tensorflow as tf
 
 from tfmulti.utils import checks
+from tfmulti.utils import human
 from tfmulti.config import train_config as config
 from tfmulti.runtime import keras_fixes
 from tfmulti.runtime import devices as devices_lib
@@ -313,6 +314,6 @@ def describe(strategy: tf.distribute.Strategy) -> str:
     """One line naming the strategy, its replica count and this process's devices."""
     worker_devices = list(getattr(strategy.extended, "worker_devices", ()) or ())
     return (
-        f"{strategy_name(strategy)} with {strategy.num_replicas_in_sync} "
-        f"replica(s); local devices {worker_devices}"
+        f"{strategy_name(strategy)} with "
+        f"{human.count(strategy.num_replicas_in_sync, 'replica')}; local devices {worker_devices}"
     )

@@ -53,6 +53,7 @@ import tensorflow as tf
 from tfmulti.models.accumulation import sum_gradients
 from tfmulti.runtime.keras_fixes import run_steps
 from tfmulti.training.callbacks import check_loss
+from tfmulti.utils import human
 
 __all__ = ["LoopResult", "TrainStep", "run"]
 
@@ -95,7 +96,8 @@ class TrainStep:
         if global_batch_size % (replicas * accumulate_steps):
             raise ValueError(
                 f"`global_batch_size` ({global_batch_size}) must be divisible by the "
-                f"{replicas} replica(s) x accumulate_steps ({accumulate_steps}); use a "
+                f"{human.count(replicas, 'replica')} x accumulate_steps ({accumulate_steps}); "
+                f"use a "
                 f"multiple of {replicas * accumulate_steps}.")
         if not model.built or not model.trainable_variables:
             raise ValueError(f"The model {model.name!r} has no variables yet; build it first "

@@ -41,6 +41,7 @@ import os
 import shutil
 from typing import Callable
 
+from tfmulti.utils import human
 from tfmulti.utils.atomic import fsync_path, publish_staged, sync_directory, write_json_atomic
 
 __all__ = ["MODEL_FILES", "OTHER_WORKER_LINE", "OUTPUTS", "PENDING", "RUN_FILE", "Record", "claim", "lock",
@@ -59,20 +60,34 @@ _STAGING = ".staging-"  # publish_staged's folders (a killed publish leaves one)
 SUMMARY_KEYS = ("test_accuracy", "test_loss", "test_mae", "val_loss", "examples_per_second",
                 "num_replicas", "distribution", "epochs_completed")
 """The metrics of a run's results line, in its order (those a run has)."""
+_SCORES = SUMMARY_KEYS[:4]  # shown as key=value, for the scripts that read the line
 OTHER_WORKER_LINE = "tfmulti: done; the chief reports the results and writes the outputs"
 """What a worker other than the chief prints instead of the results line."""
 
 
 def summary_line(metrics: dict) -> str:
-    """The results line a run's chief prints (`tfmulti train`, recipes/train.py).
+    """The results line a run's chief prints (`tfmulti train`, recipes/train.py): the
+    scores as `key=value` (four decimals), then the speed, the replicas, the
+    distribution and the epochs in words. metrics.json keeps every figure whole.
 
     Example:
-        >>> summary_line({"test_accuracy": 0.8125, "num_replicas": 4, "loss": [0.5]})
-        'tfmulti: test_accuracy=0.8125, num_replicas=4'
+        >>> summary_line({"test_accuracy": 0.8125, "test_loss": 0.50118, "num_replicas": 4,
+        ...               "examples_per_second": 25655.8623, "distribution": "mirrored",
+        ...               "epochs_completed": 5, "loss": [0.5]})
+        'tfmulti: test_accuracy=0.8125, test_loss=0.5012, 25,656 examples/s, 4 replicas, \
+mirrored, 5 epochs'
     """
-    return "tfmulti: " + ", ".join(
-        f"{k}={metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
-        for k in SUMMARY_KEYS if k in metrics)
+    parts = [f"{k}={metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
+             for k in _SCORES if k in metrics]
+    if metrics.get("examples_per_second") is not None:
+        parts.append(human.rate(metrics["examples_per_second"], "examples/s"))
+    if "num_replicas" in metrics:
+        parts.append(human.count(metrics["num_replicas"], "replica"))
+    if "distribution" in metrics:
+        parts.append(str(metrics["distribution"]))
+    if "epochs_completed" in metrics:
+        parts.append(human.count(metrics["epochs_completed"], "epoch"))
+    return "tfmulti: " + ", ".join(parts)
 
 
 @dataclasses.dataclass

@@ -37,6 +37,7 @@ from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.parallel.layouts import build_parallel_transformer
 from tfmulti.parallel.pipeline import PipelineModel
 from tfmulti.parallel.tensor_models import split_for_pipeline
+from tfmulti.utils import human
 
 __all__ = ["Run", "build_run"]
 
@@ -112,7 +113,8 @@ class Run:
         if c.model_parallel:
             devices_used = [d for row in m.stage_devices for d in row]
             micro = c.global_batch_size // m.num_replicas // m.num_microbatches
-            return (f"{c.distribution}: {m.num_replicas} replica(s) x {m.num_stages} stages on "
+            return (f"{c.distribution}: {human.count(m.num_replicas, 'replica')} x "
+                    f"{m.num_stages} stages on "
                     f"{devices_used}; global batch {c.global_batch_size} = {m.num_replicas} x "
                     f"{m.num_microbatches} micro-batches of {micro}; {calls}")
         sharding = (f"; input sharded by {self.train_input.sharding}"
