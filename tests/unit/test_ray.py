@@ -61,3 +61,17 @@ def test_without_ray_the_import_names_the_extra(monkeypatch):
                                                   r'"tfmulti\[ray\]"$'):
         importlib.import_module("tfmulti.ray")
     assert os.path.basename(tfmulti.ray.__file__) == "__init__.py"
+
+
+def test_ray_train_v1_is_refused_before_ray_starts(monkeypatch, tmp_path):
+    """RAY_TRAIN_V2_ENABLED=0 gives Ray Train v1's trainer, which drops the
+    workers' return values (the chief's metrics)."""
+    import ray
+    import ray.train.tensorflow
+    from ray.train.tensorflow import tensorflow_trainer
+
+    monkeypatch.setattr(ray.train.tensorflow, "TensorflowTrainer",
+                        tensorflow_trainer.TensorflowTrainer)
+    with pytest.raises(ValueError, match=r"needs Ray Train v2 .* unset RAY_TRAIN_V2_ENABLED"):
+        tfmulti.ray.train(TrainConfig(), storage_path=str(tmp_path))
+    assert not ray.is_initialized()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib.util
+import logging
 import math
 import os
 
@@ -98,6 +99,11 @@ def _train_worker(loop_config: dict) -> dict:
     # Ray's TensorFlow backend sets TF_USE_LEGACY_KERAS=1 (Keras 2's tf_keras for
     # `tf.keras`); tfmulti trains Keras 3 models.
     os.environ.pop("TF_USE_LEGACY_KERAS", None)
+    # Ray Train's workers log at INFO from the root logger: TensorFlow's INFO lines
+    # (one per traced all-reduce) would bury the run's own; its warnings stay.
+    tf_logger = logging.getLogger("tensorflow")
+    if tf_logger.level == logging.NOTSET:
+        tf_logger.setLevel(logging.WARNING)
     from tfmulti.training.train import train as train_config
 
     return train_config(loop_config["config"])
@@ -161,6 +167,13 @@ def train(config: TrainConfig, num_workers: int = 2, *, max_failures: int = 3,
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
+    if not TensorflowTrainer.__module__.startswith("ray.train.v2."):
+        raise ValueError("tfmulti.ray needs Ray Train v2 (Ray's default), whose trainer returns "
+                         "the chief's metrics; unset RAY_TRAIN_V2_ENABLED (it is "
+                         f"{os.environ.get('RAY_TRAIN_V2_ENABLED')!r}).")
+    # Ray Train prints each line of a worker twice (to the console and through its
+    # logger) unless told not to; the caller's `worker_env` decides.
+    env = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", **(worker_env or {})}
     shut_down = _join_or_start(ray, num_workers * cpus_per_worker)
     try:
         trainer = TensorflowTrainer(
@@ -169,7 +182,7 @@ def train(config: TrainConfig, num_workers: int = 2, *, max_failures: int = 3,
                                          resources_per_worker={"CPU": cpus_per_worker}),
             run_config=RunConfig(name=name, storage_path=storage_path,
                                  failure_config=FailureConfig(max_failures=max_failures),
-                                 worker_runtime_env={"env_vars": dict(worker_env or {})}))
+                                 worker_runtime_env={"env_vars": env}))
         result = trainer.fit()
     finally:
         if shut_down:
