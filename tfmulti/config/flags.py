@@ -117,8 +117,9 @@ def config_from_absl(flag_values=None, config_cls=TrainConfig, *,
 
 def absl_argv(argv: list[str], flag_values=None) -> list[str]:
     """`argv` in the spellings absl parses, so that a recipe takes the flag style
-    of every tool: `--num-workers` -> `--num_workers`, and `--no_x` or `--no-x`
-    -> absl's `--nox` for a boolean `x`. Arguments after `--`, and names that
+    of every tool: `--num-workers` -> `--num_workers`, `--no_x` or `--no-x`
+    -> absl's `--nox` for a boolean `x`, and `--x=yes` (any word `BooleanFlag`
+    takes) -> `--x` or `--nox`. Arguments after `--`, and names that
     are not flags of `flag_values` (default `absl.flags.FLAGS`), are left as
     they are (absl reports those).
 
@@ -128,7 +129,7 @@ def absl_argv(argv: list[str], flag_values=None) -> list[str]:
         >>> define_absl_flags(fv)
         >>> absl_argv(["train.py", "--global-batch-size", "64", "--no-jit-compile",
         ...            "--remat=yes", "--", "--no-remat"], fv)[1:]
-        ['--global_batch_size', '64', '--nojit_compile', '--remat=yes', '--', '--no-remat']
+        ['--global_batch_size', '64', '--nojit_compile', '--remat', '--', '--no-remat']
     """
     from absl import flags
 
@@ -143,6 +144,11 @@ def absl_argv(argv: list[str], flag_values=None) -> list[str]:
                         and name[len(p):] in fv and fv[name[len(p):]].boolean), None)
         if not arg.startswith("--") or not name:
             out.append(arg)
+        elif name in fv and fv[name].boolean and eq:  # --x=yes as the argparse tools read it
+            try:
+                out.append(f"--{'' if _parse_bool(value) else 'no'}{name}")
+            except argparse.ArgumentTypeError:
+                out.append(f"--{name}{eq}{value}")  # absl says what is wrong
         elif name in fv:
             out.append(f"--{name}{eq}{value}")
         else:
