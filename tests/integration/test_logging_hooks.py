@@ -48,16 +48,44 @@ def test_tfmulti_train_refuses_a_missing_tracker_in_one_line(tmp_path):
     assert file_tree(model_dir) == {"notes.txt": b"mine"}
 
 
+_TRACKED = """
+import json, sys
+sys.path.insert(0, {examples!r})
+import jsonl_logger
+import keras
+
+
+class Dump(keras.callbacks.Callback):
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def on_epoch_end(self, epoch, logs=None):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({{k: float(v) for k, v in logs.items()}}, sort_keys=True) + "\\n")
+
+
+def callbacks(model_dir, is_chief, worker_index):
+    return [*jsonl_logger.callbacks(model_dir, is_chief),
+            Dump({out!r} + f"/worker{{worker_index}}.jsonl")]
+"""
+
+
 @pytest.mark.cluster
 def test_only_the_chief_logs_in_a_cluster(tmp_path, monkeypatch):
-    """The function runs on both workers; the tracker logs where `is_chief`, so
-    each epoch is one line, not one per worker."""
-    model_dir = tmp_path / "run"
-    monkeypatch.chdir(EXAMPLES)  # the workers' folder, where the tracker's module is
+    """The function runs on both workers, which see the same epoch metrics (so
+    EarlyStopping decides alike on each); the docs' tracker logs where
+    `is_chief`, so each epoch is one line, not one per worker."""
+    model_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "tracked.py").write_text(_TRACKED.format(examples=str(EXAMPLES), out=str(out)))
+    monkeypatch.chdir(tmp_path)  # the workers' folder, where the tracker's module is
     code, output = launch_local(
         [sys.executable, "-m", "tfmulti.cli", "train", *TINY, "--distribution=multi_worker",
-         "--callbacks=jsonl_logger:callbacks", f"--model_dir={model_dir}"])
+         "--validation_split=0.25", "--callbacks=tracked:callbacks", f"--model_dir={model_dir}"])
     assert code == 0, output[-4000:]
     assert _epochs(model_dir / "metrics.jsonl") == [1, 2]
-    metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert metrics["num_workers"] == 2
+    assert json.loads((model_dir / "metrics.json").read_text())["num_workers"] == 2
+    seen = [(out / f"worker{i}.jsonl").read_text().splitlines() for i in (0, 1)]
+    assert len(seen[0]) == 2 and seen[0] == seen[1]
+    assert "val_loss" in json.loads(seen[0][-1])
