@@ -415,6 +415,71 @@ def test_isolated_workers_reach_another_host_and_it_cannot_reach_their_ports(
     assert not _processes_with(str(tmp_path))
 
 
+# A resolver on 127.0.0.53:53 (as systemd-resolved's): every name is argv[1] (A records;
+# no AAAA), for 120 s.
+RESOLVER = textwrap.dedent('''
+    import socket, struct, sys, time
+    answer = socket.inet_aton(sys.argv[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.53", 53))
+        s.settimeout(1)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                query, peer = s.recvfrom(512)
+            except socket.timeout:
+                continue
+            end = query.index(b"\\0", 12) + 5  # the question: name, type, class
+            is_a = query[end - 4:end - 2] == b"\\0\\1"
+            header = query[:2] + b"\\x81\\x80" + struct.pack(">HHHH", 1, int(is_a), 0, 0)
+            record = b"\\xc0\\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + answer
+            s.sendto(header + query[12:end] + (record if is_a else b""), peer)
+''')
+
+
+def test_isolated_workers_look_names_up_through_a_resolver_on_the_hosts_loopback(
+        cli_launcher, sim, tmp_path):
+    # Where the host's /etc/resolv.conf names only 127.0.0.53 (systemd-resolved, here a
+    # file bind-mounted in a mount namespace of the test's), the workers' namespace gets
+    # its own naming slirp4netns' forwarder, which asks the host's resolver: a worker
+    # connects to B by a name that only that resolver knows.
+    _needs_outbound_tool()
+    a, b = sim.addresses
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.53\noptions edns0 trust-ad\n")
+    procs = [subprocess.Popen(sim.command(0, [sys.executable, "-c", RESOLVER, b])),
+             subprocess.Popen(sim.command(1, [sys.executable, "-c", textwrap.dedent('''
+                 import socket, sys
+                 with socket.create_server((sys.argv[1], 5000)) as s:
+                     s.settimeout(120)
+                     for _ in range(2):
+                         s.accept()[0].close()
+             '''), b]))]
+    try:
+        for rank in (0, 1):
+            (tmp_path / f"target-{rank}").write_text("tracker.example 5000")
+
+        def where(argv):  # the host's resolver on its loopback, in the test's mounts only
+            return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv),
+                    *sim.command(0, argv)]
+
+        lau = cli_launcher("outbound", where=where)
+        _wait_for(lambda: all((tmp_path / f"ready-{i}").exists() for i in (0, 1)), 60,
+                  "the workers to listen")
+        (tmp_path / "stop").touch()
+        code, out, err = lau.finish()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert code == 0, out + err
+    for rank in (0, 1):
+        assert (tmp_path / f"reached-{rank}").read_text() == "yes", out
+    assert "name lookups may fail" not in out
+    assert Path("/etc/resolv.conf").read_text() != resolv.read_text()  # nothing leaked
+
+
 def test_without_the_networking_tool_isolated_workers_have_loopback_and_are_told(
         monkeypatch):
     _needs_isolation()

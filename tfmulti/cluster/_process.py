@@ -10,14 +10,16 @@ import signal
 import threading
 from typing import Callable, TextIO
 
-__all__ = ["ERROR_PREFIX", "NAMESPACE_READY", "Outcome", "Output", "PREFIX", "StopSignals",
-           "children", "pump"]
+__all__ = ["ERROR_PREFIX", "NAMESPACE_READY", "NETWORK_ATTACHED", "Outcome", "Output", "PREFIX",
+           "StopSignals", "children", "pump"]
 
 PREFIX = "tfmulti launch"
 ERROR_PREFIX = f"{PREFIX}: error: "
 NAMESPACE_READY = f"{PREFIX}: internal: the namespace is ready\n"
 """What the supervisor's parent prints, inside its namespaces, before it waits for the
 launcher to attach the namespace's outbound network (`tfmulti.cluster.outbound`)."""
+NETWORK_ATTACHED = "attached\n"
+"""The launcher's answer when it did attach it (anything else: the workers run without)."""
 POLL_S = 0.05
 READER_JOIN_S = 5.0
 REAP_TIMEOUT_S = 5.0

@@ -50,8 +50,9 @@ import threading
 import time
 from typing import Sequence, TextIO
 
-from tfmulti.cluster._process import (ERROR_PREFIX, NAMESPACE_READY, POLL_S, READER_JOIN_S,
-                                      REAP_TIMEOUT_S, Output, StopSignals, children, pump)
+from tfmulti.cluster._process import (ERROR_PREFIX, NAMESPACE_READY, NETWORK_ATTACHED, POLL_S,
+                                      READER_JOIN_S, REAP_TIMEOUT_S, Output, StopSignals,
+                                      children, pump)
 from tfmulti.cluster import auth
 from tfmulti.cluster import outbound as outbound_lib
 from tfmulti.cluster import gpus as gpus_lib
@@ -184,13 +185,16 @@ def _attach_outbound(proc: subprocess.Popen, outbound: outbound_lib.Outbound,
     while not namespace_ready.wait(POLL_S):
         if proc.poll() is not None or signals.count or time.monotonic() > deadline:
             break
+    answer = "without\n"
     if namespace_ready.is_set() and not signals.count:
         why = outbound.start(proc.pid, _parent_death_setup(signal.SIGKILL))
         if why:
             out.say(f"the workers have no outbound network ({why}); they run with loopback "
                     "only")
+        else:
+            answer = NETWORK_ATTACHED
     try:
-        proc.stdin.write(b"go\n")
+        proc.stdin.write(answer.encode())
         proc.stdin.close()
     except OSError:  # the supervisor's parent is gone: its exit status tells
         pass
@@ -426,6 +430,9 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
             out.say("warning: --no_isolate: the workers' TensorFlow gRPC ports are "
                     "unauthenticated and open on all interfaces")
         outbound = outbound_lib.Outbound(tool) if network and tool else None
+        resolv_conf = outbound_lib.namespace_resolv_conf(
+            outbound_lib.host_resolv_conf()) is not None  # a resolver on its loopback
         command = supervisor_command(plan, sys.executable, mode, network=network,
-                                     wait_network=outbound is not None)
+                                     wait_network=outbound is not None,
+                                     resolv_conf=resolv_conf)
         return _run_supervised(command, plan, out, signals, supervisor_env, outbound)

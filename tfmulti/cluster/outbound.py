@@ -10,6 +10,12 @@ forwarder at `DNS`), while nothing can connect in: slirp4netns forwards no port 
 started without its API socket), and the namespace's addresses exist nowhere but inside
 it, so no host or other namespace has a route to them.
 
+Name lookups: where the host's /etc/resolv.conf names only resolvers on its loopback
+(systemd-resolved's 127.0.0.53, a local dnsmasq), which the namespace's own loopback does
+not reach, the namespace gets a mount namespace of its own in which its /etc/resolv.conf
+names `DNS` instead (`namespace_resolv_conf`); slirp4netns forwards those queries to the
+host's resolver.
+
 slirp4netns rather than pasta (the package `passt`): pasta copies the host's addresses
 and routes into the namespace and fails on a host without a default route (a simulated
 host, a machine with several networks and none default), and by default forwards the
@@ -30,7 +36,8 @@ import tempfile
 import time
 from typing import Callable
 
-__all__ = ["ADDRESS", "DNS", "GATEWAY", "PACKAGE", "TOOL", "Outbound", "command", "find"]
+__all__ = ["ADDRESS", "DNS", "GATEWAY", "PACKAGE", "RESOLV_CONF", "TOOL", "Outbound", "command",
+           "find", "host_resolv_conf", "namespace_resolv_conf"]
 
 TOOL = "slirp4netns"
 PACKAGE = "slirp4netns"
@@ -42,6 +49,7 @@ GATEWAY = "10.0.2.2"
 """The namespace's default route; connections to it reach the host's loopback."""
 DNS = "10.0.2.3"
 """slirp4netns' forwarder to the host's DNS servers."""
+RESOLV_CONF = "/etc/resolv.conf"
 READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
 _MTU = 65520  # slirp4netns' advice: the largest, fewest copies per byte
@@ -63,6 +71,35 @@ def command(tool: str, pid: int, ready_fd: int, exit_fd: int) -> list[str]:
     """
     return [tool, "--configure", f"--mtu={_MTU}", f"--ready-fd={ready_fd}",
             f"--exit-fd={exit_fd}", str(pid), "tap0"]
+
+
+def namespace_resolv_conf(text: str) -> str | None:
+    """The resolv.conf for the namespace when the host's, `text`, names resolvers on its
+    loopback only: theirs replaced by slirp4netns' forwarder `DNS` (the other lines kept);
+    None when the host's serves as it is (a resolver the namespace reaches, or none).
+
+    Example:
+        >>> namespace_resolv_conf("nameserver 127.0.0.53\\noptions edns0 trust-ad\\n")
+        'nameserver 10.0.2.3\\noptions edns0 trust-ad\\n'
+        >>> namespace_resolv_conf("nameserver 192.0.2.1\\n") is None
+        True
+    """
+    lines = text.splitlines()
+    servers = [line.split()[1] for line in lines
+               if len(line.split()) > 1 and line.split()[0] == "nameserver"]
+    if not servers or not all(s.startswith("127.") or s == "::1" for s in servers):
+        return None
+    kept = [line for line in lines if line.split()[:1] != ["nameserver"]]
+    return "\n".join([f"nameserver {DNS}", *kept]) + "\n"
+
+
+def host_resolv_conf() -> str:
+    """The host's resolv.conf ("" where it cannot be read)."""
+    try:
+        with open(RESOLV_CONF, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 class Outbound:

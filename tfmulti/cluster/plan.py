@@ -296,10 +296,11 @@ def worker_env(base_env: Mapping[str, str], addresses: Sequence[str], index: int
     return env
 
 
-def isolation_prefix(mode: str, network: bool = True) -> list[str]:
-    """The `unshare` command that runs a program in a new PID namespace, and in a new
-    network namespace when `network`: as root ("root"), or unprivileged inside a new user
-    namespace ("userns").
+def isolation_prefix(mode: str, network: bool = True, mount: bool = False) -> list[str]:
+    """The `unshare` command that runs a program in a new PID namespace, in a new
+    network namespace when `network`, and in a new mount namespace (private: its mounts
+    are seen nowhere else, and go with it) when `mount`: as root ("root"), or
+    unprivileged inside a new user namespace ("userns").
 
     The program itself stays in the PID namespace it came from; its first child is the new
     namespace's init, and when that child dies, even by SIGKILL, the kernel kills every
@@ -310,6 +311,8 @@ def isolation_prefix(mode: str, network: bool = True) -> list[str]:
         ['unshare', '--pid', '--net']
         >>> isolation_prefix("userns", network=False)
         ['unshare', '--pid', '--map-root-user']
+        >>> isolation_prefix("root", mount=True)
+        ['unshare', '--pid', '--net', '--mount', '--propagation', 'private']
 
     Raises:
         ValueError: an unknown `mode`.
@@ -319,13 +322,16 @@ def isolation_prefix(mode: str, network: bool = True) -> list[str]:
     prefix = ["unshare", "--pid"]
     if network:
         prefix.append("--net")
+    if mount:
+        prefix += ["--mount", "--propagation", "private"]
     if mode == "userns":
         prefix.append("--map-root-user")
     return prefix
 
 
 def supervisor_command(plan: LaunchPlan, python: str, isolation_mode: str | None = None,
-                       network: bool = True, wait_network: bool = False) -> list[str]:
+                       network: bool = True, wait_network: bool = False,
+                       resolv_conf: bool = False) -> list[str]:
     """The command that runs the supervisor, which starts the workers with `plan.command`.
 
     The process it starts forks the supervisor and stays its parent: a child subreaper that
@@ -334,7 +340,8 @@ def supervisor_command(plan: LaunchPlan, python: str, isolation_mode: str | None
     (`isolation_prefix`), in a private network namespace when `network`; for None (no
     namespace can be made) it runs in the host's namespaces. With `wait_network` it starts
     nothing until the launcher has attached the namespace's outbound network
-    (`tfmulti.cluster.outbound`).
+    (`tfmulti.cluster.outbound`); with `resolv_conf` as well, it runs in a mount namespace
+    of its own, whose /etc/resolv.conf it then points at that network's DNS forwarder.
 
     Example:
         >>> plan = make_plan(["python", "train.py"], 2)
@@ -345,6 +352,9 @@ def supervisor_command(plan: LaunchPlan, python: str, isolation_mode: str | None
         >>> supervisor_command(plan, "python3", "root", wait_network=True)[-1]
         '--wait_network'
     """
-    prefix = [*isolation_prefix(isolation_mode, network), "--"] if isolation_mode else []
+    resolv_conf = resolv_conf and wait_network and network and isolation_mode is not None
+    prefix = ([*isolation_prefix(isolation_mode, network, mount=resolv_conf), "--"]
+              if isolation_mode else [])
     return [*prefix, python, "-m", "tfmulti.cluster.supervisor", plan.to_json(),
-            *(["--wait_network"] if wait_network else [])]
+            *(["--wait_network"] if wait_network else []),
+            *(["--resolv_conf"] if resolv_conf else [])]

@@ -1,11 +1,13 @@
 """The supervisor: the process that starts a launch's workers and waits for them.
 
-    python -m tfmulti.cluster.supervisor PLAN_JSON [--wait_network]
+    python -m tfmulti.cluster.supervisor PLAN_JSON [--wait_network [--resolv_conf]]
     (internal; `tfmulti launch` runs it)
 
 `tfmulti launch` runs it, inside a private network namespace when isolated (with
 `--wait_network`, it waits for the launcher to give that namespace outbound access
-before it starts anything: `tfmulti.cluster.outbound`).
+before it starts anything: `tfmulti.cluster.outbound`; with `--resolv_conf` too, in its
+own mount namespace, it then points the namespace's /etc/resolv.conf at that network's
+DNS forwarder).
 It picks the ports, starts each worker in its own session with its
 `TF_CONFIG`, passes their output through with `[worker I]` prefixes, stops
 all of them when one fails, restarts the cluster up to `max_restarts` times,
@@ -29,11 +31,11 @@ import tempfile
 import time
 from typing import Callable, Sequence
 
-from tfmulti.cluster import exit_codes, rendezvous, save_notice
+from tfmulti.cluster import exit_codes, outbound, rendezvous, save_notice
 from tfmulti.cluster import hosts as hosts_lib
-from tfmulti.cluster._process import (ERROR_PREFIX, NAMESPACE_READY, POLL_S, READER_JOIN_S,
-                                      REAP_TIMEOUT_S, Outcome, Output, StopSignals, children,
-                                      pump)
+from tfmulti.cluster._process import (ERROR_PREFIX, NAMESPACE_READY, NETWORK_ATTACHED, POLL_S,
+                                      PREFIX, READER_JOIN_S, REAP_TIMEOUT_S, Outcome, Output,
+                                      StopSignals, children, pump)
 from tfmulti.cluster.exit_codes import describe_end, describe_exit
 from tfmulti.cluster.plan import LaunchPlan, port_range, worker_env
 from tfmulti.cluster.rendezvous import Remote
@@ -43,6 +45,7 @@ __all__ = []  # a process, not an API: `python -m tfmulti.cluster.supervisor`
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_MS_BIND = 4096
 _SWEEP_TIMEOUT_S = 10.0
 
 
@@ -141,6 +144,32 @@ def _prctl(option: int, value: int) -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _point_resolv_conf_at_forwarder() -> None:
+    """In a private mount namespace: a bind mount over /etc/resolv.conf that names
+    slirp4netns' DNS forwarder instead of the host's loopback resolvers
+    (`outbound.namespace_resolv_conf`); it goes with the namespace. A failure is one line:
+    the workers then look names up as the host's file says."""
+    text = outbound.namespace_resolv_conf(outbound.host_resolv_conf())
+    if text is None:
+        return
+    try:
+        with tempfile.NamedTemporaryFile("w", prefix="tfmulti-resolv-", suffix=".conf",
+                                         delete=False) as f:
+            f.write(text)
+        os.chmod(f.name, 0o644)
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.mount(f.name.encode(), outbound.RESOLV_CONF.encode(), None,
+                          _MS_BIND, None) != 0:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        finally:
+            os.unlink(f.name)  # the mount keeps the file
+    except OSError as e:
+        print(f"{PREFIX}: the workers' name lookups may fail: the host's "
+              f"{outbound.RESOLV_CONF} names only resolvers on its loopback, and the "
+              f"namespace could not get its own ({e})", flush=True)
 
 
 def _set_parent_death_signal(sig: int) -> None:
@@ -461,7 +490,7 @@ def _supervise(plan_json: str) -> int:
             return 2
 
 
-def main(plan_json: str, wait_network: bool = False) -> int:
+def main(plan_json: str, wait_network: bool = False, resolv_conf: bool = False) -> int:
     """The launcher's child: forks the supervisor and stays its parent, a child subreaper.
 
     In a new PID namespace (`unshare --pid`, `plan.isolation_prefix`) the supervisor is the
@@ -475,7 +504,8 @@ def main(plan_json: str, wait_network: bool = False) -> int:
 
     With `wait_network`, it first prints `NAMESPACE_READY` and waits for a line (or the
     end) of its standard input: the launcher's word that the namespace's outbound network
-    is attached, or that it is not to be.
+    is attached (`NETWORK_ATTACHED`: then, with `resolv_conf`, it points the mount
+    namespace's /etc/resolv.conf at its DNS forwarder), or that it is not to be.
     """
     launcher = os.getppid()
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -495,7 +525,8 @@ def main(plan_json: str, wait_network: bool = False) -> int:
     if wait_network:
         sys.stdout.write(NAMESPACE_READY)
         sys.stdout.flush()
-        sys.stdin.readline()
+        if sys.stdin.readline() == NETWORK_ATTACHED and resolv_conf:
+            _point_resolv_conf_at_forwarder()
     sys.stdout.flush()
     child[0] = os.fork()
     if child[0] == 0:
@@ -511,7 +542,9 @@ def main(plan_json: str, wait_network: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--wait_network"]):
-        sys.exit("usage: python -m tfmulti.cluster.supervisor PLAN_JSON [--wait_network] "
-                 "(internal; use `tfmulti launch`)")
-    sys.exit(main(sys.argv[1], wait_network=sys.argv[2:] == ["--wait_network"]))
+    if len(sys.argv) < 2 or sys.argv[2:] not in ([], ["--wait_network"],
+                                                 ["--wait_network", "--resolv_conf"]):
+        sys.exit("usage: python -m tfmulti.cluster.supervisor PLAN_JSON [--wait_network "
+                 "[--resolv_conf]] (internal; use `tfmulti launch`)")
+    sys.exit(main(sys.argv[1], wait_network="--wait_network" in sys.argv[2:],
+                  resolv_conf="--resolv_conf" in sys.argv[2:]))
