@@ -3,7 +3,7 @@ fields, the configs made from them, and errors restated in flag names.
 
 The acceptance test of "a new option is one field": a field added to a copy
 of tfmulti/config/train_config.py shows up, with its default and help, as a flag of
-recipes/train.py and of `tfmulti diagnose` with no other edit.
+recipes/train.py, of `tfmulti train` and of `tfmulti diagnose` with no other edit.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ NEW_FIELD = 'frobnicate: int = _field(7, "Frobnicate this many times.")'
 @pytest.mark.slow
 def test_a_field_added_to_train_config_is_a_flag_of_train_py_and_diagnose(tmp_path):
     """Issue "Done when": one field added to TrainConfig's source (nothing else
-    edited) is a flag of recipes/train.py and of `tfmulti diagnose`, with its
-    default and help text."""
+    edited) is a flag of recipes/train.py, `tfmulti train` and `tfmulti diagnose`,
+    with its default and help text."""
     for folder in ("tfmulti", "recipes"):
         shutil.copytree(REPO / folder, tmp_path / folder,
                         ignore=shutil.ignore_patterns("__pycache__"))
@@ -39,10 +39,12 @@ def test_a_field_added_to_train_config_is_a_flag_of_train_py_and_diagnose(tmp_pa
         train_help, train.stdout[-3000:]
     assert "--global_batch_size: Examples per step over all replicas." in train_help
 
-    diagnose = run_python(["-m", "tfmulti.cli", "diagnose", "--help"], timeout=120, env=env,
-                          cwd=tmp_path)
-    assert diagnose.returncode == 0, diagnose.stderr[-3000:]
-    diagnose_help = " ".join(diagnose.stdout.split())
-    assert "--frobnicate FROBNICATE Frobnicate this many times. (default: 7)" in \
-        diagnose_help, diagnose.stdout[-3000:]
-    assert "--epochs" not in diagnose_help  # diagnose's exclusions still apply
+    for command in ("diagnose", "train"):
+        result = run_python(["-m", "tfmulti.cli", command, "--help"], timeout=120, env=env,
+                            cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        command_help = " ".join(result.stdout.split())
+        assert "--frobnicate FROBNICATE Frobnicate this many times. (default: 7)" in \
+            command_help, result.stdout[-3000:]
+        # diagnose's exclusions still apply
+        assert ("--epochs" in command_help) is (command == "train")

@@ -218,8 +218,8 @@ def check_recipe(name: str, args: list[str]) -> str:
     if HELP_FLAGS & set(args):
         return shown
     fv = recipe_flag_values(name)
-    try:
-        rest = fv([f"{name}.py", *args])
+    try:  # as recipes/_common.py parses: the tools' flag style first
+        rest = fv(config_flags.absl_argv([f"{name}.py", *args], fv))
     except flags.Error as e:
         raise AssertionError(f"{shown}: {e}") from None
     assert rest[1:] == [], f"{shown}: arguments that are not flags: {rest[1:]}"
@@ -236,7 +236,7 @@ def check_cli(args: list[str]) -> str:
     validated and launch's worker command checked too."""
     from tfmulti import cli
     from tfmulti.config import flags as config_flags
-    from tfmulti.config.train_config import validate_for_diagnose
+    from tfmulti.config.train_config import TrainConfig, validate_for_diagnose
 
     shown = f"tfmulti {' '.join(args)}"
     if HELP_FLAGS & set(args[:args.index("--") if "--" in args else len(args)]):
@@ -247,11 +247,22 @@ def check_cli(args: list[str]) -> str:
             namespace = cli.build_parser().parse_args(args)
     except SystemExit:
         raise AssertionError(f"{shown}: {errors.getvalue().strip()}") from None
-    if namespace.command == "diagnose":
+    if getattr(namespace, "config", None):  # the file's values, then the flags again
+        parser = cli.build_parser()
         try:
-            validate_for_diagnose(config_flags.config_from_args(namespace))
+            config_flags.apply_config_file(cli._subcommands(parser)[namespace.command],
+                                           str(REPO / namespace.config))
+        except ValueError as e:
+            raise AssertionError(f"{shown}: {e}") from None
+        namespace = parser.parse_args(args)
+    if namespace.command in ("diagnose", "train"):
+        validate = validate_for_diagnose if namespace.command == "diagnose" else \
+            TrainConfig.validate
+        try:
+            validate(config_flags.config_from_args(namespace))
         except ValueError as e:
             raise AssertionError(f"{shown}: {config_flags.flag_message(str(e))}") from None
+    if namespace.command == "diagnose":
         assert namespace.plot is None or namespace.plot.endswith(".png"), shown
     if namespace.command == "launch":
         worker = namespace.worker_command
@@ -337,6 +348,19 @@ def test_the_checker_catches_stale_flags():
         check_words(["tfmulti", "estimate-memory", "--strategy", "pipeline"])
     with pytest.raises(AssertionError, match="distribution"):
         check_words(["tfmulti", "diagnose", "--distribution=pipeline"])
+    with pytest.raises(AssertionError, match="global_batch_size"):
+        check_words(["tfmulti", "train", "--num-virtual-devices=4", "--distribution=hybrid",
+                     "--global-batch-size=10"])
+    with pytest.raises(AssertionError, match="strategy"):
+        check_words(["tfmulti", "train", "--strategy=mirrored"])
+    with pytest.raises(AssertionError, match="epochs"):
+        check_words(["tfmulti", "launch", "--num_workers", "2", "--", "tfmulti", "train",
+                     "--epochs=0"])
+    with pytest.raises(AssertionError, match="no_such.yaml"):
+        check_words(["tfmulti", "train", "--config=docs/examples/no_such.yaml"])
+    assert check_words(["tfmulti", "train", "--config", "docs/examples/train.yaml",
+                        "--no-jit-compile", "--epochs", "2"])
+    assert check_words(["python", "recipes/train.py", "--no-jit-compile", "--epochs", "2"])
     with pytest.raises(AssertionError, match="epochs"):
         check_words(["tfmulti", "launch", "--num_workers", "2", "--", "python",
                      "recipes/train.py", "--epochs=0"])
