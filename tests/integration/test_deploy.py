@@ -14,7 +14,8 @@ import pytest
 from tests.unit.test_deploy import check_train_command, indexed_job, role
 
 _RECORD = """#!/bin/sh
-exec python3 -c 'import json, os, sys; print(json.dumps({"tf_config": os.environ["TF_CONFIG"], "argv": sys.argv[1:]}))' "$@"
+exec python3 -c 'import json, os, sys
+print(json.dumps({"tf_config": os.environ["TF_CONFIG"], "argv": sys.argv[1:]}))' "$@"
 """
 
 
