@@ -180,13 +180,15 @@ def test_the_users_callbacks_run_in_a_pipeline(tmp_path, tracker):
     stopper = _StopAfterEpoch(2)
     metrics = train(TrainConfig(distribution="pipeline", devices=("CPU:0", "CPU:1"),
                                 num_stages=2, num_microbatches=2, epochs=3, callbacks=tracker,
-                                model_dir=str(model_dir), **TINY), callbacks=[stopper])
+                                profile_steps="1,1", model_dir=str(model_dir), **TINY),
+                    callbacks=[stopper])
     lines = _lines(model_dir / "metrics.jsonl")
     # The callback that stops training (as EarlyStopping does) ends it after epoch 2 of 3.
     assert [line["epoch"] for line in lines] == [1, 2]
     assert metrics["epochs_completed"] == 2
     assert lines[-1]["loss"] == pytest.approx(metrics["train_loss"])
     assert list((model_dir / "logs").rglob("events.out.tfevents.*"))  # TensorBoard, the default
+    assert list((model_dir / "logs" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
 
 
 @pytest.mark.slow  # trains for seconds: the process tier
@@ -201,3 +203,15 @@ def test_profile_steps_writes_a_profile_of_the_calls_that_hold_them(tmp_path, ca
     # Calls of 2 steps: steps 2 and 3 are in the calls of steps 1-2 and 3-4.
     assert f"tfmulti: profiled global steps 1-4 into {logs / 'plugins' / 'profile'}" in out
     assert not (model_dir / ".tfmulti-pending").exists()  # published with the logs
+
+
+@pytest.mark.slow  # trains for seconds: the process tier
+def test_a_finished_run_stays_finished_with_other_logging(tmp_path, capsys):
+    """TensorBoard and the profile only watch a run: turning them off or on for
+    its rerun (a requeued job, a resumed one) does not make it another run."""
+    model_dir, backup_dir = tmp_path / "run", tmp_path / "backup"
+    config = TrainConfig(epochs=1, model_dir=str(model_dir), backup_dir=str(backup_dir), **TINY)
+    first = train(config)
+    again = train(config.replace(tensorboard=False))
+    assert again == first
+    assert "this run has finished already" in capsys.readouterr().out

@@ -205,7 +205,8 @@ def resolve_steps_per_execution(value, steps_per_epoch: int | None,
                            AUTO_STEPS_PER_EXECUTION)
 
 
-# A hook string (`--model`, `--dataset`, `--loss`) is code: said in each one's help.
+# A hook string (`--model`, `--dataset`, `--loss`, `--callbacks`) is code: said in each
+# one's help.
 _TRUST = (" Such a string imports a module and calls a function, running their code as "
           "python -m would (--{flag}=os:abort calls os.abort): pass only strings you trust.")
 
