@@ -22,10 +22,12 @@ import functools
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -328,11 +330,53 @@ def test_the_unprivileged_mode_runs_in_a_user_namespace(monkeypatch):
     assert f"[worker 0] uid_map ['0', '0', '1'] {interfaces}" in output.splitlines()
 
 
+def test_an_unprivileged_users_isolated_workers_keep_the_outbound_network(tmp_path):
+    # The usual case on a laptop: not root. `unshare` maps the user to root of a new user
+    # namespace, and slirp4netns must join that namespace to configure the network. Run
+    # as nobody, capabilities dropped, with /dev/net/tun open to all as distributions
+    # ship it (this machine's is 0600: a node of the same device is bind-mounted over it
+    # in a mount namespace of this test's, gone with it), the package copied where
+    # nobody can read it, and the system's Python (the virtual environment's is root's).
+    _needs_outbound_tool()
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None or not shutil.which("setpriv"):
+        pytest.skip("needs /usr/bin/python3 and setpriv (util-linux)")
+    shared = Path(tempfile.mkdtemp(prefix="tfmulti-nobody-"))
+    try:
+        shared.chmod(0o755)
+        shutil.copytree(REPO / "tfmulti", shared / "tfmulti",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        (shared / "dev").mkdir()
+        script = ("import socket; print('interfaces', [n for _, n in socket.if_nameindex()])"
+                  "; socket.create_server(('127.0.0.1', 0)).close()")
+        as_nobody = textwrap.dedent(f'''
+            mount -t tmpfs -o size=1m tmpfs {shared}/dev && mknod -m 666 {shared}/dev/tun \\
+              c 10 200 && mount --bind {shared}/dev/tun /dev/net/tun && exec setpriv \\
+              --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all \\
+              --bounding-set=-all env HOME={shared} TMPDIR={shared} PYTHONPATH={shared} \\
+              {python} -c "from tfmulti.cluster import launch; import sys; \\
+              sys.exit(launch(['{python}', '-c', \\"{script}\\"], num_workers=1))"
+        ''')
+        result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                 as_nobody], capture_output=True, text=True,
+                                timeout=LAUNCH_TIMEOUT)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "they reach the network outbound only, through slirp4netns" in result.stdout
+    assert "[worker 0] interfaces ['lo', 'tap0']" in result.stdout.splitlines(), \
+        result.stdout
+    assert "/dev/net/tun" not in Path("/proc/self/mounts").read_text()  # nothing leaked
+
+
 def _needs_outbound_tool() -> None:
     _needs_isolation()
     if outbound.find() is None:
         pytest.skip(f"{outbound.TOOL} is not installed (`make test` installs the package "
                     f"{outbound.PACKAGE})")
+    if not os.path.exists("/dev/net/tun"):
+        pytest.skip(f"no /dev/net/tun here (a container without it): {outbound.TOOL} "
+                    "cannot make the namespace's interface")
 
 
 @pytest.fixture

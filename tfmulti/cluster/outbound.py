@@ -150,12 +150,14 @@ class Outbound:
         return why
 
     def _last_line(self) -> str:
+        """Its last lines of output, on one line ('open("/dev/net/tun"): Permission
+        denied; child failed(1)')."""
         if self._log is None:
             return "no output"
         self._log.seek(0)
         lines = [line.strip() for line in self._log.read().decode("utf-8", "replace")
                  .splitlines() if line.strip()]
-        return lines[-1] if lines else f"exit code {self.proc.returncode}"
+        return "; ".join(lines[-3:])[-300:] if lines else f"exit code {self.proc.returncode}"
 
     def stop(self) -> None:
         """Ends slirp4netns (end-of-file on its exit fd, SIGKILL if it lingers) and reaps
