@@ -144,8 +144,10 @@ def test_format_footprint():
     assert lines[1].split()[:3] == ["/device:CPU:0", "0", "0"]
     assert lines[2].split()[:3] == ["/device:CPU:1", "0", "1"]
     assert len({len(line) for line in lines}) == 1  # aligned
-    # (4 + 2) outputs x 2**14 examples x 4 bytes = 0.375 MiB
-    assert lines[1].split()[-4:] == ["0.38", "MiB", "0.38", "MiB"]  # activations, total
+    # (4 + 2) outputs x 2**14 examples x 4 bytes = 384 KiB; in the unit that reads best
+    assert lines[1].split()[-4:] == ["384", "KiB", "384", "KiB"]  # activations, total
+    # 2 outputs x 4 bytes, total 2 x 72 + 8: under 1 KiB they stay bytes
+    assert lines[2].split()[-4:] == ["8", "B", "152", "B"]
     titled = footprint.format_footprint(rows, title="a title").splitlines()
     assert titled[0] == "a title" and titled[1:] == lines
 

@@ -169,7 +169,7 @@ def test_table_is_aligned():
 def test_pipeline_text_names_the_micro_batches_and_remat():
     text = memory.format_memory_estimate(_one(distribution="pipeline", remat=True,
                                               dropout=0.0))
-    assert text.splitlines()[0].startswith("mlp under pipeline: 2 device(s), global batch 256")
+    assert text.splitlines()[0].startswith("mlp under pipeline: 2 devices, global batch 256")
     assert ("activations: a micro-batch of 64 examples x 4 (GPipe holds them all until the "
             "backward pass; remat keeps stage inputs only) per device.") in text
 

@@ -14,6 +14,7 @@ import subprocess
 from importlib import metadata
 
 from tfmulti.utils.tables import key_values
+from tfmulti.utils import human
 from tfmulti.cluster import gpus as gpus_lib
 
 __all__ = ["cpu_model", "env_report", "format_env_report", "onednn_enabled", "worker_gpus"]
@@ -161,15 +162,43 @@ def env_report(gpus_per_worker: int = 0, num_workers: int = 1) -> dict:
     return report
 
 
+def _gpu_text(gpu: dict) -> str:
+    """A GPU of the report in words: 'GPU:0 NVIDIA H200, compute capability 9.0, 140 GiB'."""
+    device = str(gpu.get("device") or "").replace("/physical_device:", "")
+    words = [" ".join(str(w) for w in (device, gpu.get("name")) if w) or "a GPU"]
+    capability = gpu.get("compute_capability")
+    if isinstance(capability, (list, tuple)) and capability:
+        words.append("compute capability " + ".".join(map(str, capability)))
+    if gpu.get("memory_mib") is not None:
+        words.append(human.size(gpu["memory_mib"] * 2**20))
+    return ", ".join(words)
+
+
 def format_env_report(report: dict) -> str:
-    """The report as aligned `key  value` lines."""
+    """The report as aligned `key  value` lines, numbers as people read them (RAM as
+    `ram  23.5 GiB`; `--json` keeps `ram_bytes` in bytes).
+
+    Example:
+        >>> print(format_env_report({"cpu_count": 64, "ram_bytes": 25232932864, "gpus": [
+        ...     {"device": "/physical_device:GPU:0", "name": "NVIDIA H200",
+        ...      "compute_capability": [9, 0], "memory_mib": 143771}], "tf_config": None}))
+        cpu_count  64
+        ram        23.5 GiB
+        gpus       GPU:0 NVIDIA H200, compute capability 9.0, 140 GiB
+        tf_config  not set
+    """
     pairs = []
     for key, value in report.items():
-        if key == "ram_bytes" and value:
-            value = f"{value / 2**30:.1f} GiB"
+        if key == "ram_bytes":
+            key, value = "ram", human.size(value) if value else value
+        if key == "gpus" and isinstance(value, list):
+            value = "; ".join(_gpu_text(g) if isinstance(g, dict) else str(g)
+                              for g in value) or "none"
         elif isinstance(value, list):
             value = ", ".join(json.dumps(v) if isinstance(v, dict) else str(v)
                               for v in value) or "none"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = human.number(value)
         elif value is None:
             value = "not set" if key == "tf_config" else "unknown"
         pairs.append((key, value))

@@ -26,7 +26,7 @@ import inspect
 import keras
 
 from tfmulti.utils import checks
-from tfmulti.utils import tables
+from tfmulti.utils import human
 from tfmulti.memory import footprint
 from tfmulti.config import user_functions as hooks
 from tfmulti.models import builders as models
@@ -292,11 +292,11 @@ def check_fits(estimate: dict, device_memory_mb: float) -> None:
     row = max(estimate["devices"], key=lambda r: r["total"])
     if row["total"] <= budget * 2**20:
         return
-    parts = ", ".join(f"{k.replace('_', ' ')} {tables.mib(row[k])}"
+    parts = ", ".join(f"{k.replace('_', ' ')} {human.size(row[k])}"
                       for k in footprint.COLUMNS[:-1])
     raise ValueError(
         f"device {row['device']} (replica {row['replica']}, stage {row['stage']}, shard "
-        f"{row['shard']}) needs {tables.mib(row['total'])} to train {estimate['model']} under "
+        f"{row['shard']}) needs {human.size(row['total'])} to train {estimate['model']} under "
         f"{estimate['distribution']} ({parts}), over the budget of {budget:g} MiB per device; "
         f"split the model over more devices (`num_stages`, `tensor_parallel`), hold fewer "
         f"examples at once (a smaller `global_batch_size`, more `num_microbatches`, `remat`) "
@@ -400,7 +400,8 @@ def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, 
 
 
 def format_memory_estimate(estimate: dict) -> str:
-    """An `estimate_memory` result as an aligned table in MiB, one row per device."""
+    """An `estimate_memory` result as an aligned table, one row per device, each size in
+    the unit that reads best (`--json` keeps the bytes)."""
     pipelined = estimate["distribution"] in MODEL_PARALLEL
     what = (f"micro-batch of {estimate['devices'][0]['activation_batch']} examples x "
             f"{estimate['num_microbatches']} (GPipe holds them all until the backward pass"
@@ -410,7 +411,7 @@ def format_memory_estimate(estimate: dict) -> str:
     shards = (f" x {estimate['tensor_parallel']} tensor-parallel"
               if estimate["tensor_parallel"] > 1 else "")
     title = (f"{estimate['model']} under {estimate['distribution']}{shards}: "
-             f"{estimate['num_devices']} device(s), global batch "
+             f"{human.count(estimate['num_devices'], 'device')}, global batch "
              f"{estimate['global_batch_size']}, {estimate['optimizer']}, activations in "
              f"{_COMPUTE_DTYPES[estimate['mixed_precision']]} (variables float32)")
     return (footprint.format_footprint(estimate["devices"], title=title)

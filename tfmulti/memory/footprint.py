@@ -193,13 +193,15 @@ def slot_bytes_by_device(optimizer, canonical) -> dict[str, int]:
 
 def format_footprint(rows: list[dict], *, title: str | None = None) -> str:
     """Rows of `stack_footprint` (with "device", "replica", "stage", and
-    "shard" for tensor-parallel stages) as a table in MiB."""
-    from tfmulti.utils.tables import format_table, mib
+    "shard" for tensor-parallel stages) as a table, each size in the unit that reads
+    best (`1.55 MiB`, `20.5 KiB`)."""
+    from tfmulti.utils.human import size
+    from tfmulti.utils.tables import format_table
 
     places = ("device", "replica", "stage") + (
         ("shard",) if any(row.get("shard") for row in rows) else ())
     header = (*places, *COLUMNS)
-    body = [(*(row[p] for p in places), *(mib(row[k]) for k in COLUMNS)) for row in rows]
+    body = [(*(row[p] for p in places), *(size(row[k]) for k in COLUMNS)) for row in rows]
     table = format_table(header, body, left=(0,))
     return f"{title}\n{table}" if title else table
 
