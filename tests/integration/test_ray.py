@@ -5,6 +5,7 @@ process is left behind."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -64,11 +65,6 @@ def _weights(model_dir: Path) -> list[np.ndarray]:
 @pytest.mark.cluster
 @pytest.mark.timeout(900)
 def test_a_killed_worker_restarts_and_the_run_resumes_exactly(tmp_path):
-    reference = tmp_path / "reference"
-    code, output = launch_python(
-        [str(RECIPES / "train.py"), *ray_train.FLAGS, f"--model_dir={reference / 'model'}",
-         f"--backup_dir={reference / 'backup'}"], num_workers=2)
-    assert code == 0, output[-3000:]
     # Ray's sockets live in its temp dir: a short path (108 bytes at most).
     ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     marker = f"{MARKER}={uuid.uuid4().hex}"
@@ -80,16 +76,26 @@ def test_a_killed_worker_restarts_and_the_run_resumes_exactly(tmp_path):
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    reference = tmp_path / "reference"
     try:
-        result = run_python_warm(
-            [str(WORKERS / "ray_train.py"), str(tmp_path), f"--kill_at_step={KILL_AT_STEP}"],
-            timeout=840, env={"RAY_TMPDIR": ray_tmp, "HOME": str(tmp_path),
-                              MARKER: marker.split("=")[1]})
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            on_ray = pool.submit(
+                run_python_warm,
+                [str(WORKERS / "ray_train.py"), str(tmp_path), f"--kill_at_step={KILL_AT_STEP}"],
+                timeout=840, env={"RAY_TMPDIR": ray_tmp, "HOME": str(tmp_path),
+                                  MARKER: marker.split("=")[1]})
+            # Meanwhile, the uninterrupted reference: the same run under `tfmulti launch`.
+            code, output = launch_python(
+                [str(RECIPES / "train.py"), *ray_train.FLAGS,
+                 f"--model_dir={reference / 'model'}", f"--backup_dir={reference / 'backup'}"],
+                num_workers=2)
+            result = on_ray.result()
     finally:
         done.set()
         watcher.join()
         left = _left_over(marker)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert code == 0, output[-3000:]
     log = result.stdout[-4000:] + result.stderr[-6000:]
     assert result.returncode == 0, log
     assert {"raylet", "gcs_server"} <= {os.path.basename(p) for p in seen}, seen

@@ -37,7 +37,9 @@ def main() -> None:
     from tfmulti.ray import train
 
     config = TrainConfig(**CONFIG)
-    env = {"PYTHONPATH": REPO}
+    # The workers import TensorFlow each at their pace on a busy machine: the peers'
+    # wait for each other gets the launcher tests' margin.
+    env = {"PYTHONPATH": REPO, "TFMULTI_STARTUP_TIMEOUT": "300"}
     if args.kill_at_step:
         env["TFMULTI_FAULTS"] = (f"benchmarks.failpoints:point=backup.step,worker=1,"
                                  f"hit={args.kill_at_step},signal=KILL,"
