@@ -37,8 +37,8 @@ def main() -> None:
     from tfmulti.ray import train
 
     config = TrainConfig(**CONFIG)
-    # The workers import TensorFlow each at their pace on a busy machine: the peers'
-    # wait for each other gets the launcher tests' margin.
+    # On a busy machine the two workers import TensorFlow at their own pace: the
+    # first waits for the other up to 300 s (60 by default).
     env = {"PYTHONPATH": REPO, "TFMULTI_STARTUP_TIMEOUT": "300"}
     if args.kill_at_step:
         env["TFMULTI_FAULTS"] = (f"benchmarks.failpoints:point=backup.step,worker=1,"
