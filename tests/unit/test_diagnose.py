@@ -65,6 +65,10 @@ def test_format_shows_arguments_or_flags():
     assert ("1. more steps per tf.function call: --steps_per_execution=32  [1.50x measured]"
             in d.format(flags=True))
     assert "note: a note" in text
+    assert "one tf.function call per step)" in text  # not "per 1 step(s)"
+    assert text.splitlines()[-1] == "diagnosed in 1.00 s"
+    d.elapsed_s = 66.4  # durations as people read them
+    assert d.format().splitlines()[-1] == "diagnosed in 1 min 06 s"
     report = d.to_dict()
     assert report["advice"][0]["settings"] == {"steps_per_execution": 32}
     assert report["advice"][0]["arguments"] == "steps_per_execution=32"
@@ -193,7 +197,7 @@ def test_a_noisy_report_says_so_instead_of_impossible_shares():
     _no_impossible_figures(text)
     noise = [line for line in text.splitlines() if line.startswith("NOT CONSISTENT")]
     assert noise == [d.noise_line(flags=True)]
-    assert noise[0].startswith("NOT CONSISTENT after 3 round(s) of timings: the train step "
+    assert noise[0].startswith("NOT CONSISTENT after 3 rounds of timings: the train step "
                                "alone (56.00 ms) takes longer than the whole step through fit")
     assert "too noisy to tell" in noise[0] and "quiet machine" in noise[0]
     assert "--seconds=5" in noise[0] and "seconds=5" in d.format()
@@ -274,7 +278,7 @@ def test_diagnose_measures_again_and_says_when_the_machine_is_too_noisy(monkeypa
     d = diagnose.diagnose(_TINY, measure_advice=False, progress=lines.append)
     text = d.format(flags=True)
     _no_impossible_figures(text)
-    assert "NOT CONSISTENT after 3 round(s)" in text and "too noisy to tell" in text
+    assert "NOT CONSISTENT after 3 rounds" in text and "too noisy to tell" in text
     assert not d.consistent and len(d.rounds) == 3
     assert d.to_dict()["consistent"] is False
     again = [line for line in lines if "measuring again" in line]

@@ -25,6 +25,7 @@ import statistics
 import time
 
 from tfmulti.utils import checks
+from tfmulti.utils import human
 from tfmulti.training import run as runs
 from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.config.train_config import (TrainConfig, resolve_steps_per_execution,
@@ -151,7 +152,7 @@ class Diagnosis:
         """The one line that says the timings do not add up, and what to do."""
         more = max(5.0, 4 * (self.seconds or 1.0))
         rounds = len(self.rounds) or 1
-        return (f"NOT CONSISTENT after {rounds} round(s) of timings: "
+        return (f"NOT CONSISTENT after {human.count(rounds, 'round')} of timings: "
                 f"{'; '.join(self.problems)}. The machine is too noisy to tell where the time "
                 f"goes: rerun diagnose on a quiet machine, timing more steps "
                 f"({'--seconds=' if flags else 'seconds='}{more:g}).")
@@ -200,7 +201,7 @@ class Diagnosis:
         if self.profile_dir:
             lines.append(f"profiler trace in {self.profile_dir}: tensorboard --logdir "
                          f"{self.profile_dir} (Profile tab, needs tensorboard-plugin-profile)")
-        lines.append(f"diagnosed in {self.elapsed_s:.0f} s")
+        lines.append(f"diagnosed in {human.duration(self.elapsed_s)}")
         return "\n".join(lines)
 
     def plot(self, path: str) -> str:
@@ -235,6 +236,11 @@ def onednn_would_help() -> bool:
             and environment.onednn_enabled() is False)
 
 
+def _steps(count: int) -> str:
+    """'step' or '4 steps' (after "per")."""
+    return "step" if count == 1 else human.count(count, "step")
+
+
 def _verdict(d: Diagnosis) -> str:
     """The bottleneck in words, its figures taken from the split (parts of the step
     that add up to it)."""
@@ -247,7 +253,7 @@ def _verdict(d: Diagnosis) -> str:
                 f"with the batch: {split['fixed_per_step'] * 1e3:.2f} ms fixed in the step (op "
                 f"dispatch, all-reduce latency, optimizer update) and "
                 f"{split['call_overhead'] * 1e3:.2f} ms around it (Python, callbacks, one "
-                f"tf.function call per {d.steps_per_execution} step(s)). Fewer, larger steps "
+                f"tf.function call per {_steps(d.steps_per_execution)}). Fewer, larger steps "
                 f"and more steps per call help.")
     if d.bottleneck == "input":
         return (f"the input pipeline. It needs {t.input_s * 1e3:.2f} ms per batch, the step "
