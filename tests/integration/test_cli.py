@@ -31,6 +31,11 @@ from tests.unit.test_cli import OWN_FLAGS
      "tfmulti diagnose: error: --global_batch_size must be a positive integer, got 0."),
     (["launch", "--max_restarts=-1", "--", "python", "x.py"],
      re.compile(r"tfmulti launch: error: --max_restarts .*-1.*")),
+    (["train", "--global-batch-size=0"],
+     "tfmulti train: error: --global_batch_size must be a positive integer, got 0."),
+    (["train", "--config=/nonexistent/run.yaml"],
+     "tfmulti train: error: cannot read the config file /nonexistent/run.yaml (No such file or "
+     "directory); pass a readable YAML or JSON file."),
     (["estimate-memory", "--model=mlp", "--task=regression", "--num_virtual_devices=2"],
      "tfmulti estimate-memory: error: --task 'regression' does not fit --model 'mlp', which "
      "does classification; leave --task='auto'."),
