@@ -212,6 +212,9 @@ def test_a_finished_run_stays_finished_with_other_logging(tmp_path, capsys):
     model_dir, backup_dir = tmp_path / "run", tmp_path / "backup"
     config = TrainConfig(epochs=1, model_dir=str(model_dir), backup_dir=str(backup_dir), **TINY)
     first = train(config)
+    recorded = json.loads((model_dir / ".tfmulti-run.json").read_text())["config"]
+    # Not recorded, as by a tfmulti before them: such a run file stays this run's.
+    assert not {"callbacks", "tensorboard", "profile_steps"} & set(recorded)
     again = train(config.replace(tensorboard=False))
     assert again == first
     assert "this run has finished already" in capsys.readouterr().out

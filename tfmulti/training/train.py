@@ -73,9 +73,12 @@ def _plain(value):
 
 
 def _identity(config: TrainConfig) -> dict:
-    """The configuration as JSON, without the fields a rerun may change."""
+    """The configuration as JSON, without the fields a rerun may change (and
+    `callbacks` only when set: the run file of a run without them, also one
+    an earlier tfmulti wrote, stays the same)."""
     return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)
-            if f.name not in _RESUMABLE_CHANGES}
+            if f.name not in _RESUMABLE_CHANGES
+            and not (f.name == "callbacks" and config.callbacks is None)}
 
 
 def _claim_model_dir(config: TrainConfig) -> bool:
