@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import json
 import math
@@ -76,8 +77,6 @@ def _load(path: str):
 
 def _value(spec, value, key: str, path: str):
     """`value` as the field of `spec` takes it, or a ValueError naming `key` and `path`."""
-    import argparse
-
     if value is None:
         if spec.optional:
             return None

@@ -37,6 +37,7 @@ import argparse
 import copy
 import dataclasses
 import re
+import sys
 from collections.abc import Iterable
 
 from tfmulti.config.config_file import read_config_file
@@ -242,8 +243,6 @@ class ArgumentParser(argparse.ArgumentParser):
         return message
 
     def parse_known_args(self, args=None, namespace=None):
-        import sys
-
         args = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(self._boolean_values(args), namespace)
 
