@@ -185,14 +185,14 @@ def _attach_outbound(proc: subprocess.Popen, outbound: outbound_lib.Outbound,
     while not namespace_ready.wait(POLL_S):
         if proc.poll() is not None or signals.count or time.monotonic() > deadline:
             break
-    answer = "without\n"
-    if namespace_ready.is_set() and not signals.count:
+    ready, why = namespace_ready.is_set() and not signals.count, ""
+    if ready:
         why = outbound.start(proc.pid, _parent_death_setup(signal.SIGKILL))
-        if why:
-            out.say(f"the workers have no outbound network ({why}); they run with loopback "
-                    "only")
-        else:
-            answer = NETWORK_ATTACHED
+    elif proc.poll() is None and not signals.count:
+        why = f"their namespace was not ready within {timeout_s:g} s"
+    if why:
+        out.say(f"the workers have no outbound network ({why}); they run with loopback only")
+    answer = NETWORK_ATTACHED if ready and not why else "without\n"
     try:
         proc.stdin.write(answer.encode())
         proc.stdin.close()
