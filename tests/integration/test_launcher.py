@@ -590,7 +590,7 @@ def test_preempted_without_a_backup_is_not_reported_as_saved(tmp_path):
     assert code == 0, out
     assert "its backup is saved" not in out
     assert "the cluster was preempted, but NO NEW BACKUP was saved" in out
-    assert "; 1 restart(s) left" in out and "restart 1 of 1" in out
+    assert "; 1 restart left" in out and "restart 1 of 1" in out
 
 
 def test_each_worker_has_a_private_tmpdir_removed_however_it_ended(tmp_path, monkeypatch):
@@ -617,7 +617,7 @@ def test_launcher_reports_each_restart_and_gives_up():
                                grace_period=1)
     assert code == 3, text
     assert "restart 1 of 2" in text and "restart 2 of 2" in text, text
-    assert "giving up after 2 restart(s); exit status 3" in text
+    assert "giving up after 2 restarts; exit status 3" in text
     assert text.count("failed with exit code 3") == 3
 
 
@@ -627,7 +627,7 @@ def test_launcher_does_not_restart_an_exit_a_restart_would_repeat(code):
     status, text = launch_python(["-c", f"import sys; sys.exit({code})"], max_restarts=2,
                                  grace_period=1)
     assert status == code, text
-    assert "restart 1 of 2" not in text and "restart(s) left" not in text, text
+    assert "restart 1 of 2" not in text and "restarts left" not in text, text
     assert f"not restarted (exit status {code} ends every attempt the same way)" in text
 
 

@@ -233,7 +233,7 @@ def test_launch_more_than_four_workers_per_core_needs_oversubscribe(monkeypatch,
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert _one_error(["launch", "--num_workers=9", "--", "python"], capsys,
                       "tfmulti launch: error: ") == (
-        "--num_workers (9) is more than 4 workers per core for the 2 core(s) of this host: "
+        "--num_workers (9) is more than 4 workers per core for the 2 cores of this host: "
         "use 1 to 8, or pass --oversubscribe to start them anyway.")
     # With it, the launch goes on to its next check (and starts nothing here).
     assert _one_error(["launch", "--num_workers=9", "--oversubscribe", "--",

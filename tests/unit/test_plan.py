@@ -120,7 +120,7 @@ def test_more_than_four_workers_per_core_need_oversubscribe():
     # Issue 27: --num_workers 3000 started 3,000 processes on 2 cores.
     assert plan_lib.make_plan(["python"], 8, cores=2).num_workers == 8
     with pytest.raises(ValueError, match=r"`num_workers` \(9\) is more than 4 workers per core "
-                                         r"for the 2 core\(s\) of this host: use 1 to 8, or "
+                                         r"for the 2 cores of this host: use 1 to 8, or "
                                          r"pass --oversubscribe"):
         plan_lib.make_plan(["python"], 9, cores=2)
     assert plan_lib.make_plan(["python"], 9, cores=2, oversubscribe=True).num_workers == 9

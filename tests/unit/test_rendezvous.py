@@ -126,7 +126,7 @@ def test_a_failure_on_one_host_restarts_every_host():
                      "(127.0.0.2)"] * 2
     assert ("tfmulti launch: worker 1 failed with exit code 137 (killed by SIGKILL) on host "
             "1 (127.0.0.2): the cluster failed with exit status 137 (see above); 1 "
-            "restart(s) left") in hosts[0].lines
+            "restart left") in hosts[0].lines
 
 
 def test_restarts_run_out_and_every_host_ends_with_the_status():
@@ -135,7 +135,7 @@ def test_restarts_run_out_and_every_host_ends_with_the_status():
                   _Host(cluster, 1, port, [_exits(3, "worker 1 failed with exit code 3")],
                         max_restarts=1)])
     assert [(h.error, h.result, h.calls) for h in hosts] == [(None, 3, [0, 1])] * 2
-    assert hosts[0].lines[-1].endswith("giving up after 1 restart(s); exit status 3")
+    assert hosts[0].lines[-1].endswith("giving up after 1 restart; exit status 3")
     assert hosts[1].lines[-1].startswith("tfmulti launch: host 0 (127.0.0.1): worker 1 "
                                          "failed")
 

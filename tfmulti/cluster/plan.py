@@ -18,6 +18,7 @@ import os
 from typing import Iterable, Mapping, Sequence
 
 from tfmulti.utils import checks
+from tfmulti.utils import human
 from tfmulti.cluster import auth
 from tfmulti.cluster import gpus as gpus_lib
 from tfmulti.cluster import hosts as hosts_lib
@@ -151,7 +152,8 @@ def _check_cores(num_workers: int, cores: int, oversubscribe: bool, where: str) 
     most = MAX_WORKERS_PER_CORE * max(cores, 1)
     if num_workers > most and not oversubscribe:
         raise ValueError(f"{where} ({num_workers}) is more than {MAX_WORKERS_PER_CORE} "
-                         f"workers per core for the {cores} core(s) of this host: use 1 to "
+                         f"workers per core for the {human.count(cores, 'core')} of this host: "
+                         f"use 1 to "
                          f"{most}, or pass --oversubscribe to start them "
                          "anyway.")
 

@@ -44,6 +44,7 @@ from typing import Callable, Iterable, Sequence
 from tfmulti.cluster import auth, exit_codes
 from tfmulti.cluster._process import Outcome, Output
 from tfmulti.cluster.channel import Channel
+from tfmulti.utils import human
 
 __all__ = ["LOST", "Link", "Remote", "coordinate", "follow", "join", "notify_abort"]
 
@@ -481,10 +482,10 @@ def coordinate(link: Link, run_attempt: Callable[[int, Remote], Outcome], max_re
                f"{exit_codes.describe_end(status)}")
         if attempt < max_restarts and status not in exit_codes.FINAL and not any(
                 r.get("lost") or r.get("signalled") for r in results.values()):
-            out.say(f"{why}; {max_restarts - attempt} restart(s) left")
+            out.say(f"{why}; {human.count(max_restarts - attempt, 'restart')} left")
             continue
         if max_restarts and attempt == max_restarts:
-            why += f"; giving up after {max_restarts} restart(s)"
+            why += f"; giving up after {human.count(max_restarts, 'restart')}"
         out.say(f"{why}; exit status {status}")
         link.send({"type": "end", "status": status, "why": why})
         return status

@@ -39,6 +39,7 @@ from tfmulti.cluster._process import (ERROR_PREFIX, NAMESPACE_READY, NETWORK_ATT
 from tfmulti.cluster.exit_codes import describe_end, describe_exit
 from tfmulti.cluster.plan import LaunchPlan, port_range, worker_env
 from tfmulti.cluster.rendezvous import Remote
+from tfmulti.utils import human
 from tfmulti.utils.quiet import startup_filter
 
 __all__ = []  # a process, not an API: `python -m tfmulti.cluster.supervisor`
@@ -422,12 +423,13 @@ def _run_with_restarts(plan: LaunchPlan, out: Output, signals: StopSignals) -> i
                     f"{status} ends every attempt the same way); exit status {status}")
             return status
         if attempt < plan.max_restarts:
-            out.say(f"the cluster {describe_end(status)}; {plan.max_restarts - attempt} "
-                    "restart(s) left")
+            out.say(f"the cluster {describe_end(status)}; "
+                    f"{human.count(plan.max_restarts - attempt, 'restart')} left")
     if status == exit_codes.PREEMPTED_UNSAVED:
         out.say(f"the cluster {describe_end(status)}")
     if plan.max_restarts:
-        out.say(f"giving up after {plan.max_restarts} restart(s); exit status {status}")
+        out.say(f"giving up after {human.count(plan.max_restarts, 'restart')}; exit status "
+                f"{status}")
     return status
 
 

@@ -110,7 +110,7 @@ def duration(seconds: float) -> str:
     seconds = float(seconds)
     if not math.isfinite(seconds):
         return f"{seconds} s"
-    if abs(seconds) < 1:
+    if abs(seconds) < 0.9995:  # not '1,000 ms'
         return f"{number(seconds * 1e3)} ms"
     if abs(seconds) < 59.95:
         return f"{seconds:.{2 if abs(seconds) < 10 else 1}f} s"
