@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests._util import launch_python, run_python, run_recipe
+from tests._util import RECIPES, launch_python, run_python
 
 # Any line in absl's or TensorFlow's C++ log format, or absl's pre-init line: counted
 # independently of the filter's own list (a start-up line it does not know counts too).
@@ -25,12 +25,15 @@ def _cpp_lines(text: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_recipe_run_prints_no_start_up_line(tmp_path):
-    result = run_recipe("train", "--dataset=synthetic", "--num_examples=128",
-                        "--global_batch_size=64", "--epochs=1",
-                        f"--model_dir={tmp_path / 'run'}", timeout=600)
+@pytest.mark.parametrize("command", [["-m", "tfmulti.cli", "train"], [str(RECIPES / "train.py")]],
+                         ids=["tfmulti train", "recipes/train.py"])
+def test_a_training_run_prints_no_start_up_line(tmp_path, command):
+    result = run_python([*command, "--dataset=synthetic", "--num_examples=128",
+                         "--global_batch_size=64", "--epochs=1",
+                         f"--model_dir={tmp_path / 'run'}"], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "tfmulti: test_accuracy=" in result.stdout
+    assert "replica(s)" not in result.stdout and ", 1 replica, " in result.stdout
     assert _cpp_lines(result.stdout + result.stderr) == [], result.stderr[-3000:]
 
 
