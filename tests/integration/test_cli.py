@@ -41,10 +41,11 @@ from tests.unit.test_cli import OWN_FLAGS
      "does classification; leave --task='auto'."),
 ])
 def test_the_command_fails_in_one_line_before_tensorflow(argv, line):
-    # TensorFlow's start-up lines come through absl even at TF_CPP_MIN_LOG_LEVEL=2
-    # (run_python's): an empty stderr besides the error means it never loaded.
+    # TensorFlow's start-up lines come through absl even at TF_CPP_MIN_LOG_LEVEL=2, and
+    # unfiltered with TFMULTI_TF_LOG=1: an empty stderr besides the error means it never
+    # loaded.
     start = time.monotonic()
-    result = run_python(["-m", "tfmulti.cli", *argv], timeout=60)
+    result = run_python(["-m", "tfmulti.cli", *argv], timeout=60, env={"TFMULTI_TF_LOG": "1"})
     took = time.monotonic() - start
     assert result.returncode == 2, result.stderr[-3000:]
     # Nothing else: no TensorFlow log lines.

@@ -156,10 +156,12 @@ def test_train_recipe_hybrid_pipeline(tmp_path):
 ])
 def test_train_recipe_flag_error_is_one_line_before_tensorflow(tmp_path, argv, message):
     """The command-line contract: one line, exit 2, within a second, nothing
-    written; TensorFlow never starts (so none of its start-up log lines)."""
+    written; TensorFlow never starts (so none of its start-up log lines, which
+    TFMULTI_TF_LOG=1 would show)."""
     model_dir = tmp_path / "new_run"
     start = time.perf_counter()
-    result = run_recipe("train", f"--model_dir={model_dir}", *argv, timeout=60)
+    result = run_recipe("train", f"--model_dir={model_dir}", *argv, timeout=60,
+                        env={"TFMULTI_TF_LOG": "1"})
     elapsed = time.perf_counter() - start
     assert result.returncode == 2
     assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
