@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo test test-fast test-compat gpu-check install data network clean
+.PHONY: demo test test-fast test-compat gpu-check install data network slurm clean
 
 install: $(STAMP)
 
@@ -39,6 +39,15 @@ network:
 	  echo "Installing Debian package slirp4netns"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq slirp4netns; \
+	fi
+
+# A private one-node SLURM for tests/integration/test_slurm.py (benchmarks/slurm_cluster.py
+# starts its own munge, slurmctld and slurmd; nothing in /etc is used): Debian's packages.
+slurm:
+	@if [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ] || [ ! -x /usr/bin/sbatch ]; then \
+	  echo "Installing Debian packages slurm-wlm and munge"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq slurm-wlm munge; \
 	fi
 
 demo: data
@@ -69,7 +78,7 @@ SLOW_FIRST := $(wildcard benchmarks/tests/test_end_to_end.py tests/integration/t
 SLOW_FILES := $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(shell \
   find tests benchmarks/tests -name 'test_*.py')))
 
-test: data network
+test: data network slurm
 	$(PYTEST) --dist worksteal --durations=10 $(FAST)
 	$(PYTEST) --dist loadfile --no-loadscope-reorder --durations=15 $(SLOW) $(SLOW_FILES)
 
