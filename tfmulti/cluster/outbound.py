@@ -139,11 +139,16 @@ class Outbound:
             os.close(ready_w)
             os.close(exit_r)
         try:
-            ready = _read_within(ready_r, timeout_s)
+            answer = _read_within(ready_r, timeout_s)
         finally:
             os.close(ready_r)
-        if ready:
+        if answer:
             return ""
+        if answer is not None:  # end of file: it exited (or is exiting) before it was ready
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
         why = (f"{TOOL} failed: {self._last_line()}" if self.proc.poll() is not None
                else f"{TOOL} did not configure the namespace within {timeout_s:g} s")
         self.stop()
@@ -176,12 +181,12 @@ class Outbound:
             self._log = None
 
 
-def _read_within(fd: int, timeout_s: float) -> bool:
-    """Whether `fd` delivers a byte within `timeout_s` (False at end-of-file)."""
+def _read_within(fd: int, timeout_s: float) -> bytes | None:
+    """The first byte `fd` delivers within `timeout_s` (b"" at end-of-file), or None."""
     deadline = time.monotonic() + timeout_s
     with selectors.DefaultSelector() as selector:
         selector.register(fd, selectors.EVENT_READ)
         while (left := deadline - time.monotonic()) > 0:
             if selector.select(left):
-                return os.read(fd, 1) != b""
-    return False
+                return os.read(fd, 1)
+    return None
