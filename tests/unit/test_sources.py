@@ -92,7 +92,7 @@ def test_from_files_takes_a_list_literally(tmp_path):
 
 @pytest.mark.parametrize("args, kwargs, match", [
     (("/nonexistent/*.tfrecord",), {}, r"`files` '/nonexistent/\*.tfrecord' matches no file"),
-    ((["/nonexistent/a.tfrecord"],), {}, r"`files` lists 1 path\(s\) that are not files"),
+    ((["/nonexistent/a.tfrecord"],), {}, r"`files` lists 1 path that is not a file"),
     (([],), {}, r"`files` is empty"),
     (("PATTERN",), {"reader": "parquet"}, r"`reader` must be one of \['tfrecord', 'text'\]"),
     (("PATTERN",), {"reader": len, "compression": "GZIP"}, r"`compression` applies to the "
@@ -108,7 +108,7 @@ def test_from_files_errors(tfrecords, args, kwargs, match):
 def test_files_are_counted_once_and_every_example_trains_once_per_epoch(tfrecords, capsys):
     files = data.from_files(tfrecords, own_model.parse_with_id)
     dist = data.distribute(files, get_strategy("one_device"), 16, seed=0)
-    assert "counted 96 records in 4 file(s)" in capsys.readouterr().out
+    assert "counted 96 records in 4 files" in capsys.readouterr().out
     assert dist.steps_per_epoch == 6 and dist.num_examples is None and dist.repeat
     assert dist.sharding == "examples"  # one worker: nothing to split
     first, second = _ids(dist, 6), _ids(dist, 12)[96:]
@@ -154,7 +154,7 @@ def test_sharding_by_files_needs_a_file_per_worker(tfrecords, capsys):
                                          r"tfmulti.data.from_files"):
         streaming._choose_sharding("files", lambda: None, 2)
     assert streaming._choose_sharding("auto", files, 2) == "examples"
-    assert "1 file(s) for 2 workers: every worker reads all of them" in capsys.readouterr().out
+    assert "1 file for 2 workers: every worker reads all of them" in capsys.readouterr().out
     assert streaming._choose_sharding("auto", data.from_files(tfrecords), 2) == "files"
     assert streaming._choose_sharding("auto", data.from_files(tfrecords), 1) == "examples"
 

@@ -17,7 +17,7 @@ def test_tf_config_lists_all_workers_and_marks_the_task():
         "task": {"type": "worker", "index": 1},
     }
     with pytest.raises(ValueError, match=r"task.index 2 is out of range for 'worker', which "
-                                         r"has 2 task\(s\); use 0..1"):
+                                         r"has 2 tasks; use 0..1"):
         tf_config.build_tf_config(["localhost:2000", "localhost:2001"], 2)
 
 
@@ -30,7 +30,7 @@ def test_tf_config_lists_all_workers_and_marks_the_task():
     ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "wroker", "index": 0}}',
      r"unknown task type 'wroker' \(did you mean 'worker'\?\)"),
     ('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 2}}',
-     r"task.index 2 is out of range for 'worker', which has 2 task\(s\); use 0..1"),
+     r"task.index 2 is out of range for 'worker', which has 2 tasks; use 0..1"),
     ('{"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}',
      r"address 'a:1' appears twice"),
     ('{"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief", "index": 0}}',

@@ -23,6 +23,7 @@ import os
 from typing import Mapping, Sequence
 
 from tfmulti.utils.checks import is_int
+from tfmulti.utils import human
 
 __all__ = ["LAUNCHED_ENV", "build_tf_config", "from_environ", "is_chief", "num_tasks",
            "parse_tf_config", "process_is_chief", "peers", "task_address", "validate_tf_config"]
@@ -116,7 +117,7 @@ def validate_tf_config(config) -> dict:
     size = len(spec.get(task_type, [None]))
     if not 0 <= index < size:
         raise _fail(f"task.index {index} is out of range for {task_type!r}, which has "
-                    f"{size} task(s); use 0..{size - 1}.")
+                    f"{human.count(size, 'task')}; use 0..{size - 1}.")
     return config
 
 

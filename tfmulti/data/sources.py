@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.data import tfrecord
+from tfmulti.utils import human
 
 __all__ = ["DAMAGED", "FileSource", "READERS", "as_dataset", "from_files", "is_in_memory"]
 
@@ -90,7 +91,7 @@ def _check_finite(array: np.ndarray, what: str) -> None:
         kind = "column" if array.ndim == 2 else "feature index"
         where = (f"in {kind}{'s' if len(columns) > 1 else ''} {', '.join(named)}"
                  + (f" and {len(columns) - 5} more" if len(columns) > 5 else ""))
-    raise ValueError(f"{what}: {int(bad.sum())} NaN or infinite value(s) {where}, in "
+    raise ValueError(f"{what}: {human.count(int(bad.sum()), 'NaN or infinite value')} {where}, in "
                      f"{examples} of {len(array)} examples; fill or drop them before training "
                      "(they train into NaN weights).")
 
@@ -222,7 +223,7 @@ class FileSource:
         scans = tuple(self._scans[path] for path in files)
         bad = [found for found in scans if not found.ok]
         if bad and self.damaged != "skip":
-            more = f" ({len(bad) - 1} more damaged file(s) among the {len(files)})" \
+            more = f" ({human.count(len(bad) - 1, 'more damaged file')} among the {len(files)})" \
                 if len(bad) > 1 else ""
             raise ValueError(
                 f"{bad[0].describe()}{more}; TensorFlow would stop mid-epoch or drop the "
@@ -277,8 +278,10 @@ class FileSource:
         else:
             count = int(self.records(files).reduce(np.int64(0), lambda n, _: n + 1))
         if progress is not None:
-            progress(f"tfmulti: counted {count:,} records in {len(files)} file(s) in "
-                     f"{time.monotonic() - start:.1f} s (pass steps_per_epoch to skip this)")
+            progress(f"tfmulti: counted {human.count(count, 'record')} in "
+                     f"{human.count(len(files), 'file')} in "
+                     f"{human.duration(time.monotonic() - start)} (pass steps_per_epoch to "
+                     "skip this)")
         return count
 
     def __repr__(self) -> str:
@@ -330,7 +333,8 @@ def from_files(files: str | Sequence[str], parse_fn: Callable | None = None, *,
             raise ValueError("`files` is empty; pass a glob pattern or a list of paths.")
         missing = [p for p in paths if not os.path.isfile(p)]
         if missing:
-            raise ValueError(f"`files` lists {len(missing)} path(s) that are not files: "
+            raise ValueError(f"`files` lists {human.count(len(missing), 'path')} that "
+                             f"{'is not a file' if len(missing) == 1 else 'are not files'}: "
                              f"{missing[:3]}{' ...' if len(missing) > 3 else ''}.")
     if isinstance(reader, str):
         if reader not in READERS:

@@ -56,6 +56,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.utils import checks
+from tfmulti.utils import human
 from tfmulti.runtime import roles
 from tfmulti.config.train_config import SHARDINGS
 from tfmulti.data.sources import FileSource, as_dataset
@@ -280,7 +281,8 @@ def _choose_sharding(sharding: str, source, workers: int) -> str:
     if sharding == "auto" and isinstance(source, FileSource) and workers > 1:
         if files >= workers:
             return "files"
-        print(f"tfmulti: {files} file(s) for {workers} workers: every worker reads all of "
+        print(f"tfmulti: {human.count(files, 'file')} for {workers} workers: every worker "
+              "reads all of "
               "them (sharding='examples'); split the data into more files to read 1/N each",
               flush=True)
     return "examples"

@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from tfmulti.utils import checks
+from tfmulti.utils import human
 from tfmulti.data.catalog import LOADERS, preparation_lock, check_prepared_files, default_data_dir
 
 __all__ = ["DEFAULT_SEQUENCE_LENGTH", "NAME", "SEQUENCE_LENGTHS", "byte_counts", "byte_windows",
@@ -116,7 +117,7 @@ def corpus_files(source_dir: str | None = None,
             total += sizes[relative]
     if len(chosen) < 2:
         raise ValueError(
-            f"{str(root)!r} holds {len(chosen)} usable .py file(s) (at most "
+            f"{str(root)!r} holds {human.count(len(chosen), 'usable .py file')} (at most "
             f"{MAX_FILE_BYTES} bytes each, {max_bytes} in all, outside test folders); "
             "a train and a validation split need at least 2.")
     validation = [r for r in chosen if int(_hash(r)[:8], 16) % 100 < VALIDATION_BUCKETS]

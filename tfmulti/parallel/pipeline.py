@@ -377,7 +377,8 @@ class PipelineModel(keras.Model):
         flat = keras.tree.flatten(inputs)
         if len(flat) != expected:
             raise ValueError(
-                f"model {self._chain.name!r} takes {expected} input(s); received {len(flat)}.")
+                f"model {self._chain.name!r} takes {human.count(expected, 'input')}; received "
+                f"{len(flat)}.")
         return flat
 
     def _stage_args(self, s: int, carry, flat: list) -> list:

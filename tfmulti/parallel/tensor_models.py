@@ -47,6 +47,7 @@ import inspect
 import keras
 
 from tfmulti.parallel import placement
+from tfmulti.utils import human
 from tfmulti.parallel.pipeline import choose_devices
 from tfmulti.parallel.tensor_layers import (ColumnParallelDense, ParallelMultiHeadAttention,
                                             RowParallelDense, TensorParallelLayer,
@@ -153,7 +154,7 @@ def _rebuild(model, splitter, print_fn):
     splitter.copy_own_weights()
     if not splitter.join:
         splitter.place_own_variables()
-    done = (f"joined {len(splitter.split_names)} layer(s)" if splitter.join else
+    done = (f"joined {human.count(len(splitter.split_names), 'layer')}" if splitter.join else
             f"split over {len(splitter.devices)} devices")
     (print_fn or print)(f"tfmulti: {done}: {', '.join(splitter.split_names)}")
     return result
