@@ -93,3 +93,16 @@ def test_launched_workers_print_no_start_up_line_unless_asked(monkeypatch, tf_lo
         assert {line[:10] for line in found} == {"[worker 0]", "[worker 1]"}, output[-3000:]
     else:
         assert found == [], output[-3000:]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_tfmulti_train_under_tfmulti_launch_prints_no_start_up_line(tmp_path):
+    code, output = launch_python(
+        ["-m", "tfmulti.cli", "train", "--distribution=multi_worker", "--dataset=synthetic",
+         "--num_examples=128", "--global_batch_size=64", "--epochs=1",
+         f"--model_dir={tmp_path / 'run'}"], num_workers=2)
+    assert code == 0, output[-3000:]
+    assert "[worker 0] tfmulti: test_accuracy=" in output, output[-3000:]
+    assert ", 2 replicas, MultiWorkerMirroredStrategy, 1 epoch" in output, output[-3000:]
+    assert _cpp_lines(output) == [], output[-3000:]
