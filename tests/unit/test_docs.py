@@ -238,6 +238,7 @@ def check_cli(args: list[str]) -> str:
     from tfmulti.config import flags as config_flags
     from tfmulti.config.train_config import TrainConfig, validate_for_diagnose
 
+    args = [a for a in args if a not in FORWARDED]
     shown = f"tfmulti {' '.join(args)}"
     if HELP_FLAGS & set(args[:args.index("--") if "--" in args else len(args)]):
         return shown
