@@ -1,4 +1,5 @@
 """The bottom layer: argument checks (`checks`), aligned text tables
-(`tables`), the bytes of dtypes and variables (`sizes`), atomic file writes
-(`atomic`) and the failpoints production code calls (`failpoints`). No
-TensorFlow, nothing above imported."""
+(`tables`), the bytes of dtypes and variables (`sizes`), numbers as people
+read them (`human`), atomic file writes (`atomic`), the failpoints production
+code calls (`failpoints`) and TensorFlow's start-up lines kept out of the
+output (`quiet`). No TensorFlow, nothing above imported."""
