@@ -1,13 +1,15 @@
 """What setup.cfg promises about the installed product: the TensorFlow and Keras
-minors it allows are the ones checked (`make test` on the newer, `make
-test-compat` on the older, and this file runs in both), the Keras-fix guard
-on whichever Keras is installed, the license and the Python classifiers.
+minors it allows are the ones checked (`make test` on the newer TensorFlow,
+`make test-compat` on the older, and this file runs in both), the Keras-fix
+guard on whichever Keras is installed (`make test-compat` runs it on Keras
+3.14 too), the license and the Python classifiers.
 """
 
 from __future__ import annotations
 
 import configparser
 import importlib
+import os
 import re
 import shlex
 import sys
@@ -41,25 +43,28 @@ def _compat_pins() -> dict[str, str]:
 
 
 def test_the_installed_dependencies_lie_in_the_ranges_setup_cfg_declares():
-    # In `make test-compat`'s environment too: TensorFlow 2.20 and Keras 3.14 are allowed.
+    # In `make test-compat`'s environment too: TensorFlow 2.20 is allowed.
     for name, requirement in _requirements().items():
         installed = metadata.version(name)
         assert requirement.specifier.contains(installed, prereleases=True), (
             f"{name} {installed} is installed but setup.cfg requires {requirement}")
 
 
-def test_the_ranges_span_the_minor_checked_by_test_compat_and_no_other():
+def test_the_ranges_hold_the_minors_checked_and_no_other():
+    from tfmulti.runtime.keras_fixes import TESTED_KERAS
+
     requirements = _requirements()
     pins = _compat_pins()
     assert set(pins) == {"tensorflow", "keras"}, pins
     for name, pin in pins.items():
-        older = pin.rstrip(".*")
-        major, minor = (int(part) for part in older.split("."))
+        major, minor = (int(part) for part in pin.removesuffix(".*").split("."))
         spec = requirements[name].specifier
-        assert spec.contains(f"{older}.0") and spec.contains(f"{major}.{minor + 1}.0"), spec
-        # Nothing below the older minor, nothing above the newer: unchecked either way.
-        assert not spec.contains(f"{major}.{minor - 1}.99"), spec
-        assert not spec.contains(f"{major}.{minor + 2}.0"), spec
+        assert spec.contains(f"{major}.{minor}.0"), (name, spec)
+        # Nothing below the minor `make test-compat` runs, at most the one after it.
+        assert not spec.contains(f"{major}.{minor - 1}.99"), (name, spec)
+        assert not spec.contains(f"{major}.{minor + 2}.0"), (name, spec)
+    # The Keras the fixes' digests were read from is allowed.
+    assert requirements["keras"].specifier.contains(f"{TESTED_KERAS}.0")
 
 
 def _targets(names):
@@ -76,10 +81,10 @@ def _targets(names):
 
 
 def test_the_keras_fix_guard_on_the_installed_keras(monkeypatch):
-    """On the Keras installed (3.15 under `make test`, 3.14 under `make
-    test-compat`), each fix whose Keras functions differ from the ones it was
-    written for stays off with one RuntimeWarning naming them, the others are
-    on, and the changed functions are left as Keras ships them."""
+    """On the Keras installed (3.15; 3.14 in `make test-compat`'s last step),
+    each fix whose Keras functions differ from the ones it was written for
+    stays off with one RuntimeWarning naming them, the others are on, and the
+    changed functions are left as Keras ships them."""
     import keras
     from keras.src.layers.normalization.batch_normalization import BatchNormalization
 
@@ -111,6 +116,13 @@ def test_the_keras_fix_guard_on_the_installed_keras(monkeypatch):
             delattr(BatchNormalization, "add_weight")
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert active == [fix.name for fix in fixes if not changed[fix.name]]
+    # The Keras the digests were read from changes nothing; `make test-compat` names
+    # what another Keras turns off (TFMULTI_EXPECT_FIXES_OFF, ";" between names).
+    expected = os.environ.get("TFMULTI_EXPECT_FIXES_OFF")
+    if expected is not None:
+        assert [fix.name for fix in off] == expected.split(";"), keras.__version__
+    elif keras.__version__.startswith(f"{keras_fixes.TESTED_KERAS}."):
+        assert off == [], keras.__version__
     assert len(messages) == len(off), messages
     for fix, message in zip(off, messages):
         assert message.startswith(f"tfmulti's fix for {fix} was written for Keras "
