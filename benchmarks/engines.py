@@ -13,6 +13,9 @@ machine, with each engine's defaults (no pinning):
   srun     `srun --ntasks=2 python recipes/train.py ... --cluster_resolver=slurm`
            on a private one-node SLURM (`benchmarks.slurm_cluster`; root,
            Debian's slurm-wlm and munge) started once for the run
+  ray      `tfmulti.ray.train(config, num_workers=2)`: Ray Train's
+           TensorflowTrainer on a local Ray started once for the run (1 CPU per
+           worker, Ray's default; Ray sets OMP_NUM_THREADS=1)
 
 A round runs every engine once, in an order that rotates from round to round
 (drift on a shared machine hits all alike); each run's figure is the
@@ -22,8 +25,7 @@ Figures: each engine's examples/s (median over the rounds) and its ratio to
 
 An engine is a function in `ENGINES`: given an `ExitStack` for what it starts
 (closed at the end of the run), it returns a function that trains a
-`TrainConfig` on 2 workers and returns their metrics.json. Another engine (Ray)
-is one more such function.
+`TrainConfig` on 2 workers and returns their metrics.json.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ from typing import Callable
 from benchmarks import _harness, scaling
 from tfmulti.config.train_config import TrainConfig
 
-__all__ = ["ENGINES", "NUM_WORKERS", "launch_engine", "main", "run", "srun_engine",
-           "summarize"]
+__all__ = ["ENGINES", "NUM_WORKERS", "launch_engine", "main", "ray_engine", "run",
+           "srun_engine", "summarize"]
 
 NUM_WORKERS = 2
 _TIMEOUT_S = 1800
@@ -104,9 +106,30 @@ def srun_engine(stack: contextlib.ExitStack) -> Trainer:
     return train
 
 
+def ray_engine(stack: contextlib.ExitStack) -> Trainer:
+    """`tfmulti.ray.train` on 2 Ray Train workers, on a local Ray started here once."""
+    import ray
+
+    from tfmulti.ray import train as train_on_ray
+
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, NUM_WORKERS))
+    stack.callback(ray.shutdown)
+
+    def train(config: TrainConfig) -> dict:
+        # Ray's folder for the run next to model_dir (model_dir holds tfmulti's files only).
+        where, name = os.path.split(config.model_dir)
+        # No backup: the same work as under launch (which is given none).
+        return train_on_ray(config, num_workers=NUM_WORKERS, max_failures=0, name=name,
+                            storage_path=os.path.join(where, "ray-storage"),
+                            backup=False).metrics
+
+    return train
+
+
 ENGINES: dict[str, Callable[[contextlib.ExitStack], Trainer]] = {
     "launch": launch_engine,
     "srun": srun_engine,
+    "ray": ray_engine,
 }
 """Every engine by name; "launch" is the reference the others are held against."""
 

@@ -75,3 +75,13 @@ def test_ray_train_v1_is_refused_before_ray_starts(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match=r"needs Ray Train v2 .* unset RAY_TRAIN_V2_ENABLED"):
         tfmulti.ray.train(TrainConfig(), storage_path=str(tmp_path))
     assert not ray.is_initialized()
+
+
+def test_backup_false_trains_without_one_and_refuses_a_config_that_sets_one():
+    config = tfmulti.ray._worker_config(TrainConfig(), "/runs/run1", backup=False)
+    assert (config.backup_dir, config.model_dir) == (None, "/runs/run1/model")
+    with pytest.raises(ValueError, match=r"backup=False trains without a backup, but the config "
+                                         r"sets backup_dir \(None\) or backup_every_steps \(8\)"):
+        tfmulti.ray.train(TrainConfig(backup_every_steps=8), backup=False)
+    with pytest.raises(ValueError, match=r"`backup` must be True or False, got 'no'"):
+        tfmulti.ray.train(TrainConfig(), backup="no")

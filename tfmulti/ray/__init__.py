@@ -55,12 +55,13 @@ class RayRun:
     """What `train` did: the chief's metrics (those `tfmulti.train` returns:
     `test_loss`, `resumed_from_step`, examples per second, ...), where the chief
     published its outputs (`model_dir`: metrics.json, the model, logs/), the
-    backup's folder (removed when the run ended, unless `keep_backup`) and
+    backup's folder (removed when the run ended, unless `keep_backup`; None
+    with `backup=False`) and
     Ray's folder for the run (`storage_path/name`)."""
 
     metrics: dict
     model_dir: str
-    backup_dir: str
+    backup_dir: str | None
     path: str
 
 
@@ -68,7 +69,7 @@ def _local(path: str | None) -> bool:
     return path is not None and "://" not in path
 
 
-def _worker_config(config: TrainConfig, run_path: str) -> TrainConfig:
+def _worker_config(config: TrainConfig, run_path: str, backup: bool = True) -> TrainConfig:
     """The config every worker trains: multi_worker from Ray's TF_CONFIG, the
     backup and outputs in the run's folder unless given, paths absolute (the
     workers do not share the caller's working directory)."""
@@ -80,14 +81,19 @@ def _worker_config(config: TrainConfig, run_path: str) -> TrainConfig:
         raise ValueError(f"`cluster_resolver` is {config.cluster_resolver!r}, but Ray describes "
                          "the cluster in TF_CONFIG; use cluster_resolver='tf_config' (or "
                          "'auto').")
+    if not backup and (config.backup_dir or config.backup_every_steps):
+        raise ValueError("backup=False trains without a backup, but the config sets "
+                         f"backup_dir ({config.backup_dir!r}) or backup_every_steps "
+                         f"({config.backup_every_steps!r}); drop them or leave backup=True.")
     changes = {"distribution": "multi_worker", "cluster_resolver": "tf_config",
-               "backup_dir": config.backup_dir or os.path.join(run_path, "backup"),
+               "backup_dir": (config.backup_dir or os.path.join(run_path, "backup")
+                              if backup else None),
                "model_dir": config.model_dir or os.path.join(run_path, "model")}
     for name in ("backup_dir", "model_dir", "data_dir"):
         path = changes.get(name, getattr(config, name))
         if _local(path):
             changes[name] = os.path.abspath(path)
-    if not _local(changes["backup_dir"]) or not _local(changes["model_dir"]):
+    if not _local(changes["backup_dir"] or "/") or not _local(changes["model_dir"]):
         raise ValueError(f"Ray's storage for this run is {run_path!r}, which the workers cannot "
                          "write as files; pass backup_dir and model_dir on a filesystem every "
                          "worker mounts (NFS), or a local `storage_path`.")
@@ -123,7 +129,8 @@ def _join_or_start(ray, cpus: float) -> bool:
 
 def train(config: TrainConfig, num_workers: int = 2, *, max_failures: int = 3,
           storage_path: str | None = None, name: str | None = None, use_gpu: bool = False,
-          cpus_per_worker: float = 1, worker_env: dict | None = None) -> RayRun:
+          cpus_per_worker: float = 1, worker_env: dict | None = None,
+          backup: bool = True) -> RayRun:
     """Trains `config` on `num_workers` Ray workers (Ray Train's TensorflowTrainer).
 
     Args:
@@ -139,6 +146,8 @@ def train(config: TrainConfig, num_workers: int = 2, *, max_failures: int = 3,
         use_gpu: give each worker a GPU.
         cpus_per_worker: the CPUs Ray reserves for each worker.
         worker_env: environment variables for the workers (Ray's runtime env).
+        backup: keep the resumable backup (default); False trains without one (a
+            worker's death then starts the run again from step 0).
 
     Returns:
         A `RayRun`: the chief's metrics and where the outputs are.
@@ -161,7 +170,9 @@ def train(config: TrainConfig, num_workers: int = 2, *, max_failures: int = 3,
         storage_path = os.path.abspath(os.path.expanduser(storage_path))
     name = name or datetime.datetime.now().strftime("tfmulti-%Y-%m-%d_%H-%M-%S")
     run_path = f"{storage_path.rstrip('/')}/{name}"
-    config = _worker_config(config, run_path)
+    if not isinstance(backup, bool):
+        raise ValueError(f"`backup` must be True or False, got {backup!r}.")
+    config = _worker_config(config, run_path, backup)
     config.validate()
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
