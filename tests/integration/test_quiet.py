@@ -6,6 +6,7 @@ words still come through. Cold processes: the lines come with TensorFlow's impor
 from __future__ import annotations
 
 import re
+import signal
 
 import pytest
 
@@ -59,14 +60,25 @@ def test_errors_and_a_killed_process_last_words_come_through():
         "quiet.install()\n"
         "import tensorflow as tf\n"
         "tf.config.list_physical_devices()\n"  # the runtime's start (cuInit)
+        "def status(pid):\n"
+        "    return dict(line.split(':\\t') for line in open(f'/proc/{pid}/status'))\n"
+        "(child,) = open(f'/proc/self/task/{os.getpid()}/children').read().split()\n"
+        "print(status(child)['SigIgn'], status(child)['SigBlk'], status('self')['SigBlk'],\n"
+        "      flush=True)\n"
         "warnings.warn('a real warning')\n"
         "os.write(2, b'E0000 00:00:1796316352.407030 10 collective_ops.cc:52] peer down\\n')\n"
         "print('no newline', end='', file=sys.stderr, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n")
     result = run_python(["-c", script], timeout=600)
     assert result.returncode == -9
+    # The filter ignores the stop signals a process group gets (never blocked, so never
+    # ended by one while it starts); this process blocks none of them.
+    stops = sum(1 << (s - 1) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT,
+                                        signal.SIGTERM))
+    ignored, blocked, main_blocked = (int(m, 16) for m in result.stdout.split())
+    assert (ignored & stops, blocked & stops, main_blocked & stops) == (stops, 0, 0)
     assert result.stderr.splitlines()[-3:] == [
-        "<string>:6: UserWarning: a real warning",
+        "<string>:11: UserWarning: a real warning",
         "E0000 00:00:1796316352.407030 10 collective_ops.cc:52] peer down",
         "no newline"], result.stderr
     assert len(_cpp_lines(result.stderr)) == 1, result.stderr
@@ -77,6 +89,25 @@ def test_errors_and_a_killed_process_last_words_come_through():
     assert failed.stderr.startswith("Traceback (most recent call last):"), failed.stderr
     assert failed.stderr.endswith("\nRuntimeError: boom\n"), failed.stderr
     assert _cpp_lines(failed.stderr) == [], failed.stderr
+
+
+@pytest.mark.slow
+def test_a_stop_signal_to_the_group_as_the_filter_starts_leaves_stderr_working():
+    """A launcher's SIGTERM to the worker's group right as the filter starts (before it
+    could ignore the signal) must not end the filter: this process's stderr would be a
+    broken pipe. The process itself handles SIGTERM and writes on."""
+    script = (
+        "import importlib.util, os, signal, sys, time\n"
+        "os.setsid()\n"  # a group of its own: this process and the filter
+        "signal.signal(signal.SIGTERM, lambda *args: None)\n"
+        "from tfmulti.utils import quiet\n"
+        "quiet.install()\n"
+        "importlib.util.find_spec('tensorflow')\n"  # starts the filter, as an import does
+        "os.killpg(0, signal.SIGTERM)\n"
+        "time.sleep(0.5)\n"
+        "print('after the signal', file=sys.stderr, flush=True)\n")
+    result = run_python(["-c", script], timeout=120)
+    assert (result.returncode, result.stderr) == (0, "after the signal\n")
 
 
 @pytest.mark.cluster

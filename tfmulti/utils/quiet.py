@@ -58,6 +58,10 @@ ENV = "TFMULTI_TF_LOG"
 """The variable that asks for TensorFlow's own log: 1 (or true, yes) shows it unfiltered."""
 _TF_MODULES = ("tensorflow", "keras", "tf_keras", "tensorflow_datasets")
 _EXIT_WAIT_S = 2.0  # how long exit waits for the filter to pass the last lines on
+_IGNORED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                 if hasattr(signal, name))
+"""What the filter ignores: it ends when its writers do (a stop signal to the process group
+must not cut this process's stderr off)."""
 
 _ABSL_PREINIT = ("WARNING: All log messages before absl::InitializeLog() is called are "
                  "written to STDERR")
@@ -236,13 +240,14 @@ def install(environ=None) -> bool:
 
     Returns:
         whether the filter will start (False: TFMULTI_TF_LOG set, TensorFlow already
-        imported, or installed already).
+        imported, installed already, or not a POSIX system).
     """
     environ = os.environ if environ is None else environ
     if tf_log_wanted(environ):
         return False
     environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if _started or _HOOK in sys.meta_path or any(m in sys.modules for m in _TF_MODULES):
+    if (_started or _HOOK in sys.meta_path or any(m in sys.modules for m in _TF_MODULES)
+            or os.name != "posix"):
         return False
     sys.meta_path.insert(0, _HOOK)
     return True
@@ -259,6 +264,10 @@ def _start_filter() -> None:
         return
     saved = os.dup(2)
     read, write = os.pipe()
+    # The filter starts with the stop signals blocked (the mask is inherited), and ignores
+    # them before it unblocks them: no moment where a signal to the group would end it.
+    # Here they wait until the mask is restored, not lost.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", os.path.abspath(__file__)],
@@ -267,6 +276,8 @@ def _start_filter() -> None:
         for fd in (saved, read, write):
             os.close(fd)
         return
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     os.close(read)
     sys.stderr.flush()
     os.dup2(write, 2)
@@ -301,8 +312,9 @@ def _write_all(fd: int, data: bytes) -> bool:
 
 def _run_filter() -> None:
     """The filter process: stdin (the pipe) to stdout (the original stderr)."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)  # it ends when its writers do
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)  # blocked until now (_start_filter)
     stream, writing = StreamFilter(), True
     while data := os.read(0, 65536):
         if writing:
