@@ -85,3 +85,8 @@ def test_backup_false_trains_without_one_and_refuses_a_config_that_sets_one():
         tfmulti.ray.train(TrainConfig(backup_every_steps=8), backup=False)
     with pytest.raises(ValueError, match=r"`backup` must be True or False, got 'no'"):
         tfmulti.ray.train(TrainConfig(), backup="no")
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own():
+    names = {tfmulti.ray._default_name() for _ in range(20)}
+    assert len(names) == 20 and all(n.startswith("tfmulti-20") for n in names), names

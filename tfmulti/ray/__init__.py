@@ -37,6 +37,7 @@ import importlib.util
 import logging
 import math
 import os
+import secrets
 
 if importlib.util.find_spec("ray") is None:  # before anything else: the one missing piece
     raise ModuleNotFoundError('tfmulti.ray needs Ray: pip install "tfmulti[ray]"', name="ray")
@@ -100,6 +101,12 @@ def _worker_config(config: TrainConfig, run_path: str, backup: bool = True) -> T
     return dataclasses.replace(config, **changes)
 
 
+def _default_name() -> str:
+    """`tfmulti-`, the time and a random part: two runs started in the same second
+    get folders of their own (a run's folder holds its outputs and backup)."""
+    return datetime.datetime.now().strftime("tfmulti-%Y-%m-%d_%H-%M-%S-") + secrets.token_hex(3)
+
+
 def _train_worker(loop_config: dict) -> dict:
     """One Ray worker: tfmulti's training run, in the cluster Ray's TF_CONFIG names."""
     # Ray's TensorFlow backend sets TF_USE_LEGACY_KERAS=1 (Keras 2's tf_keras for
@@ -142,7 +149,8 @@ def train(config: TrainConfig, num_workers: int = 2, *, max_failures: int = 3,
             the backup.
         storage_path: Ray's storage for the run (default: Ray's, `~/ray_results`);
             across hosts, a folder every host mounts.
-        name: the run's folder in `storage_path` (default: `tfmulti-` and the time).
+        name: the run's folder in `storage_path` (default: `tfmulti-`, the time and a
+            random suffix).
         use_gpu: give each worker a GPU.
         cpus_per_worker: the CPUs Ray reserves for each worker.
         worker_env: environment variables for the workers (Ray's runtime env).
@@ -168,7 +176,7 @@ def train(config: TrainConfig, num_workers: int = 2, *, max_failures: int = 3,
     storage_path = storage_path or DEFAULT_STORAGE_PATH
     if _local(storage_path):
         storage_path = os.path.abspath(os.path.expanduser(storage_path))
-    name = name or datetime.datetime.now().strftime("tfmulti-%Y-%m-%d_%H-%M-%S")
+    name = name or _default_name()
     run_path = f"{storage_path.rstrip('/')}/{name}"
     if not isinstance(backup, bool):
         raise ValueError(f"`backup` must be True or False, got {backup!r}.")
