@@ -77,7 +77,9 @@ SLOW_FIRST := $(wildcard benchmarks/tests/test_end_to_end.py tests/integration/t
   benchmarks/tests/test_bench.py tests/integration/test_recipes.py \
   tests/integration/test_launcher.py tests/integration/test_slurm.py \
   tests/integration/test_ray.py tests/integration/test_keras_fixes.py \
-  tests/unit/test_validation.py tests/unit/test_pipeline_outputs.py)
+  tests/unit/test_validation.py tests/unit/test_pipeline_outputs.py \
+  tests/integration/test_wheel.py tests/integration/test_logging_hooks.py \
+  tests/integration/test_deploy.py)
 SLOW_FILES := $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(shell \
   find tests benchmarks/tests -name 'test_*.py')))
 
@@ -89,13 +91,13 @@ test-fast: data
 	$(PYTEST) --dist worksteal --durations=10 $(FAST)
 
 # The older TensorFlow minor that setup.cfg allows (2.20, with Keras 3.15), in a venv of
-# its own: the fast tier of tests/unit. COMPAT_SKIP: the one test that holds the newer
-# TensorFlow itself. Then the Keras-fix guard (tests/unit/test_packaging.py) on a Keras
+# its own: the fast tier of tests/unit (COMPAT_SKIP: tests to leave out there, none now).
+# Then the Keras-fix guard (tests/unit/test_packaging.py) on a Keras
 # whose private functions differ from those the fixes were written for (3.14: its
 # convolutions): that fix stays off with a warning, the others on; Keras 3.15 put back.
 COMPAT_VENV := .venv-compat
 COMPAT_PINS := "tensorflow==2.20.*" "keras==3.15.*"
-COMPAT_SKIP := --deselect tests/unit/test_environment.py::test_env_report_keys_and_values
+COMPAT_SKIP :=
 GUARD_KERAS := "keras==3.14.*"
 GUARD_OFF := convolutions on an empty batch under oneDNN
 COMPAT_PY := $(COMPAT_VENV)/bin/python

@@ -34,7 +34,7 @@ def test_env_report_keys_and_values(monkeypatch):
     report = environment.env_report()
     assert tuple(report) == KEYS
     assert report["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert report["tensorflow"].startswith("2.21") and report["tensorflow"] == tf.__version__
+    assert report["tensorflow"] == tf.__version__
     assert report["keras"].startswith("3.")
     cpus = [d for d in report["logical_devices"] if ":CPU:" in d]
     assert len(cpus) == len(tf.config.list_logical_devices("CPU")) == 4  # tests/conftest.py
