@@ -1,5 +1,5 @@
-"""A real one-node SLURM cluster on this machine, for the tests and the benchmarks
-of tfmulti under SLURM: munge, slurmctld and slurmd with a private configuration
+"""A real SLURM cluster on this machine, for the tests and the benchmarks of
+tfmulti under SLURM: munge, slurmctld and slurmd with a private configuration
 (Debian's `slurm-wlm` and `munge`; needs root; no TensorFlow).
 
 Everything lives in one temporary folder: the munge key and socket, the
@@ -11,9 +11,15 @@ are free ones picked at start. Nothing is read from or written to /etc/slurm,
     with SlurmCluster() as cluster:
         subprocess.run(["srun", "-n", "2", "hostname"], env=cluster.env())
 
-The node is this host (its short name), with `cpus` CPUs whatever the machine
-has (`SlurmdParameters=config_overrides`), so a 2-task job runs on a 1-core
-machine too. On exit the jobs are cancelled, the daemons stopped, the job
+One node (the default) is this host (its short name). With `nodes=N` (2 or
+more), each node is a simulated host (`benchmarks.simulated_hosts`: a network
+namespace with its own address) with a host name of its own, node1, node2, ...
+(a UTS namespace), that the others' names resolve to (a private /etc/hosts
+bound over the file in a mount namespace of its own: the machine's stays as it
+is); the controller runs in one more, `ctl`, where `run` runs the commands too.
+Each node has `cpus` CPUs whatever the machine has
+(`SlurmdParameters=config_overrides`), so a 2-task job runs on a 1-core machine
+too. On exit the jobs are cancelled, the daemons stopped, the job
 steps' processes left behind (their `slurmstepd`, working in the folder)
 killed and the folder removed, also after a failure; the daemons also die with
 the process that started them (`PR_SET_PDEATHSIG`).
@@ -32,6 +38,8 @@ import tempfile
 import time
 from typing import Mapping, Sequence
 
+from benchmarks import simulated_hosts
+
 __all__ = ["BINARIES", "SlurmCluster", "available"]
 
 BINARIES = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "scancel", "squeue",
@@ -45,15 +53,16 @@ _FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OU
                  "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
-def available() -> tuple[bool, str]:
-    """Whether a cluster can be started here, and why not."""
-    missing = [name for name in BINARIES if shutil.which(name, path=_SEARCH_PATH) is None]
+def available(nodes: int = 1) -> tuple[bool, str]:
+    """Whether a cluster of `nodes` nodes can be started here, and why not."""
+    needed = BINARIES + (("unshare", "nsenter") if nodes > 1 else ())
+    missing = [name for name in needed if shutil.which(name, path=_SEARCH_PATH) is None]
     if missing:
         return False, (f"{', '.join(missing)} not installed (Debian packages slurm-wlm and "
                        "munge; `make test` installs them)")
     if os.geteuid() != 0:
         return False, "the private slurmd runs jobs as their user and needs root"
-    return True, ""
+    return simulated_hosts.available() if nodes > 1 else (True, "")
 
 
 def _free_port() -> int:
@@ -87,7 +96,7 @@ def _die_with_parent() -> None:
 
 _CONF = """\
 ClusterName=tfmulti
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={ctl}
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -96,11 +105,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={dir}/munge.socket
 StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
+SlurmdSpoolDir={dir}/spool/%n
 SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
+SlurmdPidFile={dir}/slurmd-%n.pid
 SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
+SlurmdLogFile={dir}/slurmd-%n.log
 PlugStackConfig={dir}/plugstack.conf
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -115,16 +124,22 @@ KillWait={kill_wait}
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=main Nodes={host} Default=YES MaxTime=INFINITE State=UP
+{node_lines}
+PartitionName=main Nodes={node_names} Default=YES MaxTime=INFINITE State=UP
 """
+# A command (the arguments after the first 3) with host name $0, $1 bound over
+# /etc/hosts (UTS and mount namespaces of its own) in the network namespace $2.
+_IN_HOST = ["unshare", "--uts", "--mount", "--", "sh", "-c",
+            'hostname "$0" && mount --bind "$1" /etc/hosts && ns="$2" && shift 2 && '
+            'exec nsenter --net="$ns" -- "$@"']
 
 
 class SlurmCluster:
-    """One SLURM node (this host) with its controller, in a private folder.
+    """A SLURM cluster of `nodes` nodes with its controller, in a private folder.
 
     Args:
-        cpus: the node's CPUs as SLURM counts them (its task slots); 4 by default.
+        nodes: 1 (this host, the default), or that many simulated hosts.
+        cpus: each node's CPUs as SLURM counts them (its task slots); 4 by default.
         kill_wait: seconds SLURM waits between SIGTERM and SIGKILL when it stops a
             job (cancelled, requeued, out of time); 30 by default, as SLURM's.
         directory: where to make the private folder (default: the system's
@@ -135,11 +150,17 @@ class SlurmCluster:
             or a daemon does not come up (the message holds its log's end).
     """
 
-    def __init__(self, cpus: int = 4, kill_wait: int = 30, directory: str | None = None):
+    def __init__(self, nodes: int = 1, cpus: int = 4, kill_wait: int = 30,
+                 directory: str | None = None, subnet: str = "10.215.0"):
+        if nodes < 1:
+            raise ValueError(f"`nodes` ({nodes!r}) must be 1 or more.")
         self.cpus, self.kill_wait, self._parent = cpus, kill_wait, directory
-        self.host = socket.gethostname().split(".")[0]
+        self.nodes = ([socket.gethostname().split(".")[0]] if nodes == 1
+                      else [f"node{i + 1}" for i in range(nodes)])
+        """The node names, in order."""
         self.dir: str | None = None
         self._daemons: list[subprocess.Popen] = []
+        self._hosts = simulated_hosts.SimulatedHosts(nodes + 1, subnet) if nodes > 1 else None
 
     @property
     def conf(self) -> str:
@@ -157,11 +178,21 @@ class SlurmCluster:
                 del env[name]
         return env
 
+    def command(self, argv: Sequence[str], host: int = 0) -> list[str]:
+        """`argv` as run on simulated host `host` (0: the controller's, i: node i) of a
+        cluster of several nodes; `argv` itself on one node."""
+        if self._hosts is None:
+            return list(argv)
+        name = "ctl" if host == 0 else self.nodes[host - 1]
+        return [*_IN_HOST, name, os.path.join(self.dir, "hosts"),
+                f"/run/netns/{self._hosts.names[host]}", *argv]
+
     def run(self, argv: Sequence[str], timeout: float = _COMMAND_TIMEOUT_S,
             check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-        """`argv` (a SLURM command) run against this cluster; its output as text."""
+        """`argv` (a SLURM command) run against this cluster (on the controller's host);
+        its output as text."""
         kwargs.setdefault("env", self.env())
-        result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+        result = subprocess.run(self.command(argv), capture_output=True, text=True, timeout=timeout,
                                 stdin=subprocess.DEVNULL, **kwargs)
         if check and result.returncode != 0:
             raise RuntimeError(f"`{' '.join(argv)}` failed ({result.returncode}): "
@@ -198,11 +229,13 @@ class SlurmCluster:
             time.sleep(0.2)
 
     def node_state(self) -> str:
-        """The node's state as `sinfo` says it: idle, allocated, mixed, completing, ..."""
-        return self.run(["sinfo", "--noheader", "--format=%T"]).stdout.strip()
+        """The nodes' state as `sinfo` says it: idle, allocated, mixed, completing, ...
+        (one word where all nodes are in the same state)."""
+        return " ".join(sorted(set(self.run(["sinfo", "--noheader", "--Node",
+                                             "--format=%T"]).stdout.split())))
 
     def log(self, name: str, tail: int = 3000) -> str:
-        """The end of a daemon's log (`slurmctld.log`, `slurmd.log`, `munged.log`)."""
+        """The end of a daemon's log (`slurmctld.log`, `slurmd-NODE.log`, `munged.log`)."""
         try:
             with open(os.path.join(self.dir, name), errors="replace") as f:
                 return f.read()[-tail:]
@@ -212,11 +245,13 @@ class SlurmCluster:
     # ------------------------------------------------------------------ start, stop
 
     def __enter__(self) -> "SlurmCluster":
-        ok, why = available()
+        ok, why = available(len(self.nodes))
         if not ok:
             raise RuntimeError(f"cannot start SLURM here: {why}.")
         self.dir = tempfile.mkdtemp(prefix="tfmslurm", dir=self._parent)
         try:
+            if self._hosts is not None:
+                self._hosts.__enter__()
             self._start()
         except BaseException:
             self.__exit__()
@@ -226,22 +261,34 @@ class SlurmCluster:
     def _start(self) -> None:
         d = self.dir
         os.chmod(d, 0o755)  # munged wants its socket's folder searchable by all
-        for sub in ("state", "spool"):
+        for sub in ("state", "spool", *(f"spool/{node}" for node in self.nodes)):
             os.mkdir(os.path.join(d, sub), 0o755)
         key = os.path.join(d, "munge.key")
         with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(os.urandom(1024))
         open(os.path.join(d, "plugstack.conf"), "w").close()
+        if self._hosts is None:
+            ctl, addresses = f"{self.nodes[0]}(127.0.0.1)", ["127.0.0.1"]
+        else:
+            ctl, addresses = f"ctl({self._hosts.addresses[0]})", self._hosts.addresses[1:]
+            with open(os.path.join(d, "hosts"), "w") as f:
+                f.write("127.0.0.1 localhost\n" + "".join(
+                    f"{address} {name}\n" for address, name in
+                    zip(self._hosts.addresses, ["ctl", *self.nodes])))
+        node_lines = "\n".join(f"NodeName={node} NodeAddr={address} CPUs={self.cpus} "
+                               "State=UNKNOWN" for node, address in zip(self.nodes, addresses))
         with open(self.conf, "w") as f:
-            f.write(_CONF.format(host=self.host, dir=d, cpus=self.cpus, kill_wait=self.kill_wait,
-                                 ctld_port=_free_port(), slurmd_port=_free_port()))
+            f.write(_CONF.format(ctl=ctl, dir=d, kill_wait=self.kill_wait,
+                                 ctld_port=_free_port(), slurmd_port=_free_port(),
+                                 node_lines=node_lines, node_names=",".join(self.nodes)))
         socket_path = os.path.join(d, "munge.socket")
         self._daemon(["munged", "--foreground", "--force", f"--socket={socket_path}",
                       f"--key-file={key}", f"--pid-file={d}/munged.pid",
                       f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"])
         self._until(lambda: os.path.exists(socket_path), "munged", "munged.log")
         self._daemon(["slurmctld", "-D", "-f", self.conf])
-        self._daemon(["slurmd", "-D", "-f", self.conf])
+        for i, node in enumerate(self.nodes):
+            self._daemon(["slurmd", "-D", "-f", self.conf, "-N", node], host=i + 1)
 
         def idle() -> bool:
             try:
@@ -249,14 +296,15 @@ class SlurmCluster:
             except RuntimeError:  # the controller is not answering yet
                 return False
 
-        self._until(idle, "the node (sinfo: idle)", "slurmd.log")
+        self._until(idle, "the nodes (sinfo: idle)", f"slurmd-{self.nodes[-1]}.log")
 
-    def _daemon(self, argv: list[str]) -> None:
+    def _daemon(self, argv: list[str], host: int = 0) -> None:
         path = shutil.which(argv[0], path=_SEARCH_PATH)
-        log = open(os.path.join(self.dir, f"{argv[0]}.out"), "wb")
+        log = open(os.path.join(self.dir, f"{argv[0]}{host or ''}.out"), "wb")
+        argv = self.command([path, *argv[1:]], host) if argv[0] != "munged" else [path, *argv[1:]]
         with log:
             self._daemons.append(subprocess.Popen(
-                [path, *argv[1:]], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 env=self.env(), cwd=self.dir, start_new_session=True,
                 preexec_fn=_die_with_parent))
 
@@ -287,7 +335,7 @@ class SlurmCluster:
     def __exit__(self, *exc) -> None:
         if self.dir is None:
             return
-        if all(p.poll() is None for p in self._daemons[:3]) and len(self._daemons) == 3:
+        if self._daemons and all(p.poll() is None for p in self._daemons):
             jobs = self.run(["squeue", "--noheader", "--format=%i"], check=False).stdout.split()
             if jobs:  # cancelled while the controller can: SIGTERM, KillWait, SIGKILL
                 self.run(["scancel", *jobs], check=False)
@@ -308,5 +356,7 @@ class SlurmCluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if self._hosts is not None:  # kills whatever is left in the nodes' namespaces
+            self._hosts.__exit__()
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None

@@ -1,15 +1,17 @@
 """tfmulti under a real SLURM (`benchmarks.slurm_cluster`: munge, slurmctld and
-slurmd of Debian's slurm-wlm with a private configuration, one node, this
-host): the documented batch script (deploy/slurm/train.sbatch) trains with one
-chief writing; a job signalled the way a scheduler preempts saves, requeues
-itself and resumes to the uninterrupted run's weights; `tfmulti launch --hosts
-slurm` under `srun`. See docs/slurm.md.
+slurmd of Debian's slurm-wlm with a private configuration): on one node (this
+host), the documented batch script (deploy/slurm/train.sbatch) trains with one
+chief writing, and a job signalled the way a scheduler preempts saves, requeues
+itself and resumes to the uninterrupted run's weights; on two nodes (simulated
+hosts, each slurmd with its own address and host name), the batch script and
+`tfmulti launch --hosts slurm` under `srun` train the same run. See docs/slurm.md.
 
 The tests skip only where SLURM's programs are missing (`make test` installs
-them) or the machine's user cannot run slurmd (not root)."""
+them) or the machine cannot run slurmd or network namespaces (not root)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -34,13 +36,25 @@ TRAIN_FLAGS = ["--dataset=synthetic", "--model=mlp", "--num_examples=512",
 HOLD_AT_CALL = 5  # the signal lands at global step 10 of 16, in epoch 2
 
 
+def _cluster(nodes: int, tmp_path_factory):
+    ok, why = slurm_cluster.available(nodes)
+    if not ok:
+        pytest.skip(f"no SLURM of {nodes} node(s) here: {why}")
+    with slurm_cluster.SlurmCluster(nodes, directory=str(tmp_path_factory.mktemp("slurm"))) \
+            as cluster:
+        yield cluster
+
+
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    ok, why = slurm_cluster.available()
-    if not ok:
-        pytest.skip(f"no SLURM here: {why}")
-    with slurm_cluster.SlurmCluster(directory=str(tmp_path_factory.mktemp("slurm"))) as cluster:
-        yield cluster
+    """One node: this host."""
+    yield from _cluster(1, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def slurm2(tmp_path_factory):
+    """Two nodes, node1 and node2, simulated hosts (their own addresses and names)."""
+    yield from _cluster(2, tmp_path_factory)
 
 
 def _env(cluster, **extra) -> dict:
@@ -54,11 +68,11 @@ def _env(cluster, **extra) -> dict:
     return {**env, **extra}
 
 
-def _submit(cluster, run_dir, env=None) -> tuple[int, str]:
-    """`sbatch deploy/slurm/train.sbatch` of the tiny run into `run_dir`, as
-    docs/slurm.md runs it; (job id, its output file)."""
+def _submit(cluster, run_dir, env=None, *options) -> tuple[int, str]:
+    """`sbatch [OPTIONS] deploy/slurm/train.sbatch` of the tiny run into `run_dir`,
+    as docs/slurm.md runs it; (job id, its output file)."""
     output = os.path.join(run_dir, "slurm.out")
-    job = cluster.sbatch(f"--output={output}", f"--chdir={REPO}", SCRIPT,
+    job = cluster.sbatch(f"--output={output}", f"--chdir={REPO}", *options, SCRIPT,
                          f"--model_dir={run_dir}/model", f"--backup_dir={run_dir}/backup",
                          *TRAIN_FLAGS, env=env or _env(cluster))
     return job, output
@@ -69,10 +83,19 @@ def _read(path) -> str:
         return f.read()
 
 
+def _model(run_dir):
+    return chaos_checks.keras_arrays(os.path.join(run_dir, "model", "model.keras"))
+
+
+def _metrics(run_dir):
+    with open(os.path.join(run_dir, "model", "metrics.json")) as f:
+        return json.load(f)
+
+
 def _ended(cluster, job) -> tuple[dict, str]:
     fields = cluster.wait(job, timeout=JOB_TIMEOUT)
     return fields, (f"job {fields}; slurmctld.log: {cluster.log('slurmctld.log', 1500)}; "
-                    f"slurmd.log: {cluster.log('slurmd.log', 1500)}")
+                    f"slurmd: {cluster.log(f'slurmd-{cluster.nodes[0]}.log', 1500)}")
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +118,7 @@ def test_the_batch_script_trains_through_tfmulti_and_the_chief_writes_once(unint
     for task in "01":  # both tasks in one MultiWorkerMirroredStrategy of 2 replicas
         assert re.search(rf"^{task}: tfmulti: MultiWorkerMirroredStrategy with 2 replicas", output,
                          re.M), output
-    with open(os.path.join(run_dir, "model", "metrics.json")) as f:
-        metrics = json.load(f)
+    metrics = _metrics(run_dir)
     assert (metrics["num_workers"], metrics["num_replicas"]) == (2, 2)
     assert metrics["epochs_completed"] == EPOCHS
     assert metrics["steps_per_epoch"] == STEPS_PER_EPOCH
@@ -134,6 +156,10 @@ def test_a_signalled_job_saves_requeues_itself_and_resumes_to_the_same_weights(
     while slurm.node_state() != "idle":  # the first run's clean-up ends (else a start now
         assert time.monotonic() < deadline  # races it, which removes the job's script)
         time.sleep(0.2)
+    # The requeue revoked the job's credentials of its second (SubmitTime) and before; one
+    # made in the same second would be refused ("Job credential revoked").
+    requeued = datetime.datetime.fromisoformat(fields["SubmitTime"]).timestamp()
+    time.sleep(max(0.0, requeued + 2 - time.time()))
     slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
     fields, why = _ended(slurm, job)
     text = _read(output)
@@ -151,35 +177,44 @@ def test_a_signalled_job_saves_requeues_itself_and_resumes_to_the_same_weights(
     assert sorted(resumed) == [("0", step), ("1", step)], text
     assert re.findall(r"^(\d): tfmulti: wrote metrics\.json", text, re.M) == ["0"], text
 
-    def model(folder):
-        return chaos_checks.keras_arrays(os.path.join(folder, "model", "model.keras"))
-
-    def metrics(folder):
-        with open(os.path.join(folder, "model", "metrics.json")) as f:
-            return json.load(f)
-
-    assert chaos_checks.compare_arrays(model(run_dir), model(ref_dir)) == []
-    assert chaos_checks.compare_metrics(metrics(run_dir), metrics(ref_dir)) == []
-    assert metrics(run_dir)["resumed_from_step"] == int(step)
+    assert chaos_checks.compare_arrays(_model(run_dir), _model(ref_dir)) == []
+    assert chaos_checks.compare_metrics(_metrics(run_dir), _metrics(ref_dir)) == []
+    assert _metrics(run_dir)["resumed_from_step"] == int(step)
     assert sorted(os.listdir(run_dir)) == ["model", "slurm.out"]
 
 
-def test_tfmulti_launch_hosts_slurm_under_srun(slurm, uninterrupted, tmp_path):
-    """`tfmulti launch --hosts slurm` (one launcher per node, here the one node)
-    starts the workers of the job step's nodes; they train as the batch script's
-    tasks do (the same run, the same metrics)."""
+def test_the_batch_script_on_two_nodes_trains_the_same_run(slurm2, uninterrupted, tmp_path):
+    """One task on each of 2 nodes (their own addresses: the workers talk over the
+    simulated network, node1:8888 and node2:8888): the one-node job's weights."""
     ref_dir = uninterrupted[0]
-    env = _env(slurm, TFMULTI_LAUNCH_SECRET=secrets.token_hex(32))
-    result = slurm.run(
-        ["srun", "--ntasks=1", "--ntasks-per-node=1", "--cpus-per-task=2",
-         "tfmulti", "launch", "--hosts", "slurm", "--num_workers", "2", "--",
-         "tfmulti", "train", "--distribution=multi_worker",
-         f"--model_dir={tmp_path}/model", f"--backup_dir={tmp_path}/backup", *TRAIN_FLAGS],
-        env=env, cwd=str(tmp_path), timeout=JOB_TIMEOUT, check=False)
+    job, output = _submit(slurm2, str(tmp_path), None, "--nodes=2", "--ntasks-per-node=1")
+    fields, why = _ended(slurm2, job)
+    text = _read(output)
+    assert (fields["JobState"], fields["ExitCode"], fields["NodeList"]) == (
+        "COMPLETED", "0:0", "node[1-2]"), f"{text[-4000:]}\n{why}"
+    assert re.findall(r"^(\d): tfmulti: wrote metrics\.json", text, re.M) == ["0"], text
+    assert re.findall(r"^(\d): tfmulti: done; the chief reports", text, re.M) == ["1"], text
+    assert _metrics(str(tmp_path))["num_workers"] == 2
+    assert chaos_checks.compare_arrays(_model(str(tmp_path)), _model(ref_dir)) == []
+    assert chaos_checks.compare_metrics(_metrics(str(tmp_path)), _metrics(ref_dir)) == []
+
+
+def test_tfmulti_launch_hosts_slurm_under_srun_on_two_nodes(slurm2, uninterrupted, tmp_path):
+    """`srun --ntasks-per-node=1 tfmulti launch --hosts slurm --num_workers 1`
+    (docs/many_hosts.md): one launcher per node, each starting its node's worker
+    (`--num_workers` counts a node's); the same run as the batch script's."""
+    ref_dir = uninterrupted[0]
+    env = _env(slurm2, TFMULTI_LAUNCH_SECRET=secrets.token_hex(32))
+    result = slurm2.run(
+        ["srun", "--nodes=2", "--ntasks-per-node=1", f"--chdir={tmp_path}",
+         "tfmulti", "launch", "--hosts", "slurm", "--num_workers", "1", "--",
+         "tfmulti", "train", "--distribution=multi_worker", f"--model_dir={tmp_path}/model",
+         f"--backup_dir={tmp_path}/backup", *TRAIN_FLAGS],
+        env=env, timeout=JOB_TIMEOUT, check=False)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
+    assert "host 0 of 2 (node1)" in output and "host 1 of 2 (node2)" in output, output[-6000:]
     assert "[worker 0] tfmulti: wrote metrics.json" in output, output[-6000:]
     assert "[worker 1] tfmulti: done; the chief reports" in output, output[-6000:]
-    with open(tmp_path / "model" / "metrics.json") as f, \
-            open(os.path.join(ref_dir, "model", "metrics.json")) as g:
-        assert chaos_checks.compare_metrics(json.load(f), json.load(g)) == []
+    assert chaos_checks.compare_arrays(_model(str(tmp_path)), _model(ref_dir)) == []
+    assert chaos_checks.compare_metrics(_metrics(str(tmp_path)), _metrics(ref_dir)) == []
