@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 
 from benchmarks import simulated_hosts
 
-__all__ = ["BINARIES", "SlurmCluster", "available"]
+__all__ = ["BINARIES", "SlurmCluster", "available", "running"]
 
 BINARIES = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "scancel", "squeue",
             "sinfo")
@@ -87,6 +87,15 @@ def _with_descendants(pids: list[int]) -> list[int]:
         found.append(pid)
         todo.extend(children.get(pid, []))
     return found
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (not a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _die_with_parent() -> None:
@@ -317,6 +326,12 @@ class SlurmCluster:
                 raise RuntimeError(f"SLURM: {what} did not come up ({why}); "
                                    f"{log}: {self.log(log)}")
             time.sleep(0.1)
+
+    def processes(self) -> list[int]:
+        """The live processes of this cluster: its daemons, its job steps' `slurmstepd`
+        and everything they started (none once it has stopped)."""
+        daemons = [p.pid for p in self._daemons if p.poll() is None]
+        return [pid for pid in _with_descendants(daemons + self._step_pids()) if running(pid)]
 
     def _step_pids(self) -> list[int]:
         """The `slurmstepd` processes of this cluster (they work in its folder)."""

@@ -43,6 +43,10 @@ def _cluster(nodes: int, tmp_path_factory):
     with slurm_cluster.SlurmCluster(nodes, directory=str(tmp_path_factory.mktemp("slurm"))) \
             as cluster:
         yield cluster
+        started = cluster.processes()
+        assert started  # munged, slurmctld, slurmd(s)
+    left = [pid for pid in started if slurm_cluster.running(pid)]
+    assert not left, f"SLURM's processes left running: {left}"  # none: no daemon, no port
 
 
 @pytest.fixture(scope="module")
