@@ -135,7 +135,7 @@ def _add_estimate_memory_parser(sub) -> None:
         "estimate-memory", help="training memory per device for a model and distribution",
         description="Parameters, gradients, optimizer slots and activations per device, "
                     "counted from the model's shapes (no devices needed). Takes the training "
-                    "flags that bear on memory, as recipes/train.py spells them; with "
+                    "flags that bear on memory, as tfmulti train spells them; with "
                     "--device_memory_mb, exits 2 when a device cannot hold its share.")
     config_flags.add_arguments(p, only=ESTIMATE_FIELDS, suppress_defaults=True,
                                defaults={"distribution": "one_device"})
@@ -285,7 +285,7 @@ def _add_diagnose_parser(sub) -> None:
                     "the devices, and both together through fit; names the bottleneck (input, "
                     "compute or per-step overhead), estimates device utilization, and ranks "
                     "the changes that help by their measured gain. Takes the flags of "
-                    "recipes/train.py (distributions auto, one_device and mirrored).")
+                    "tfmulti train (distributions auto, one_device and mirrored).")
     config_flags.add_arguments(p, exclude=DIAGNOSE_EXCLUDES)
     p.add_argument("--prefetch", action=config_flags.BooleanFlag, default=True,
                    help="--no_prefetch: diagnose the input pipeline without prefetching")
@@ -315,7 +315,7 @@ def _check_export_paths(model_dir: str, output: str, overwrite: bool) -> None:
         source = weights
     elif not model_dir or not os.path.isfile(source):
         raise ValueError(f"`model_dir` {model_dir!r} has no model.keras; pass the directory "
-                         "a training run wrote (recipes/train.py --model_dir).")
+                         "a training run wrote (tfmulti train --model_dir).")
     try:
         with open(source, "rb"):
             pass
@@ -347,7 +347,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _add_export_parser(sub) -> None:
     p = sub.add_parser(
         "export", help="write a trained run's model as a SavedModel for serving",
-        description="Loads MODEL_DIR/model.keras (what recipes/train.py --model_dir writes, "
+        description="Loads MODEL_DIR/model.keras (what tfmulti train --model_dir writes, "
                     "from any distribution) and writes it as a TensorFlow SavedModel that "
                     "loads on one device (tf.saved_model.load, keras.layers.TFSMLayer, "
                     "TensorFlow Serving), its inputs named as the model's keras.Input. "
