@@ -334,8 +334,8 @@ def test_sh_command_checks_cover_the_docs():
     assert len(commands) - len(skipped) >= 20, [c.text for c in commands]
     assert len(skipped) <= MAX_NOT_CHECKED, [_where(c.block.path, c.line) for c in skipped]
     kinds = " ".join(c.text for c in commands)
-    for needed in ("recipes/train.py", "tfmulti diagnose", "tfmulti launch",
-                   "tfmulti estimate-memory"):
+    for needed in ("recipes/train.py", "tfmulti train", "tfmulti diagnose", "tfmulti launch",
+                   "tfmulti estimate-memory", "--config="):
         assert needed in kinds
 
 
