@@ -170,7 +170,10 @@ class _Logging(TrainConfig):
 def test_new_fields_get_every_spelling_without_special_cases():
     parser = config_flags.ArgumentParser(prog="p")
     config_flags.add_arguments(parser, _Logging)
-    parse = lambda *argv: config_flags.config_from_args(parser.parse_args(argv), _Logging)  # noqa: E731
+
+    def parse(*argv):
+        return config_flags.config_from_args(parser.parse_args(argv), _Logging)
+
     assert parse().loud is True
     assert parse("--no-loud").loud is False and parse("--no_loud").loud is False
     assert parse("--loud=false").loud is False and parse("--noloud").loud is False
