@@ -44,7 +44,7 @@ import zipfile
 from tfmulti import __version__
 from tfmulti.config import flags as config_flags
 from tfmulti.config.train_config import (MAX_COUNT, MAX_DEVICES, check_directory, check_limits,
-                                         validate_for_diagnose)
+                                         check_posix_path, validate_for_diagnose)
 from tfmulti.memory.arguments import config_arguments
 from tfmulti.cluster import exit_codes, tf_config
 from tfmulti.utils import checks, quiet
@@ -94,6 +94,8 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare_data(args: argparse.Namespace) -> int:
+    if args.data_dir:
+        check_posix_path("data_dir", args.data_dir)  # a URL would be a local ./gs:/... folder
     if args.dataset == "tfmulti_text":
         from tfmulti.data import text
 

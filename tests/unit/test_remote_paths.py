@@ -74,3 +74,13 @@ def test_diagnose_refuses_a_url_data_dir_in_one_line(capsys, tmp_path, monkeypat
     assert code == 2 and len(err) == 1, err
     assert "--data_dir 'gs://tfds-data/datasets' is a URL" in err[0]
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("dataset", ["fashion_mnist", "tfmulti_text"])
+def test_prepare_data_refuses_a_url_data_dir_in_one_line(dataset, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err, out = cli_main(["prepare-data", f"--dataset={dataset}",
+                               "--data_dir=gs://tfds-data/datasets"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "'gs://tfds-data/datasets' is a URL" in err[0]
+    assert os.listdir(tmp_path) == []  # no ./gs:/... folder

@@ -354,7 +354,7 @@ def launch(command: Sequence[str], num_workers: int = 2, pin_cpus: bool = False,
             `sys.stdout` at call time.
         max_restarts: after a worker fails (or is preempted, exit code 75, or 76 when no
             new backup was saved), stop the others and start all workers again, up to this
-            many times; 0 by default. A job run with a backup (`recipes/train.py
+            many times; 0 by default. A job run with a backup (`tfmulti train
             --backup_dir`, `tfmulti.training.backup.fit`) resumes from its newest one. Across hosts,
             a failure on any host restarts the workers of every host.
         hosts: a launch across hosts: "HOST[:N],HOST[:N],..." (or the same as

@@ -2,7 +2,7 @@
 
 `TrainConfig` is the single source of a training run's options. Each field
 carries its help text (`metadata["help"]`) and, where the values are a fixed
-set, its choices (`metadata["choices"]`); the flags of `recipes/train.py` and
+set, its choices (`metadata["choices"]`); the flags of `tfmulti train`, `recipes/train.py` and
 of `tfmulti diagnose` / `tfmulti estimate-memory` are generated from the
 fields (`tfmulti.config.flags`), so a new option is one field here.
 
@@ -215,7 +215,7 @@ _TRUST = (" Such a string imports a module and calls a function, running their c
 class TrainConfig:
     """A training run. Batch sizes are global (all replicas together).
 
-    Every field is also a flag of `recipes/train.py` (`--name=value`), with
+    Every field is also a flag of `tfmulti train` and `recipes/train.py` (`--name=value`), with
     the help text below each field's default in the source.
     """
 

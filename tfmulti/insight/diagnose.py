@@ -69,7 +69,7 @@ class Advice:
 
     @property
     def flags(self) -> str:
-        """The change as `recipes/train.py` / `tfmulti diagnose` flags."""
+        """The change as `tfmulti train` / `tfmulti diagnose` flags."""
         parts = []
         for key, value in self.settings.items():
             if key in _PIPELINE_SWITCHES:

@@ -24,7 +24,7 @@ weights are those of the unsplit model, each split weight once. (The
 sub-layers the constructor made stay listed by Keras, unused, unbuilt and
 without weights.) `join_layers` goes back, each tensor-parallel layer joined
 with its current weights; `split_for_pipeline` is what
-`recipes/train.py --tensor_parallel=T --model=module:function` calls.
+`tfmulti train --tensor_parallel=T --model=module:function` calls.
 
 Example:
     >>> import keras, tfmulti
@@ -467,7 +467,7 @@ def _element_wise(activation) -> bool:
 
 def split_for_pipeline(model: keras.Model, tensor_parallel: int, devices=None):
     """A user's model split for a one-stage pipeline of T devices
-    (`recipes/train.py --tensor_parallel=T --model=module:function`):
+    (`tfmulti train --tensor_parallel=T --model=module:function`):
     `split_layers` over the stage's devices, which it prints.
 
     Args:

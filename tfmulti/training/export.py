@@ -407,7 +407,7 @@ def rebuild(model_dir: str, spec: str, weights: str) -> keras.Model:
 
 def from_model_dir(model_dir: str, output: str, *, overwrite: bool = False,
                    model_module: str | None = None) -> str:
-    """Exports a run's model (what `recipes/train.py --model_dir` writes) as a
+    """Exports a run's model (what `tfmulti train --model_dir` writes) as a
     SavedModel at `output`: `tfmulti export`.
 
     The run's `model.keras` is loaded, with the Keras classes of `model_module`
@@ -448,7 +448,7 @@ def from_model_dir(model_dir: str, output: str, *, overwrite: bool = False,
             return saved_model(rebuild(model_dir, function, weights), output,
                                overwrite=overwrite)
         raise ValueError(f"`model_dir` {model_dir!r} has no {MODEL_FILE}; pass the directory "
-                         "a training run wrote (recipes/train.py --model_dir).")
+                         "a training run wrote (tfmulti train --model_dir).")
     try:
         model = keras.saving.load_model(source, compile=False, custom_objects=custom)
     except (TypeError, ValueError) as e:

@@ -1,4 +1,4 @@
-"""One training run from a config: the engine behind `recipes/train.py`.
+"""One training run from a config: the engine behind `tfmulti train` and `recipes/train.py`.
 
 Everything that can be checked is checked before anything is written, so a bad
 configuration leaves `model_dir` untouched. `model_dir` belongs to one run
