@@ -14,6 +14,10 @@ and the worker processes get it on PYTHONPATH (`_harness.worker_env`).
                        (arming the product's failpoints in the workers)
   simulated hosts      `simulated_hosts` (network namespaces joined by a
                        bridge; needs root), for the `scaling` suite
+  the engines          `engines` (the same 2-worker run under srun and Ray
+                       against `tfmulti launch`: `python -m benchmarks.engines`)
+                       and `slurm_cluster` (a private munge, slurmctld and
+                       slurmd on one node or two simulated hosts; needs root)
   the GPU check        `gpu_check` (`recipes/gpu_check.py`, `make gpu-check`)
   their tests          `benchmarks/tests` (pytest runs them with `tests/`)
 
