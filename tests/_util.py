@@ -430,6 +430,35 @@ def backup_dict_stream(step):
     return dataset.batch(32).repeat().skip(step)
 
 
+@contextlib.contextmanager
+def simulated_hosts_or_skip(count: int = 2):
+    """`count` simulated hosts (benchmarks.simulated_hosts: network namespaces joined
+    by a bridge; root), or the test skipped saying why they cannot be made here."""
+    from benchmarks import simulated_hosts
+
+    ok, why = simulated_hosts.available()
+    if not ok:
+        pytest.skip(f"cannot make network namespaces here: {why}")
+    with simulated_hosts.SimulatedHosts(count) as hosts:
+        yield hosts
+
+
+def stub_diagnose(monkeypatch) -> list:
+    """Replaces `tfmulti.insight.diagnose.diagnose` with a stub that records the config
+    it is given (returned list) and reports nothing: the CLI's parsing, without timing."""
+    import tfmulti.insight.diagnose as diagnose_module
+
+    seen = []
+
+    class Report:
+        def to_dict(self):
+            return {}
+
+    monkeypatch.setattr(diagnose_module, "diagnose",
+                        lambda config, **kwargs: seen.append(config) or Report())
+    return seen
+
+
 def cli_main(argv, capsys) -> tuple[int, list[str], str]:
     """`cli.main(argv)`: (exit code, stderr lines, stdout); argparse's exits count too."""
     from tfmulti import cli

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests._util import REPO, WORKERS
+from tests._util import REPO, WORKERS, simulated_hosts_or_skip
 from benchmarks import simulated_hosts
 
 pytestmark = pytest.mark.cluster
@@ -57,10 +57,7 @@ SLEEPER = textwrap.dedent('''
 
 @pytest.fixture
 def sim():
-    ok, why = simulated_hosts.available()
-    if not ok:
-        pytest.skip(f"cannot make network namespaces here: {why}")
-    with simulated_hosts.SimulatedHosts(2) as hosts:
+    with simulated_hosts_or_skip(2) as hosts:
         yield hosts
 
 

@@ -34,8 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import simulated_hosts
-from tests._util import RECIPES, REPO, WORKERS, launch_python
+from tests._util import RECIPES, REPO, WORKERS, launch_python, simulated_hosts_or_skip
 from tfmulti.cluster import exit_codes, launch, launcher, outbound, plan
 from tfmulti.cluster._process import children
 
@@ -381,10 +380,7 @@ def _needs_outbound_tool() -> None:
 
 @pytest.fixture
 def sim():
-    ok, why = simulated_hosts.available()
-    if not ok:
-        pytest.skip(f"cannot make network namespaces here: {why}")
-    with simulated_hosts.SimulatedHosts(2) as hosts:
+    with simulated_hosts_or_skip(2) as hosts:
         yield hosts
 
 
@@ -524,16 +520,23 @@ def test_isolated_workers_look_names_up_through_a_resolver_on_the_hosts_loopback
     assert Path("/etc/resolv.conf").read_text() != resolv.read_text()  # nothing leaked
 
 
-def test_without_the_networking_tool_isolated_workers_have_loopback_and_are_told(
-        monkeypatch):
-    _needs_isolation()
-    monkeypatch.setattr(outbound, "find", lambda: None)
+def _one_worker_with_loopback_only() -> list[str]:
+    """Launches one isolated worker that lists its interfaces, asserts it sees only
+    `lo`, and returns the launch's output lines."""
     code, output = launch_python(
         ["-c", "import socket; print('interfaces', [n for _, n in socket.if_nameindex()])"],
         num_workers=1)
     assert code == 0, output
     lines = output.splitlines()
     assert "[worker 0] interfaces ['lo']" in lines
+    return lines
+
+
+def test_without_the_networking_tool_isolated_workers_have_loopback_and_are_told(
+        monkeypatch):
+    _needs_isolation()
+    monkeypatch.setattr(outbound, "find", lambda: None)
+    lines = _one_worker_with_loopback_only()
     (said,) = [line for line in lines if "isolated" in line]
     assert said.endswith("they have no network beyond it (no bucket, tracker or download); "
                          "install the package slirp4netns to keep their outbound access "
@@ -546,12 +549,7 @@ def test_a_networking_tool_that_fails_leaves_loopback_and_one_line(monkeypatch, 
     fake.write_text("#!/bin/sh\necho 'slirp4netns: cannot open /dev/net/tun' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setattr(outbound, "find", lambda: str(fake))
-    code, output = launch_python(
-        ["-c", "import socket; print('interfaces', [n for _, n in socket.if_nameindex()])"],
-        num_workers=1)
-    assert code == 0, output
-    lines = output.splitlines()
-    assert "[worker 0] interfaces ['lo']" in lines
+    lines = _one_worker_with_loopback_only()
     assert [line for line in lines if "outbound network (" in line] == [
         "tfmulti launch: the workers have no outbound network (slirp4netns failed: "
         "slirp4netns: cannot open /dev/net/tun); they run with loopback only"]

@@ -18,7 +18,7 @@ from tfmulti.config import config_file
 from tfmulti.config import flags as config_flags
 from tfmulti.config.train_config import TrainConfig
 from tfmulti.training import outputs
-from tests._util import REPO, cli_main
+from tests._util import REPO, cli_main, stub_diagnose
 
 EXAMPLE = REPO / "docs" / "examples" / "train.yaml"
 
@@ -187,16 +187,9 @@ def test_the_recipe_takes_the_file_and_the_flags_win(yaml_file):
 def test_diagnose_and_estimate_memory_take_what_bears_on_them(yaml_file, monkeypatch, capsys):
     # A whole training configuration (a run's record has every field): diagnose leaves
     # out the fields it does not take (epochs, model_dir, ...), estimate-memory all but its own.
-    seen = []
-    import tfmulti.insight.diagnose as diagnose_module
     import tfmulti.memory.estimate as estimate_module
 
-    class Report:
-        def to_dict(self):
-            return {}
-
-    monkeypatch.setattr(diagnose_module, "diagnose",
-                        lambda config, **kwargs: seen.append(config) or Report())
+    seen = stub_diagnose(monkeypatch)
     code, err, _ = cli_main(["diagnose", "--config", yaml_file, "--global-batch-size=32",
                              "--json"], capsys)
     assert code == 0, err

@@ -20,7 +20,7 @@ from absl import flags
 from tfmulti import cli
 from tfmulti.config import flags as config_flags
 from tfmulti.config.train_config import TrainConfig, _field
-from tests._util import cli_main
+from tests._util import cli_main, stub_diagnose
 
 # The tools that take the training flags, each as a function argv -> TrainConfig.
 
@@ -79,15 +79,7 @@ def test_nojit_compile_is_taken_by_diagnose_as_by_the_recipe(tool, flag):
                                   ["--no-download"], ["--jit-compile=false"]])
 def test_diagnose_takes_the_spellings_end_to_end(argv, capsys, monkeypatch):
     # Through cli.main: parsed, validated, then the diagnosis (stubbed) gets the config.
-    seen = []
-    import tfmulti.insight.diagnose as diagnose_module
-
-    class Report:
-        def to_dict(self):
-            return {}
-
-    monkeypatch.setattr(diagnose_module, "diagnose",
-                        lambda config, **kwargs: seen.append(config) or Report())
+    seen = stub_diagnose(monkeypatch)
     code, err, _ = cli_main(["diagnose", "--dataset=synthetic", *argv, "--json"], capsys)
     assert code == 0, err
     assert len(seen) == 1
