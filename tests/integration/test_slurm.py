@@ -87,6 +87,18 @@ def _read(path) -> str:
         return f.read()
 
 
+def _tasks_exited(text: str, code: int) -> list[str]:
+    """The tasks srun says exited with `code`: one line a task ("task 1: Exited ...") or one
+    for tasks that exited together ("tasks 0-1: Exited ...", "tasks 0,2-3: ...")."""
+    tasks = []
+    pattern = rf"srun: error: .*tasks? ([\d,-]+): Exited with exit code {code}\b"
+    for spans in re.findall(pattern, text):
+        for span in spans.split(","):
+            first, _, last = span.partition("-")
+            tasks += [str(t) for t in range(int(first), int(last or first) + 1)]
+    return sorted(tasks)
+
+
 def _model(run_dir):
     return chaos_checks.keras_arrays(os.path.join(run_dir, "model", "model.keras"))
 
@@ -174,8 +186,7 @@ def test_a_signalled_job_saves_requeues_itself_and_resumes_to_the_same_weights(
     assert sorted(task for task, _ in saved) == ["0", "1"], text  # at one agreed step
     step = saved[0][1]
     assert {s for _, s in saved} == {step} and 0 < int(step) < EPOCHS * STEPS_PER_EPOCH, text
-    assert sorted(re.findall(r"srun: error: .*task (\d): Exited with exit code 75", text)) == [
-        "0", "1"], text
+    assert _tasks_exited(text, 75) == ["0", "1"], text
     assert f"train.sbatch: preempted, backup saved: requeueing job {job}" in text, text
     resumed = re.findall(r"^(\d): tfmulti: resuming from \S+: global step (\d+)", text, re.M)
     assert sorted(resumed) == [("0", step), ("1", step)], text
