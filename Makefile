@@ -3,6 +3,7 @@
 #   make test   set up, then run the whole test suite (what CI runs)
 # and the inner loop:
 #   make test-fast   the tests that start no process and run no notebook (tests/unit)
+#   make docs        build the docs site (MkDocs, --strict) into site/
 # and on a machine with NVIDIA GPUs:
 #   make gpu-check   tfmulti on the GPUs (at most 8 minutes; JSON + a table)
 PYTHON ?= python3
@@ -12,14 +13,14 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo test test-fast test-compat gpu-check install data network slurm clean
+.PHONY: demo test test-fast test-compat gpu-check install data network slurm browser docs clean
 
 install: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,notebooks]"
+	$(PY) -m pip install --quiet -e ".[test,notebooks,docs]"
 	touch $(STAMP)
 
 # Fashion-MNIST offline: the Debian package ships the original IDX files;
@@ -49,6 +50,20 @@ slurm:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq slurm-wlm munge; \
 	fi
+
+# A headless browser for tests/integration/test_site.py, which reads the built docs
+# site as a reader would: Debian's chromium and its WebDriver (driven by selenium).
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  echo "Installing Debian packages chromium and chromium-driver"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; \
+	fi
+
+# The docs site: docs/ (mkdocs.yml), the API reference from the docstrings, the
+# notebooks with their stored outputs; --strict fails on a broken link or reference.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 demo: data
 	$(PY) recipes/train.py --distribution=mirrored --num_virtual_devices=4 \
@@ -84,7 +99,7 @@ SLOW_FIRST := $(wildcard benchmarks/tests/test_end_to_end.py tests/integration/t
 SLOW_FILES := $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(shell \
   find tests benchmarks/tests -name 'test_*.py')))
 
-test: data network slurm
+test: data network slurm browser
 	$(PYTEST) --dist worksteal --durations=10 $(FAST)
 	$(PYTEST) --dist loadfile --no-loadscope-reorder --durations=15 $(SLOW) $(SLOW_FILES)
 
@@ -117,4 +132,4 @@ gpu-check: $(STAMP)
 	$(PY) recipes/gpu_check.py --output=runs/gpu_check.json
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) runs .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(COMPAT_VENV) runs site .pytest_cache build *.egg-info
