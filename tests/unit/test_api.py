@@ -1,5 +1,5 @@
 """The public API: a small, pinned set of top-level names, each documented
-in docs/api.md; everything else is reached through the layers' modules."""
+in docs/reference/api.md; everything else is reached through the layers' modules."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_every_public_name_resolves_and_is_documented():
 
 
 def test_the_reference_page_lists_every_public_name():
-    page = (REPO / "docs" / "api.md").read_text()
+    page = (REPO / "docs" / "reference" / "api.md").read_text()
     listed = set(re.findall(r"^##+ `tfmulti\.(\w+)`", page, flags=re.M))
     assert listed == set(PUBLIC)
 
@@ -37,7 +37,7 @@ def test_the_reference_page_lists_every_public_name():
 def test_each_modules_names_line_is_its_all():
     """A module's section on the reference page lists its `__all__`, so a name
     added to the module is added to the page."""
-    page = (REPO / "docs" / "api.md").read_text()
+    page = (REPO / "docs" / "reference" / "api.md").read_text()
     sections = re.findall(r"^### `tfmulti\.(\w+)`\n(.*?)(?=^##)", page, flags=re.M | re.S)
     checked = 0
     for name, body in sections:
