@@ -4,7 +4,7 @@ host), the documented batch script (deploy/slurm/train.sbatch) trains with one
 chief writing, and a job signalled the way a scheduler preempts saves, requeues
 itself and resumes to the uninterrupted run's weights; on two nodes (simulated
 hosts, each slurmd with its own address and host name), the batch script and
-`tfmulti launch --hosts slurm` under `srun` train the same run. See docs/slurm.md.
+`tfmulti launch --hosts slurm` under `srun` train the same run. See docs/how-to/slurm.md.
 
 The tests skip only where SLURM's programs are missing (`make test` installs
 them) or the machine cannot run slurmd or network namespaces (not root)."""
@@ -74,7 +74,7 @@ def _env(cluster, **extra) -> dict:
 
 def _submit(cluster, run_dir, env=None, *options) -> tuple[int, str]:
     """`sbatch [OPTIONS] deploy/slurm/train.sbatch` of the tiny run into `run_dir`,
-    as docs/slurm.md runs it; (job id, its output file)."""
+    as docs/how-to/slurm.md runs it; (job id, its output file)."""
     output = os.path.join(run_dir, "slurm.out")
     job = cluster.sbatch(f"--output={output}", f"--chdir={REPO}", *options, SCRIPT,
                          f"--model_dir={run_dir}/model", f"--backup_dir={run_dir}/backup",
@@ -216,7 +216,7 @@ def test_the_batch_script_on_two_nodes_trains_the_same_run(slurm2, uninterrupted
 
 def test_tfmulti_launch_hosts_slurm_under_srun_on_two_nodes(slurm2, uninterrupted, tmp_path):
     """`srun --ntasks-per-node=1 tfmulti launch --hosts slurm --num_workers 1`
-    (docs/many_hosts.md): one launcher per node, each starting its node's worker
+    (docs/how-to/many_hosts.md): one launcher per node, each starting its node's worker
     (`--num_workers` counts a node's); the same run as the batch script's."""
     ref_dir = uninterrupted[0]
     env = _env(slurm2, TFMULTI_LAUNCH_SECRET=secrets.token_hex(32))

@@ -13,7 +13,7 @@ def test_two_workers_read_only_their_own_files_and_train_every_example_once(tmp_
     """File sharding on 2 workers: each worker opens only its own files, the
     two shares of an epoch hold every example once, and training matches one
     process over the same files (test loss within 3%: the same examples per
-    epoch, in other global batches; see docs/data.md)."""
+    epoch, in other global batches; see docs/concepts/data.md)."""
     import importlib.util
     import json
 

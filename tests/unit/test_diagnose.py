@@ -24,7 +24,7 @@ MS = 1e-3
 # 30.69 ms"); the step on 4 times the batch 4.82 + 4 x 51.18 ms.
 NOISY = dict(fit_s=(30.69 * MS,), compute_s=(56.0 * MS, 55.0 * MS, 57.0 * MS),
              scaled_s=((4.82 + 4 * 51.18) * MS,) * 3, input_s=(0.5 * MS,) * 3)
-# Seed 000's figures in docs/diagnose.md (a quiet run): they add up.
+# Seed 000's figures in docs/how-to/diagnose.md (a quiet run): they add up.
 QUIET = dict(fit_s=(5.72 * MS,), compute_s=(3.6 * MS, 3.67 * MS, 3.7 * MS),
              scaled_s=((3.23 + 4 * 0.44) * MS,) * 3, input_s=(0.47 * MS,) * 3)
 

@@ -88,7 +88,7 @@ def _prose_map(text: str) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("where", ["tfmulti/__init__.py", "docs/development.md"])
+@pytest.mark.parametrize("where", ["tfmulti/__init__.py", "docs/contributing/development.md"])
 def test_the_prose_maps_follow_the_contract(where):
     """The layer maps people read list the contract's layers, in its order."""
     layers = [" | ".join(n.strip() for n in layer.split("|")) for layer in _contract_layers()]

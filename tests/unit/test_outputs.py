@@ -215,7 +215,7 @@ def test_a_resumed_run_keeps_its_pending_logs_and_knows_when_it_has_finished(tmp
 
 
 def test_the_runs_own_backup_dir_inside_model_dir_is_not_another_runs(tmp_path):
-    """`--backup_dir=DIR/backup --model_dir=DIR` (docs/many_hosts.md): the
+    """`--backup_dir=DIR/backup --model_dir=DIR` (docs/how-to/many_hosts.md): the
     backup, made before the claim, does not make the folder "not empty"."""
     (tmp_path / "backup").mkdir()
     assert outputs.claim(str(tmp_path), CONFIG, overwrite=False, resumable=True,

@@ -9,14 +9,15 @@ import re
 from tests._util import REPO
 
 SCRIPT = REPO / "deploy" / "slurm" / "train.sbatch"
-PAGE = REPO / "docs" / "slurm.md"
+PAGE = REPO / "docs" / "how-to" / "slurm.md"
 
 
 def test_the_page_shows_the_batch_scripts_own_lines():
     block = re.search(r"```sh\n(#SBATCH.*?)```", PAGE.read_text(), re.S).group(1)
     script = SCRIPT.read_text().splitlines()
     missing = [line for line in block.splitlines() if line not in script]
-    assert not missing, f"docs/slurm.md shows lines deploy/slurm/train.sbatch lacks: {missing}"
+    assert not missing, \
+        f"{PAGE.relative_to(REPO)} shows lines {SCRIPT.relative_to(REPO)} lacks: {missing}"
 
 
 def test_the_batch_script_requeues_on_the_preempted_exit_code():
