@@ -1,6 +1,6 @@
-"""The docs are tested: README.md, BENCHMARKS.md and docs/*.md.
+"""The docs are tested: README.md, BENCHMARKS.md and every page of the site (docs/**/*.md).
 
-Conventions (docs/development.md, "Docs tests"):
+Conventions (docs/contributing/development.md, "Docs tests"):
 
 * every ```python block runs, as written, in a fresh process with
   TFDS_DATA_DIR set to the prepared Fashion-MNIST (slow; a block that
@@ -14,8 +14,11 @@ Conventions (docs/development.md, "Docs tests"):
   ```text block right after such a block is their exact output;
 * outside code blocks: inline `--flags` are real flags, inline `tfmulti.x.y`
   names resolve, inline repository paths exist, relative links (and their
-  #anchors) resolve, every docs page links back to README.md and is linked
-  from it; README.md is at most 250 lines.
+  #anchors, as the site's table of contents makes them and, for the files
+  read on the repository's web page, as GitHub does) resolve, a page of the
+  site links only to pages of the site; every page of docs/ and every
+  notebook is in mkdocs.yml's nav (or deliberately in not_in_nav); README.md
+  links into every section of the site and is at most 250 lines.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import io
+import os
 import re
 import shlex
 import types
@@ -37,12 +42,17 @@ from tests._util import RECIPES, REPO
 
 README = REPO / "README.md"
 DOCS_DIR = REPO / "docs"
-DOC_FILES = [README, REPO / "BENCHMARKS.md", *sorted(DOCS_DIR.glob("*.md"))]
+MKDOCS_YML = REPO / "mkdocs.yml"
+# The site's pages (docs/notebooks is a link to ../notebooks: its notebooks are
+# pages too, checked by tests/unit/test_notebooks.py).
+SITE_PAGES = sorted(p for p in DOCS_DIR.rglob("*.md") if "_hooks" not in p.parts)
+ROOT_FILES = [README, REPO / "BENCHMARKS.md"]  # read on the repository's web page
+DOC_FILES = [*ROOT_FILES, *SITE_PAGES]
 README_MAX_LINES = 250
 NOT_CHECKED = "# not checked:"
 MAX_NOT_CHECKED = 3  # the marker is for placeholders, used sparingly
 LANGUAGES = {"python", "sh", "text", "json", "ini", "yaml"}
-HELP_FLAGS = {"-h", "--help", "--helpfull", "--helpshort"}
+HELP_FLAGS = {"-h", "--help", "--helpfull", "--helpshort", "--version"}
 FORWARDED = {"$@", "$*"}  # a wrapper script passing its own arguments on
 # Flags of other tools that the docs name inline.
 FOREIGN_FLAGS = {"net", "requeue", "logdir", "durations"}
@@ -512,14 +522,90 @@ def test_inline_repository_paths_exist():
     assert not missing, "\n".join(missing)
 
 
-def slug(heading: str) -> str:
-    """GitHub's anchor for a heading."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+def github_slug(heading: str) -> str:
+    """GitHub's anchor for a heading (README.md and BENCHMARKS.md are read there too)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+@functools.cache
+def _mkdocs_config() -> dict:
+    import yaml
+
+    return yaml.safe_load(MKDOCS_YML.read_text())
+
+
+def _markdown(page: Path):
+    """A Markdown converter for PAGE as the site has it: the extensions of
+    mkdocs.yml (the snippets' base paths from the repository's root) and the
+    site's hook for Markdown written for the repository."""
+    import markdown
+
+    names, configs = [], {}
+    for entry in _mkdocs_config()["markdown_extensions"]:
+        name, options = next(iter(entry.items())) if isinstance(entry, dict) else (entry, None)
+        names.append(name)
+        if options:
+            configs[name] = dict(options)
+    if "pymdownx.snippets" in configs:
+        snippets = configs["pymdownx.snippets"]
+        snippets["base_path"] = [str(REPO / b) for b in snippets.get("base_path", ["."])]
+    hook = _site_hook().RepositoryMarkdown(page.relative_to(DOCS_DIR).as_posix())
+    return markdown.Markdown(extensions=[*names, hook], extension_configs=configs)
+
+
+def _toc_ids(tokens) -> set:
+    ids = set()
+    for token in tokens:
+        ids |= {token["id"]} | _toc_ids(token["children"])
+    return ids
+
+
+@functools.cache
+def site_anchors(path: Path) -> frozenset:
+    """The ids of a page's headings on the site: MkDocs' table of contents."""
+    md = _markdown(path)
+    md.convert(path.read_text())
+    return frozenset(_toc_ids(md.toc_tokens))
 
 
 @functools.cache
 def anchors(path: Path) -> frozenset:
-    return frozenset(slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", prose(path), re.M))
+    """The #anchors a link to PATH may use: the site's, and for the files read
+    on the repository's web page, only those that GitHub makes the same."""
+    ids = site_anchors(path) if DOCS_DIR in path.parents else frozenset()
+    if path in ROOT_FILES:
+        github = {github_slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", prose(path), re.M)}
+        ids = frozenset(github) if path == README else frozenset(github) & _included_anchors(path)
+    return ids
+
+
+def _included_anchors(root_file: Path) -> frozenset:
+    """The site's anchors of a root file on the page that includes it."""
+    for page in SITE_PAGES:
+        if any(include == root_file for _, include in includes(page)):
+            return site_anchors(page)
+    return frozenset()
+
+
+_INCLUDE = re.compile(r'^--8<-- "([^"]+)"\s*$', re.M)
+
+
+def includes(page: Path) -> list[tuple[int, Path]]:
+    """(line, file) of the repository's files a page includes (pymdownx.snippets)."""
+    text = page.read_text()
+    return [(text.count("\n", 0, m.start()) + 1, REPO / m.group(1))
+            for m in _INCLUDE.finditer(text)]
+
+
+@functools.cache
+def _site_hook() -> types.ModuleType:
+    """The site's hook (mkdocs.yml), docs/_hooks/repository_markdown.py."""
+    spec = importlib.util.spec_from_file_location("repository_markdown", DOCS_DIR / "_hooks" /
+                                                  "repository_markdown.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def links(path: Path) -> list[tuple[int, str]]:
@@ -530,32 +616,118 @@ def links(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class Link:
+    where: str
+    target: str
+    base: Path  # the folder the target is relative to
+    on_site: bool  # a link of a site page: it must lead to a page of the site
+
+
+def all_links(path: Path) -> list[Link]:
+    """The relative links a reader follows from PATH: its own, and on a site
+    page those of the root files it includes, as the hook rewrites them."""
+    on_site = DOCS_DIR in path.parents
+    found = [Link(_where(path, line), target, path.parent, on_site)
+             for line, target in links(path) if not re.match(r"[a-z]+:", target)]
+    if on_site:
+        uri = path.relative_to(DOCS_DIR).as_posix()
+        for line, included in includes(path):
+            for inner_line, target in links(included):
+                if re.match(r"[a-z]+:", target):
+                    continue
+                found.append(Link(f"{_where(path, line)} ({_where(included, inner_line)})",
+                                  _site_hook().site_target(target, uri), path.parent,
+                                  True))
+    return found
+
+
 def test_relative_links_resolve():
     broken = []
     for path in DOC_FILES:
-        for line, target in links(path):
-            if re.match(r"[a-z]+:", target):
-                continue
-            file, _, anchor = target.partition("#")
-            goal = (path.parent / file).resolve() if file else path
+        for link in all_links(path):
+            file, _, anchor = link.target.partition("#")
+            goal = Path(os.path.normpath(link.base / file)) if file else path
             if not goal.exists():
-                broken.append(f"{_where(path, line)}: {target}")
+                broken.append(f"{link.where}: {link.target}")
+            elif link.on_site and file and DOCS_DIR not in goal.parents:
+                broken.append(f"{link.where}: {link.target} (outside docs/: not on the site; "
+                              f"name the file as code, `{goal.relative_to(REPO)}`)")
             elif anchor and goal.suffix == ".md" and anchor not in anchors(goal):
-                broken.append(f"{_where(path, line)}: {target} (no such heading)")
+                broken.append(f"{link.where}: {link.target} (no such heading)")
     assert not broken, "\n".join(broken)
 
 
-def test_docs_pages_link_back_to_the_readme():
-    pages = sorted(DOCS_DIR.glob("*.md"))
-    assert pages
-    for page in pages:
-        assert any(t.split("#")[0] == "../README.md" for _, t in links(page)), page.name
+def test_the_link_checker_reads_the_site():
+    page = DOCS_DIR / "how-to" / "own_model.md"
+    assert "../concepts/data.md" in {link.target.partition("#")[0] for link in all_links(page)}
+    assert "no-such-heading" not in anchors(DOCS_DIR / "concepts" / "data.md")
+    assert "files" in anchors(DOCS_DIR / "concepts" / "data.md")
+    hook = _site_hook()
+    assert hook.site_target("docs/how-to/slurm.md#notes", "benchmarks.md") == \
+        "how-to/slurm.md#notes"
+    assert hook.site_target("README.md", "benchmarks.md") == "index.md"
+    assert hook.site_target("recipes/train.py", "benchmarks.md") == "recipes/train.py"
 
 
-def test_readme_links_every_docs_page():
+def test_the_site_reads_the_fences_as_the_tests_do():
+    """Each page's code blocks on the site are the blocks the docs tests read,
+    and its headings those outside them (no fence the site misreads, showing
+    the code as text and its comments as headings)."""
+    wrong = []
+    for page in SITE_PAGES:
+        sources = [page, *(included for _, included in includes(page))]
+        headings = len(re.findall(r"^#{1,6} ", "".join(prose(p) for p in sources), re.M))
+        fenced = sum(len(blocks(p)) for p in sources)
+        md = _markdown(page)
+        html = md.convert(page.read_text())
+        shown = len(_toc_list(md.toc_tokens))
+        if (shown, html.count("<pre")) != (headings, fenced):
+            wrong.append(f"{page.relative_to(REPO)}: {shown} headings and {html.count('<pre')} "
+                         f"code blocks on the site, {headings} and {fenced} in the file")
+    assert not wrong, "\n".join(wrong)
+
+
+def _toc_list(tokens) -> list:
+    return [t for token in tokens for t in [token, *_toc_list(token["children"])]]
+
+
+def _nav_paths(entries) -> list[str]:
+    paths = []
+    for entry in entries:
+        value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+        paths += _nav_paths(value) if isinstance(value, list) else [value]
+    return paths
+
+
+def _not_in_nav() -> list[str]:
+    return [line.strip().lstrip("/") for line in
+            (_mkdocs_config().get("not_in_nav") or "").splitlines() if line.strip()]
+
+
+def test_every_page_is_in_the_nav():
+    nav = _nav_paths(_mkdocs_config()["nav"])
+    missing = [p for p in nav if not (DOCS_DIR / p).exists()]
+    assert not missing, f"mkdocs.yml's nav names pages that do not exist: {missing}"
+    assert len(nav) == len(set(nav)), "a page twice in the nav"
+    pages = [p.relative_to(DOCS_DIR).as_posix() for p in SITE_PAGES]
+    pages += [f"notebooks/{p.name}" for p in sorted((REPO / "notebooks").glob("*.ipynb"))]
+    outside = [p for p in pages if p not in nav and p not in _not_in_nav()]
+    assert not outside, f"pages of docs/ in neither the nav nor not_in_nav: {outside}"
+
+
+def test_readme_links_into_every_section_of_the_site():
     linked = {(README.parent / t.split("#")[0]).resolve() for _, t in links(README)}
-    unlinked = [p.name for p in sorted(DOCS_DIR.glob("*.md")) if p.resolve() not in linked]
-    assert not unlinked
+    # a root file the site includes (BENCHMARKS.md) is read here as its page
+    linked |= {page.resolve() for page in SITE_PAGES
+               if any(included.resolve() in linked for _, included in includes(page))}
+    for section in _mkdocs_config()["nav"]:
+        title, value = next(iter(section.items()))
+        pages = _nav_paths(value) if isinstance(value, list) else [value]
+        assert any((DOCS_DIR / p).resolve() in linked for p in pages), \
+            f"README.md links to no page of the site's section {title!r}"
+    for page in ("get-started/install.md", "get-started/first-run.md"):
+        assert (DOCS_DIR / page).resolve() in linked, page
 
 
 def test_readme_is_at_most_250_lines():
