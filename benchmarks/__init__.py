@@ -28,7 +28,9 @@ The benchmark suites: ratios measured within one run, medians of several repeats
 
 or, from a checkout, `python recipes/benchmark.py --suite=overhead`. Timed
 tests would flake on a shared machine, so the figures come from here, not
-from the test suite; BENCHMARKS.md records and discusses the runs.
+from the test suite; BENCHMARKS.md gives the latest figures and their
+commands, docs/contributing/benchmark_history.md the runs, the goals and each
+suite's method.
 
 Suites (`SUITES`, in the order `all` runs them; each module's docstring
 explains its method and figures):
