@@ -17,9 +17,11 @@ every public name.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import http.server
+import os
 import re
 import shutil
 import subprocess
@@ -33,13 +35,18 @@ from urllib.parse import urljoin, urlsplit
 
 import pytest
 import yaml
+from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 import tfmulti
 from tests._util import REPO
 
 pytestmark = pytest.mark.slow
 
-BUILD_TIMEOUT = 900  # the build renders every notebook and the API reference: minutes on a busy 2-core machine
+BUILD_TIMEOUT = 900  # every notebook and the API reference: minutes on a busy 2-core machine
 PAGE_TIMEOUT = 60  # a page's load, its images, a script's answer
 KEPT = REPO / "runs" / "site-test"  # screenshots and sources of the pages that fail
 
@@ -91,7 +98,8 @@ def build(tmp_path_factory) -> Build:
     site = tmp_path_factory.mktemp("site")
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-        cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+        cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     return Build(site, proc)
 
 
@@ -135,9 +143,6 @@ def served(site):
 @pytest.fixture(scope="module")
 def browser():
     """Headless Chromium through chromedriver, both Debian's."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
     assert chromium and chromedriver, (
         "no chromium or chromedriver in PATH: `make browser` installs Debian's "
@@ -160,8 +165,6 @@ def browser():
 def _open(driver, url: str) -> list[str]:
     """Loads `url` in the browser and returns what is wrong with it on every page:
     a status or title of 404, a reference left unresolved, a console error."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
     problems = []
     try:
         with urllib.request.urlopen(url.split("#")[0], timeout=PAGE_TIMEOUT) as response:
@@ -209,8 +212,17 @@ def _kept(driver, page: str, problems: list[str]) -> str:
     folder.mkdir(parents=True)
     driver.save_screenshot(str(folder / "screenshot.png"))
     (folder / "page.html").write_text(driver.page_source)
+    try:  # the whole page, beyond the window's height (Chromium's DevTools)
+        size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+        shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
+            "format": "png", "captureBeyondViewport": True, "clip": {
+                "x": 0, "y": 0, "width": size["width"],
+                "height": min(size["height"], 16000), "scale": 1}})
+        (folder / "full-page.png").write_bytes(base64.b64decode(shot["data"]))
+    except WebDriverException:
+        pass  # the window's screenshot is kept
     return (f"{page} ({driver.current_url}):\n  " + "\n  ".join(problems)
-            + f"\nscreenshot and page source kept in {folder}")
+            + f"\nscreenshots (screenshot.png, full-page.png) and source kept in {folder}")
 
 
 def _top_level_titles() -> list[str]:
@@ -288,8 +300,8 @@ def crawl(site: Path) -> tuple[dict[str, _Page], list[str]]:
 def _page_with_id(site: Path, anchor: str) -> str:
     """The built page holding the element `id=anchor` (relative path)."""
     for path in sorted(site.rglob("*.html")):
-        if f'id="{anchor}"' in path.read_text(errors="replace") and anchor in _Page(
-                path.read_text(errors="replace")).ids:
+        html = path.read_text(errors="replace")
+        if anchor in html and anchor in _Page(html).ids:
             return path.relative_to(site).as_posix()
     pytest.fail(f"no page of the built site has an element with id {anchor!r}")
 
@@ -304,23 +316,26 @@ def _url(base: str, page: str) -> str:
 def test_the_site_builds_with_strict(build):
     """`mkdocs build --strict` passes: no broken link, no missing reference, no
     warning of any plugin."""
-    warnings = [line for line in build.proc.stderr.splitlines() if "WARNING" in line]
-    assert build.proc.returncode == 0, (
-        f"mkdocs build --strict failed (exit {build.proc.returncode}), "
-        f"{len(warnings)} WARNING lines:\n" + "\n".join(warnings)
-        + f"\n--- stderr (end) ---\n{build.proc.stderr[-3000:]}")
+    lines = build.proc.stderr.splitlines()
+    warnings = [line for line in lines if line.startswith("WARNING")]
+    others = "\n".join(line for line in lines if not line.startswith(("WARNING", "INFO")))
+    if build.proc.returncode != 0:
+        pytest.fail(f"mkdocs build --strict failed (exit {build.proc.returncode}), "
+                    f"{len(warnings)} WARNING lines:\n" + "\n".join(warnings)
+                    + f"\n--- the rest of its stderr (end) ---\n{others[-3000:]}")
 
 
-def test_the_front_page(site, served, browser):
+def test_the_front_page(served, browser):
     """The front page: a title naming tfmulti, its headings, the nav's sections."""
-    from selenium.webdriver.common.by import By
-
     problems = _open(browser, served)
     if "tfmulti" not in browser.title:
         problems.append(f"the title {browser.title!r} does not name tfmulti")
-    if not any(h.is_displayed() and h.text.strip() for h in browser.find_elements(By.TAG_NAME, "h1")):
+    if not any(h.is_displayed() and h.text.strip()
+               for h in browser.find_elements(By.TAG_NAME, "h1")):
         problems.append("no visible h1 heading")
-    nav = "\n".join(e.text for e in browser.find_elements(By.CSS_SELECTOR, "nav, .md-tabs")).lower()
+    nav = browser.execute_script(  # the text shown by the tabs and the sidebars
+        "return Array.from(document.querySelectorAll('nav, .md-tabs'))"
+        ".map(e => e.innerText).join('\\n')").lower()
     for section in dict.fromkeys([*SECTIONS, *_top_level_titles()]):
         if section.lower() not in nav:
             problems.append(f"the nav does not show the section {section!r}")
@@ -330,17 +345,15 @@ def test_the_front_page(site, served, browser):
 def test_the_api_reference_of_trainconfig(site, served, browser):
     """The API reference of `TrainConfig`: its heading and every field's name
     visible in its section (not only in the collapsed source)."""
-    from selenium.webdriver.common.by import By
-
     anchor = "tfmulti.TrainConfig"
     page = _page_with_id(site, anchor)
     problems = _open(browser, f"{_url(served, page)}#{anchor}")
     heading = browser.find_element(By.ID, anchor)
     if not (heading.is_displayed() and "TrainConfig" in heading.text):
         problems.append(f"the heading #{anchor} is not shown (its text: {heading.text!r})")
-    section = browser.execute_script(
-        "return arguments[0].closest('.doc-object') || arguments[0].parentElement", heading)
-    text = section.text
+    text = browser.execute_script(  # what the section shows (innerText: rendered text only)
+        "return (arguments[0].closest('.doc-object') || arguments[0].parentElement).innerText",
+        heading)
     missing = [f.name for f in dataclasses.fields(tfmulti.TrainConfig)
                if not re.search(rf"\b{f.name}\b", text)]
     if missing:
@@ -350,8 +363,6 @@ def test_the_api_reference_of_trainconfig(site, served, browser):
 
 def test_a_notebook_page_shows_its_plots(site, served, browser):
     """A notebook page that plots: at least one image, and every image loaded."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
     found = sorted(site.rglob(f"{NOTEBOOK}/index.html"))
     assert found, f"the site has no page for notebooks/{NOTEBOOK}.ipynb"
     problems = _open(browser, _url(served, found[0].relative_to(site).as_posix()))
