@@ -1,4 +1,4 @@
-"""The docs are tested: README.md, BENCHMARKS.md and docs/*.md.
+"""The docs are tested: README.md, BENCHMARKS.md and every page of the site (docs/**/*.md).
 
 The tests that start processes or clusters; the in-process ones, and the
 conventions, are in tests/unit/test_docs.py."""
