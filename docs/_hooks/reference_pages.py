@@ -128,9 +128,9 @@ def cli_page() -> str:
         "The `tfmulti` command: one subcommand per job, each with the flags below (read from "
         "the parsers themselves, so this page is the `--help` of each subcommand). A flag "
         "is spelled with underscores or dashes (`--num_workers 2`, `--num-workers=2`); a "
-        "switch is turned off with `--no_NAME` (also `--no-NAME`), or given a value "
-        "(`--jit_compile=false`). `train`, `diagnose` and `estimate-memory` take the "
-        "training flags, one per field of `tfmulti.TrainConfig` "
+        "switch such as `--jit_compile` is turned off with `--no_jit_compile` (also "
+        "`--no-jit-compile`) or `--jit_compile=false`. `train`, `diagnose` and "
+        "`estimate-memory` take the training flags, one per field of `tfmulti.TrainConfig` "
         "([configuration](configuration.md)), and `--config FILE` gives their values in a "
         "YAML or JSON file (flags on the command line win). Bad input prints one line, "
         "`tfmulti COMMAND: error: ...`, and exits 2 ([exit codes](exit-codes.md)).",
@@ -177,7 +177,8 @@ def configuration_page() -> str:
         "",
         "Every field of `tfmulti.TrainConfig`, the one definition of a training run's "
         "options, with its type, default and meaning. Each field is also a flag of "
-        "`tfmulti train` and `recipes/train.py` (`--name=value`, see the [CLI](cli.md)) and "
+        "`tfmulti train` and `recipes/train.py` (`global_batch_size` is "
+        "`--global_batch_size=512`, see the [CLI](cli.md)) and "
         "a key of a `--config` file; from Python, `tfmulti.TrainConfig(name=value)`. "
         "Batch sizes are global: all replicas together. The [API](api.md) page has the "
         "class itself.",
