@@ -113,7 +113,7 @@ def notebook_launcher(function: Callable, args: Sequence = (), num_workers: int 
         function: a picklable callable; imports and TensorFlow objects belong inside it.
         args: positional arguments, plain picklable values.
         num_workers: how many workers; 2 by default.
-        **launch_options: `pin_cpus`, `port`, `startup_timeout`, `isolate`, `grace_period`
+        **launch_options (Any): `pin_cpus`, `port`, `startup_timeout`, `isolate`, `grace_period`
             (60 s by default), `max_restarts`, `output`, as for `launch`.
 
     Returns:

@@ -113,11 +113,11 @@ def as_dataset(data, *, label: str | None = None) -> tf.data.Dataset:
     """An unbatched `tf.data.Dataset` of `data`'s examples.
 
     Args:
-        data: a `tf.data.Dataset` (returned as is); a tuple `(features,
-            labels)` or `(features, labels, sample_weights)` where features are
-            an array, a dict of arrays (one per model input) or a DataFrame
-            (one matrix of its columns) and labels an array or Series; a
-            single array, dict or DataFrame (features only, or with `label`);
+        data (tf.data.Dataset | tuple | numpy.ndarray | dict | pandas.DataFrame): a
+            `tf.data.Dataset` (returned as is); a tuple `(features, labels)` or `(features, labels,
+            sample_weights)` where features are an array, a dict of arrays (one per model input) or
+            a DataFrame (one matrix of its columns) and labels an array or Series; a single array,
+            dict or DataFrame (features only, or with `label`);
         label: for a DataFrame: the column that holds the labels; the other
             columns become the features matrix.
 

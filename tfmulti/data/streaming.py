@@ -349,11 +349,10 @@ def distribute(
     buffer), so the next batch is already on each device when a step starts.
 
     Args:
-        dataset: the data, unbatched: a `tf.data.Dataset` (or a function
-            returning one), in-memory data (`(features, labels)` arrays,
-            dicts of arrays, a pandas DataFrame with `label`; see
-            `tfmulti.data.sources.as_dataset`), or files
-            (`tfmulti.data.from_files`).
+        dataset (tf.data.Dataset | tuple | numpy.ndarray | dict | Callable): the data, unbatched: a
+            `tf.data.Dataset` (or a function returning one), in-memory data (`(features, labels)`
+            arrays, dicts of arrays, a pandas DataFrame with `label`; see
+            `tfmulti.data.sources.as_dataset`), or files (`tfmulti.data.from_files`).
         strategy: the strategy whose replicas consume the data.
         global_batch_size: examples per step across all replicas.
         training: shuffle and drop the last partial global batch (see module doc).

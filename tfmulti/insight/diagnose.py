@@ -291,14 +291,15 @@ def diagnose(config: TrainConfig, *, prefetch: bool = True, cache: bool | None =
         prefetch: stream batches to the devices ahead of the step (default);
             False diagnoses the pipeline without prefetching.
         cache: cache the examples in memory (default: yes, as training does).
-        map_fn: optional per-example function, before the cache.
-        batch_map_fn: optional per-batch function after the cache (runs every
+        map_fn (Callable | None): optional per-example function, before the cache.
+        batch_map_fn (Callable | None): optional per-batch function after the cache (runs every
             epoch, like augmentation).
         seconds: about how long each timing runs (default 1).
         measure_advice: run the candidate changes to measure their gain
             (default); False lists them without gains.
         profile_dir: write a TensorBoard profiler trace of a few `fit` steps here.
-        progress: called with a line of text at each stage (e.g. `print`).
+        progress (Callable[[str], object] | None): called with a line of text at each stage (e.g.
+            `print`).
 
     Returns:
         A `Diagnosis`: `format()` for text, `to_dict()` for JSON, `plot(path)`.

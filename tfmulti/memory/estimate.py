@@ -73,12 +73,12 @@ def estimate_memory(
     """Estimates the training memory of each device.
 
     Args:
-        model: a built-in model name ("mlp", "cnn", "regression"), with its
+        model (str | Callable): a built-in model name ("mlp", "cnn", "regression"), with its
             default input shape (or `dataset`'s), "transformer"
             (`tfmulti.models.transformer`, of the sizes below), or your own model
             function (a callable or "package.module:function", as for
             training).
-        dataset: the data whose shapes the model takes (a dataset name or
+        dataset (str | Callable | None): the data whose shapes the model takes (a dataset name or
             your dataset function, as for training); needed for your own
             model unless its function takes no `input_shape`.
         distribution: "one_device" (the default), "mirrored", "pipeline" or "hybrid"
@@ -105,8 +105,11 @@ def estimate_memory(
             "transformer" only; default 1): attention, MLP and output head
             split over them (`tfmulti.parallel.tensor_split.split_transformer`),
             R x S x T devices in all.
-        seq_len, d_model, num_heads, num_layers: the transformer's sizes
-            (model "transformer" only; default `TrainConfig`'s).
+        seq_len: the transformer's sequence length (model "transformer"
+            only, as the three below; default `TrainConfig`'s, as theirs).
+        d_model: the transformer's width.
+        num_heads: the transformer's attention heads.
+        num_layers: the transformer's blocks.
         task: "auto", "classification" or "regression", as for training (your
             own model's function is offered `num_classes` for classification).
 

@@ -96,8 +96,8 @@ def build_model(
     Args:
         name: one of "mlp", "regression", "cnn".
         strategy: the strategy to build under; None uses the current one.
-        input_shape: per-example input shape; default (28, 28, 1) for images
-            and (1024,) for "regression".
+        input_shape (tuple[int, ...] | None): per-example input shape; default (28, 28, 1) for
+            images and (1024,) for "regression".
         num_classes: output logits (classifiers).
         dropout: dropout rate (0 disables it).
         seed: seeds the weight initializers (same seed, same weights) through
@@ -338,19 +338,18 @@ def compile_model(
             left unset (`default_loss`, `default_metrics`); optional when
             `loss` is given.
         strategy: the strategy the model was built under; None: the current one.
-        optimizer: a Keras optimizer name ("adam", the default, runs
-            TensorFlow's fused update, `tfmulti.models.optimizers.fuse`; "sgd",
-            "rmsprop", "adamw", ...), or a `keras.optimizers.Optimizer`
-            (kept, with its own learning rate; re-made under `strategy` if it
-            was made under another one).
+        optimizer (str | keras.optimizers.Optimizer): a Keras optimizer name ("adam", the default,
+            runs TensorFlow's fused update, `tfmulti.models.optimizers.fuse`; "sgd", "rmsprop",
+            "adamw", ...), or a `keras.optimizers.Optimizer` (kept, with its own learning rate;
+            re-made under `strategy` if it was made under another one).
         learning_rate: the rate tuned for `base_batch_size`, for an optimizer
             given by name (default 1e-3); an optimizer object brings its own.
-        loss: a Keras loss name, object or function `loss(y_true, y_pred)`;
-            default: `default_loss(task, model, one_hot=one_hot_labels)`,
+        loss (str | keras.losses.Loss | Callable | None): a Keras loss name, object or function
+            `loss(y_true, y_pred)`; default: `default_loss(task, model, one_hot=one_hot_labels)`,
             chosen from the layer that makes the model's output.
-        metrics: Keras metric names or objects; default:
-            `default_metrics(task, model, one_hot=one_hot_labels)` (none
-            when `task` is not given).
+        metrics (Sequence[str | keras.metrics.Metric] | None): Keras metric names or objects;
+            default: `default_metrics(task, model, one_hot=one_hot_labels)` (none when `task` is not
+            given).
         lr_scaling: "none" (default), "linear" or "sqrt"; scales the rate by
             `global_batch_size / base_batch_size`.
         global_batch_size: needed unless `lr_scaling` is "none" (with
@@ -375,7 +374,7 @@ def compile_model(
         one_hot_labels: the labels are one-hot rows (as many columns as the
             model's outputs): the default loss and accuracy are the
             categorical ones; False (the default): class ids.
-        **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
+        **compile_kwargs (Any): passed to `model.compile` (e.g. `jit_compile`).
 
     Returns:
         The model, compiled.

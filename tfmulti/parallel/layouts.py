@@ -45,11 +45,13 @@ def build_parallel_transformer(*, num_replicas: int = 1, num_stages: int = 1,
         num_stages: S pipeline stages per replica.
         tensor_parallel: T devices each stage is split over.
         num_microbatches: M, GPipe micro-batches per replica batch.
-        devices: R*S*T device names (see the module docstring); default: the
-            first R*S*T logical GPUs, else CPUs.
-        partition, remat, accumulate_steps: as `PipelineModel`'s.
+        devices (Sequence[str] | None): R*S*T device names (see the module
+            docstring); default: the first R*S*T logical GPUs, else CPUs.
+        partition (str | Sequence[int]): as `PipelineModel`'s.
+        remat: as `PipelineModel`'s.
+        accumulate_steps: as `PipelineModel`'s.
         seed: seeds the weights (`build_transformer`).
-        **sizes: `build_transformer`'s sizes (seq_len, d_model, num_heads,
+        **sizes (int | float | bool): `build_transformer`'s sizes (seq_len, d_model, num_heads,
             num_layers, mlp_ratio, dropout, padding_mask, vocab_size).
 
     Returns:

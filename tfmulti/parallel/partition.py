@@ -632,19 +632,18 @@ def plan_partition(layers, num_stages: int, method="params", input_shape=None,
     """Plans contiguous pipeline stages for a stack of layers or a chain of blocks.
 
     Args:
-        layers: A keras.Sequential (its `model.layers`), a list of layers,
-            a functional model (cut into blocks where a single tensor
-            crosses; see `tfmulti.parallel.chain`), or the chain of blocks
-            of one of them (`tfmulti.parallel.chain.chain_of`), used as it
-            is: a caller that holds the chain hands it over instead of
-            having it derived again.
+        layers (keras.Model | Sequence[keras.layers.Layer] | Chain): A keras.Sequential (its
+            `model.layers`), a list of layers, a functional model (cut into blocks where a single
+            tensor crosses; see `tfmulti.parallel.chain`), or the chain of blocks of one of them
+            (`tfmulti.parallel.chain.chain_of`), used as it is: a caller that holds the chain hands
+            it over instead of having it derived again.
         num_stages: The number of stages, 1 <= num_stages <= number of layers
             (blocks).
-        method: "params" (the default), "flops" or "time" (see `layer_costs`),
+        method (str | Sequence[int]): "params" (the default), "flops" or "time" (see `layer_costs`),
             balanced exactly by `partition_costs`; or a sequence of stage sizes
             in layers (blocks), checked by `validate_sizes` (stage costs are
             then parameter counts).
-        input_shape: A stack's per-example input shape, without the batch
+        input_shape (tuple[int, ...] | None): A stack's per-example input shape, without the batch
             dimension. Defaults to None: the model's own input shape when it
             has one. Needed to build unbuilt layers (called in order on a
             `keras.Input` of that shape) and for "flops"/"time".

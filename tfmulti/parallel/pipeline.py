@@ -201,26 +201,25 @@ class PipelineModel(keras.Model):
     """A Keras model whose layers run as a pipeline over devices.
 
     Args:
-        layers: a `keras.Sequential`, a list of layers (a stack: each layer
-            feeds the next) or a functional model that is a chain of blocks:
-            cut where a single tensor crosses, residuals inside blocks, any
-            number of inputs (a dict or list: token ids, an attention mask,
-            positions), one output (see `tfmulti.parallel.chain`). Model
-            inputs used by later blocks (side inputs) reach every stage that
-            uses them.
-        input_shape: a stack's per-example input shape; optional: without
+        layers (keras.Model | Sequence[keras.layers.Layer]): a `keras.Sequential`, a list of layers
+            (a stack: each layer feeds the next) or a functional model that is a chain of blocks:
+            cut where a single tensor crosses, residuals inside blocks, any number of inputs (a dict
+            or list: token ids, an attention mask, positions), one output (see
+            `tfmulti.parallel.chain`). Model inputs used by later blocks (side inputs) reach every
+            stage that uses them.
+        input_shape (tuple[int, ...] | None): a stack's per-example input shape; optional: without
             it, a stack of unbuilt layers is built from the first batch (as
             `keras.Sequential` is).
-        devices: R*S*T device names, replica-major (replica 0's stages
+        devices (Sequence[str] | None): R*S*T device names, replica-major (replica 0's stages
             first), each stage's T devices together: stage s of replica r on
             devices[(r*S + s)*T : (r*S + s + 1)*T]; T is 1 unless the model
             has tensor-parallel layers (`tfmulti.parallel.tensor_layers`), which are
             split over T devices: each stage's then run on its T devices,
             everything else on the first. Default: the first R*S*T logical
             GPUs, else logical CPUs.
-        num_stages: S; default: `len(devices) // num_replicas`, or 2.
+        num_stages (int | None): S; default: `len(devices) // num_replicas`, or 2.
         num_microbatches: M, micro-batches per replica batch (must divide it).
-        partition: how to cut the stack (chain of blocks): "params"
+        partition (str | Sequence[int]): how to cut the stack (chain of blocks): "params"
             (default), "flops", "time" (see `tfmulti.parallel.partition`),
             or explicit stage sizes.
         num_replicas: R data-parallel pipelines (hybrid); default 1.

@@ -333,18 +333,25 @@ class ColumnParallelDense(_ParallelDense):
 
     Args:
         units: output units (all shards together); a multiple of T.
-        devices: T device names, shard i on devices[i].
-        activation: applied by each shard to its outputs (element-wise).
+        devices (Sequence[str]): T device names, shard i on devices[i].
+        activation (str | Callable | None): applied by each shard to its outputs
+            (element-wise).
         use_bias: whether each shard adds its slice of a bias.
         gather_output: concatenate the shards' outputs on the home device
             into one tensor; by default (False) the output stays split, a
             list of T tensors, one per device, for a `RowParallelDense` (or
             `input_is_parallel` layer) to take.
-        kernel_initializer, bias_initializer: as `keras.layers.Dense`; a
-            shard is drawn as the same slice of a whole kernel would be.
-        kernel_regularizer, bias_regularizer: as `keras.layers.Dense`
-            (summed over the shards, the whole kernel's penalty for L1/L2).
-        **kwargs: `keras.layers.Layer` arguments (name, dtype, trainable).
+        kernel_initializer (str | keras.initializers.Initializer): as
+            `keras.layers.Dense`'s; a shard is drawn as the same slice of a
+            whole kernel would be.
+        bias_initializer (str | keras.initializers.Initializer): as
+            `keras.layers.Dense`'s, likewise.
+        kernel_regularizer (str | keras.regularizers.Regularizer | None): as
+            `keras.layers.Dense`'s (summed over the shards, the whole kernel's
+            penalty for L1/L2).
+        bias_regularizer (str | keras.regularizers.Regularizer | None): as
+            `keras.layers.Dense`'s, likewise.
+        **kwargs (Any): `keras.layers.Layer` arguments (name, dtype, trainable).
 
     Raises:
         ValueError: `units` not a multiple of T, unknown or repeated devices,
@@ -400,7 +407,7 @@ class ColumnParallelDense(_ParallelDense):
 
         Args:
             layer: a built `keras.layers.Dense` (left as it is).
-            devices: T device names.
+            devices (Sequence[str]): T device names.
             gather_output: as in the constructor.
 
         Raises:
@@ -432,16 +439,23 @@ class RowParallelDense(_ParallelDense):
 
     Args:
         units: output units.
-        devices: T device names, shard i on devices[i].
+        devices (Sequence[str]): T device names, shard i on devices[i].
         use_bias: add a bias after the sum (held on the home device).
         input_is_parallel: the input is already split, a list of T tensors
             (a `ColumnParallelDense`'s output; slice i used on device i);
             False: one tensor, split into T slices of its last axis (a
             multiple of T).
-        activation: applied after the sum, on the home device.
-        kernel_initializer, bias_initializer, kernel_regularizer,
-            bias_regularizer: as `keras.layers.Dense`.
-        **kwargs: `keras.layers.Layer` arguments (name, dtype, trainable).
+        activation (str | Callable | None): applied after the sum, on the home
+            device.
+        kernel_initializer (str | keras.initializers.Initializer): as
+            `keras.layers.Dense`'s.
+        bias_initializer (str | keras.initializers.Initializer): as
+            `keras.layers.Dense`'s.
+        kernel_regularizer (str | keras.regularizers.Regularizer | None): as
+            `keras.layers.Dense`'s.
+        bias_regularizer (str | keras.regularizers.Regularizer | None): as
+            `keras.layers.Dense`'s.
+        **kwargs (Any): `keras.layers.Layer` arguments (name, dtype, trainable).
 
     Raises:
         ValueError: unknown or repeated devices, an input that does not
@@ -515,7 +529,7 @@ class RowParallelDense(_ParallelDense):
 
         Args:
             layer: a built `keras.layers.Dense` (left as it is).
-            devices: T device names; the input rows (a multiple of T) split
+            devices (Sequence[str]): T device names; the input rows (a multiple of T) split
                 evenly.
             input_is_parallel: as in the constructor.
 
@@ -561,8 +575,9 @@ class ParallelMultiHeadAttention(TensorParallelLayer, keras.layers.MultiHeadAtte
     Args:
         num_heads: attention heads (all devices together); a multiple of T.
         key_dim: size of each head for query and key.
-        devices: T device names, heads [i * num_heads / T, ...) on devices[i].
-        **kwargs: the other `keras.layers.MultiHeadAttention` arguments
+        devices (Sequence[str]): T device names, heads [i * num_heads / T, ...)
+            on devices[i].
+        **kwargs (Any): the other `keras.layers.MultiHeadAttention` arguments
             (value_dim, dropout, use_bias, output_shape, kernel and bias
             initializers and regularizers, seed, name, dtype); inputs are
             (batch, length, features).
@@ -699,7 +714,7 @@ class ParallelMultiHeadAttention(TensorParallelLayer, keras.layers.MultiHeadAtte
         Args:
             layer: a built `keras.layers.MultiHeadAttention` on
                 (batch, length, features) inputs (left as it is).
-            devices: T device names; `num_heads` a multiple of T.
+            devices (Sequence[str]): T device names; `num_heads` a multiple of T.
 
         Raises:
             ValueError: not a built MultiHeadAttention, heads not a multiple

@@ -80,10 +80,10 @@ def split_layers(model: keras.Model, devices, *, print_fn=None) -> keras.Model:
 
     Args:
         model: a built Functional or Sequential `keras.Model`.
-        devices: T device names, shard i on devices[i]; T must divide the
+        devices (Sequence[str]): T device names, shard i on devices[i]; T must divide the
             heads of every attention and the width f of every MLP block.
-        print_fn: called with one line naming the layers split (Keras'
-            `summary` convention); default: `print`.
+        print_fn (Callable[[str], object] | None): called with one line naming the layers split
+            (Keras' `summary` convention); default: `print`.
 
     Returns:
         A new model of the same inputs and outputs.
@@ -107,8 +107,8 @@ def join_layers(model: keras.Model, *, print_fn=None) -> keras.Model:
     Args:
         model: a built Functional or Sequential `keras.Model` holding
             tensor-parallel layers, at any depth.
-        print_fn: called with one line naming the layers joined; default:
-            `print`.
+        print_fn (Callable[[str], object] | None): called with one line naming the layers joined;
+            default: `print`.
 
     Returns:
         A new model of the same inputs and outputs, of plain Keras layers

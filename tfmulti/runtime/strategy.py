@@ -222,7 +222,8 @@ def get_strategy(
 
     Args:
         kind: one of "auto", "one_device", "mirrored", "multi_worker".
-        devices: device names ("CPU:0", "/gpu:1", ...), or None for the default.
+        devices (Sequence[str] | None): device names ("CPU:0", "/gpu:1", ...), or None for the
+            default.
         cross_device_ops: how "mirrored" reduces gradients: "auto" (default,
             TensorFlow's choice), "nccl" (GPUs), "hierarchical_copy" (GPUs),
             or "reduce_to_one" (any device).
@@ -235,11 +236,11 @@ def get_strategy(
             or 60; TensorFlow's own is an hour): the process is then stopped
             (SIGKILL; TensorFlow's C++ runtime cannot be interrupted from
             Python) after a message naming the peers it waited for.
-        cluster_resolver: "multi_worker": "tf_config" (default), "slurm",
-            "auto" (TF_CONFIG when set, else SLURM under `srun` with 2 or more
-            tasks), or a `tf.distribute.cluster_resolver.ClusterResolver`;
-            with kind "auto", naming one (other than "auto") means
-            "multi_worker"; other kinds refuse it.
+        cluster_resolver (str | tf.distribute.cluster_resolver.ClusterResolver | None):
+            "multi_worker": "tf_config" (default), "slurm", "auto" (TF_CONFIG when set, else SLURM
+            under `srun` with 2 or more tasks), or a
+            `tf.distribute.cluster_resolver.ClusterResolver`; with kind "auto", naming one (other
+            than "auto") means "multi_worker"; other kinds refuse it.
 
     Returns:
         A `tf.distribute.Strategy`.

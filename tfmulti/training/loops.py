@@ -66,9 +66,9 @@ class TrainStep:
         loss_fn: (y_true, y_pred) -> one loss per example (shape [batch];
             trailing axes are averaged), e.g. a Keras loss with
             `reduction=None` or a plain function.
-        optimizer: a Keras optimizer created under `strategy.scope()` (a
-            `LossScaleOptimizer` for mixed float16).
-        strategy: the model's strategy; None: the current one.
+        optimizer (keras.optimizers.Optimizer): a Keras optimizer created under `strategy.scope()`
+            (a `LossScaleOptimizer` for mixed float16).
+        strategy (tf.distribute.Strategy | None): the model's strategy; None: the current one.
         global_batch_size: rows per update over all replicas (the batch of the
             dataset before distribution); divisible by replicas x
             `accumulate_steps`.
@@ -218,7 +218,7 @@ def run(train_step: TrainStep, dataset_from: Callable[[int], object], *, steps: 
             `tfmulti.data.DistributedInput` (`distribute(..., skip_steps=s)`).
             It must not run out before `steps`.
         steps: the global step to train up to (not the number of steps left).
-        backup: None, or an object with `resume_point()` (-> a point with a
+        backup (Backup | None): None, or an object with `resume_point()` (-> a point with a
             `.step`), `restore(point)` and `save(step)`, such as
             `tfmulti.training.backup.Backup`; every worker calls them at the same steps.
         save_every: with a backup, save after the call that reaches each

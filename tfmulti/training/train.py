@@ -221,7 +221,8 @@ def train(config: TrainConfig, callbacks=()) -> dict:
 
     Args:
         config: the run.
-        callbacks: extra Keras callbacks for `fit` (after those of `config.callbacks`).
+        callbacks (Sequence[keras.callbacks.Callback]): extra Keras callbacks for `fit` (after those
+            of `config.callbacks`).
 
     Returns:
         The metrics: the test split's loss and compiled metrics (`test_loss`,

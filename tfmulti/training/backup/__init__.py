@@ -83,9 +83,9 @@ multi-worker cluster or a PipelineModel):
 
 from __future__ import annotations
 
-from tfmulti.training.backup._checkpoint import (Backup, ResumePoint, UnreadableBackup,
-                                                 checkpoints, delete, latest_valid, lock,
-                                                 verify)
+from tfmulti.training.backup._checkpoint import (Backup, ResumePoint, checkpoints, delete,
+                                                 latest_valid, lock, verify)
+from tfmulti.training.backup._files import UnreadableBackup
 from tfmulti.training.backup._fit import FitResult, fit
 from tfmulti.training.backup._preemption import Preempted, PreemptedUnsaved
 

@@ -192,12 +192,12 @@ class Backup:
 
     Args:
         backup_dir: the chief's directory (created when the chief first uses it).
-        model: a Keras model (any strategy, or a PipelineModel), built before
+        model (keras.Model): a Keras model (any strategy, or a PipelineModel), built before
             `save` or `restore`. Its variables are keyed by their place in the
             model, so a backup restores with another replica count, on one
             device, or from a pipeline into its `to_sequential()` and back.
-        optimizer: the optimizer whose variables (slots, iteration count) are
-            saved; default: `model.optimizer` (None: none).
+        optimizer (keras.optimizers.Optimizer | None): the optimizer whose variables (slots,
+            iteration count) are saved; default: `model.optimizer` (None: none).
         keep: how many checkpoints the chief keeps (>= 1; 2 by default, so a
             damaged newest one has a fallback).
         fingerprint: the caller's fields that must not change across a resume

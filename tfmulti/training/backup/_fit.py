@@ -154,11 +154,12 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
     """`model.fit` that resumes from `backup_dir` at the next step.
 
     Args:
-        model: a compiled Keras model (under any strategy) or a PipelineModel.
+        model (keras.Model): a compiled Keras model (under any strategy) or a PipelineModel.
         dataset_from: `dataset_from(step)` returns the training data positioned
             after `step` global batches (a dataset that repeats over epochs,
             e.g. `tfmulti.data.distribute(..., skip_steps=step).dataset`).
-        epochs, steps_per_epoch: the whole run (steps are global batches).
+        epochs: the whole run's epochs.
+        steps_per_epoch: global batches per epoch.
         backup_dir: where the chief keeps its checkpoints.
         save_every_steps: also save every this many steps (rounded up to the
             model's steps per execution); default: only at epoch ends.
@@ -171,8 +172,10 @@ def fit(model, dataset_from: Callable[[int], object], *, epochs: int, steps_per_
         preemption: on SIGTERM, save at an agreed step and raise `Preempted`
             (a SystemExit with code 75; `PreemptedUnsaved`, 76, when the
             workers could not agree on a step).
-        callbacks, verbose, fit_kwargs: passed to `model.fit`; `verbose=0` also
-            silences the line printed at each backup. With `validation_data`,
+        callbacks (Sequence[keras.callbacks.Callback]): passed to `model.fit`.
+        verbose (str | int): passed to `model.fit`; `verbose=0` also
+            silences the line printed at each backup.
+        **fit_kwargs (Any): passed to `model.fit`. With `validation_data`,
             each epoch's backup is taken after its last step, before `fit`
             validates (which resets the metrics' training totals).
         steps_per_execution: the model's (`fit` runs the compiled value);
