@@ -54,8 +54,9 @@ MAX_NOT_CHECKED = 3  # the marker is for placeholders, used sparingly
 LANGUAGES = {"python", "sh", "text", "json", "ini", "yaml"}
 HELP_FLAGS = {"-h", "--help", "--helpfull", "--helpshort", "--version"}
 FORWARDED = {"$@", "$*"}  # a wrapper script passing its own arguments on
-# Flags of other tools that the docs name inline.
-FOREIGN_FLAGS = {"net", "requeue", "logdir", "durations"}
+# Flags of other tools that the docs name inline (unshare, sbatch, tensorboard,
+# pytest, mkdocs build).
+FOREIGN_FLAGS = {"net", "requeue", "logdir", "durations", "strict"}
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<code>.*?)^(?P=indent)```[ \t]*$",
                     re.M | re.S)
