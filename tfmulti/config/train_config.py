@@ -215,9 +215,9 @@ _TRUST = (" Such a string imports a module and calls a function, running their c
 class TrainConfig:
     """A training run. Batch sizes are global (all replicas together).
 
-    Every field is also a flag of `tfmulti train` and `recipes/train.py` (`--name=value`);
-    each field's help text (`dataclasses.fields(TrainConfig)[i].metadata["help"]`, written
-    after its default in the source) is the flag's help.
+    Every field is also a flag of `tfmulti train` and `recipes/train.py` (`--name=value`)
+    and a key of a `--config` file; its help text (`metadata["help"]`, after its default in
+    the source) is the flag's help.
     """
 
     distribution: str = _field(
