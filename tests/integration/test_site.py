@@ -7,7 +7,7 @@ HTTP on a free port and read in headless Chromium (Debian's `chromium` and
 that Selenium Manager never looks for a driver online): the front page, the API
 reference of `TrainConfig` and a notebook page that plots. On every page: a title
 that is no 404, no reference left unresolved in the text, no error in the
-browser's console. A page that fails leaves its screenshot and source in
+browser's console. A page that fails leaves its screenshots and source in
 `runs/site-test/<page>/`, named in the failure.
 
 The last test needs no browser: it follows the built pages' links from the front
@@ -18,6 +18,7 @@ every public name.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import functools
 import http.server
@@ -204,23 +205,38 @@ def _console_errors(driver, url: str) -> list[str]:
     return errors
 
 
+@contextlib.contextmanager
+def _kept_on_failure(driver, page: str):
+    """Gives a list for the problems found on a page; when there are some, or
+    anything raises, the test fails naming them and the folder that keeps the
+    page's screenshots and source (runs/site-test/<page>/)."""
+    problems = []
+    try:
+        yield problems
+    except Exception as error:
+        problems.append(f"{type(error).__name__}: {error}")
+        raise AssertionError(_kept(driver, page, problems)) from error
+    assert not problems, _kept(driver, page, problems)
+
+
 def _kept(driver, page: str, problems: list[str]) -> str:
-    """Saves the page's screenshot and source under runs/site-test/<page>/; the
+    """Saves the page's screenshots and source under runs/site-test/<page>/; the
     failure message."""
     folder = KEPT / page
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    driver.save_screenshot(str(folder / "screenshot.png"))
-    (folder / "page.html").write_text(driver.page_source)
-    try:  # the whole page, beyond the window's height (Chromium's DevTools)
+    try:
+        driver.save_screenshot(str(folder / "screenshot.png"))
+        (folder / "page.html").write_text(driver.page_source)
+        # The whole page, beyond the window's height (Chromium's DevTools).
         size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
         shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
             "format": "png", "captureBeyondViewport": True, "clip": {
                 "x": 0, "y": 0, "width": size["width"],
                 "height": min(size["height"], 16000), "scale": 1}})
         (folder / "full-page.png").write_bytes(base64.b64decode(shot["data"]))
-    except WebDriverException:
-        pass  # the window's screenshot is kept
+    except WebDriverException as error:  # what could be saved is kept
+        problems.append(f"(saving the page failed: {type(error).__name__}: {error})")
     return (f"{page} ({driver.current_url}):\n  " + "\n  ".join(problems)
             + f"\nscreenshots (screenshot.png, full-page.png) and source kept in {folder}")
 
@@ -257,7 +273,8 @@ class _Page(HTMLParser):
         self._skip += tag in ("script", "style")
 
     def handle_endtag(self, tag):
-        self._skip -= tag in ("script", "style") and self._skip > 0
+        if tag in ("script", "style") and self._skip:
+            self._skip -= 1
 
     def handle_data(self, data):
         if not self._skip:
@@ -266,7 +283,7 @@ class _Page(HTMLParser):
 
 def _target(site: Path, page: str, href: str) -> str | None:
     """The site file (relative path) an internal link points at; None for an
-    external link or one to the page itself."""
+    external link."""
     base = "http://site/"
     url = urlsplit(urljoin(base + page, href))
     if url.scheme not in ("http", "https") or url.netloc != "site":
@@ -327,19 +344,19 @@ def test_the_site_builds_with_strict(build):
 
 def test_the_front_page(served, browser):
     """The front page: a title naming tfmulti, its headings, the nav's sections."""
-    problems = _open(browser, served)
-    if "tfmulti" not in browser.title:
-        problems.append(f"the title {browser.title!r} does not name tfmulti")
-    if not any(h.is_displayed() and h.text.strip()
-               for h in browser.find_elements(By.TAG_NAME, "h1")):
-        problems.append("no visible h1 heading")
-    nav = browser.execute_script(  # the text shown by the tabs and the sidebars
-        "return Array.from(document.querySelectorAll('nav, .md-tabs'))"
-        ".map(e => e.innerText).join('\\n')").lower()
-    for section in dict.fromkeys([*SECTIONS, *_top_level_titles()]):
-        if section.lower() not in nav:
-            problems.append(f"the nav does not show the section {section!r}")
-    assert not problems, _kept(browser, "front-page", problems)
+    with _kept_on_failure(browser, "front-page") as problems:
+        problems += _open(browser, served)
+        if "tfmulti" not in browser.title:
+            problems.append(f"the title {browser.title!r} does not name tfmulti")
+        if not any(h.is_displayed() and h.text.strip()
+                   for h in browser.find_elements(By.TAG_NAME, "h1")):
+            problems.append("no visible h1 heading")
+        nav = browser.execute_script(  # the text shown by the tabs and the sidebars
+            "return Array.from(document.querySelectorAll('nav, .md-tabs'))"
+            ".map(e => e.innerText).join('\\n')").lower()
+        for section in dict.fromkeys([*SECTIONS, *_top_level_titles()]):
+            if section.lower() not in nav:
+                problems.append(f"the nav does not show the section {section!r}")
 
 
 def test_the_api_reference_of_trainconfig(site, served, browser):
@@ -347,34 +364,34 @@ def test_the_api_reference_of_trainconfig(site, served, browser):
     visible in its section (not only in the collapsed source)."""
     anchor = "tfmulti.TrainConfig"
     page = _page_with_id(site, anchor)
-    problems = _open(browser, f"{_url(served, page)}#{anchor}")
-    heading = browser.find_element(By.ID, anchor)
-    if not (heading.is_displayed() and "TrainConfig" in heading.text):
-        problems.append(f"the heading #{anchor} is not shown (its text: {heading.text!r})")
-    text = browser.execute_script(  # what the section shows (innerText: rendered text only)
-        "return (arguments[0].closest('.doc-object') || arguments[0].parentElement).innerText",
-        heading)
-    missing = [f.name for f in dataclasses.fields(tfmulti.TrainConfig)
-               if not re.search(rf"\b{f.name}\b", text)]
-    if missing:
-        problems.append(f"fields of TrainConfig not shown in its section: {missing}")
-    assert not problems, _kept(browser, "api-trainconfig", problems)
+    with _kept_on_failure(browser, "api-trainconfig") as problems:
+        problems += _open(browser, f"{_url(served, page)}#{anchor}")
+        heading = browser.find_element(By.ID, anchor)
+        if not (heading.is_displayed() and "TrainConfig" in heading.text):
+            problems.append(f"the heading #{anchor} is not shown (its text: {heading.text!r})")
+        text = browser.execute_script(  # what the section shows (rendered text only)
+            "return (arguments[0].closest('.doc-object') || arguments[0].parentElement)"
+            ".innerText", heading)
+        missing = [f.name for f in dataclasses.fields(tfmulti.TrainConfig)
+                   if not re.search(rf"\b{f.name}\b", text)]
+        if missing:
+            problems.append(f"fields of TrainConfig not shown in its section: {missing}")
 
 
 def test_a_notebook_page_shows_its_plots(site, served, browser):
     """A notebook page that plots: at least one image, and every image loaded."""
     found = sorted(site.rglob(f"{NOTEBOOK}/index.html"))
     assert found, f"the site has no page for notebooks/{NOTEBOOK}.ipynb"
-    problems = _open(browser, _url(served, found[0].relative_to(site).as_posix()))
-    browser.execute_script(  # images loaded lazily load once in view
-        "for (const i of document.images) { i.loading = 'eager'; i.scrollIntoView(); }")
-    WebDriverWait(browser, PAGE_TIMEOUT).until(
-        lambda d: all(i["complete"] for i in d.execute_script(IMAGES_JS)))
-    images = browser.execute_script(IMAGES_JS)
-    if not any(i["inContent"] for i in images):
-        problems.append("no image in the page's content (the notebook's stored plots)")
-    problems += [f"image not loaded: {i['src']!r}" for i in images if i["width"] <= 0]
-    assert not problems, _kept(browser, f"notebook-{NOTEBOOK}", problems)
+    with _kept_on_failure(browser, f"notebook-{NOTEBOOK}") as problems:
+        problems += _open(browser, _url(served, found[0].relative_to(site).as_posix()))
+        browser.execute_script(  # images loaded lazily load once in view
+            "for (const i of document.images) { i.loading = 'eager'; i.scrollIntoView(); }")
+        WebDriverWait(browser, PAGE_TIMEOUT).until(
+            lambda d: all(i["complete"] for i in d.execute_script(IMAGES_JS)))
+        images = browser.execute_script(IMAGES_JS)
+        if not any(i["inContent"] for i in images):
+            problems.append("no image in the page's content (the notebook's stored plots)")
+        problems += [f"image not loaded: {i['src']!r}" for i in images if i["width"] <= 0]
 
 
 def test_a_newcomer_reaches_a_first_run_and_every_reference_by_links(site):
