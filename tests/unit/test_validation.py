@@ -23,6 +23,12 @@ from tfmulti.training.train import train
 
 RUN = dict(dataset="synthetic", num_examples=320, global_batch_size=32, epochs=2, seed=0,
            verbose=0, validation_split=0.2)
+TWO = ("CPU:0", "CPU:1")
+"""The mirrored runs' devices: 2 replicas, not the 4 logical CPUs of the pytest
+process. In-process MirroredStrategy steps hand off between one thread per
+replica at every step and every all-reduce; on a loaded machine each hand-off
+waits for a core (the CI saw 85 s of wall for 4 CPU-s), and 2 replicas
+check the same cross-replica behaviour."""
 
 
 # --------------------------------------------------------------------------- bounds
@@ -119,10 +125,10 @@ def _held_out_loss(model_dir, num_examples=RUN["num_examples"], split=RUN["valid
 
 @pytest.mark.parametrize("fields", [
     dict(distribution="one_device"),
-    dict(distribution="mirrored"),
-    dict(distribution="pipeline", devices=("CPU:0", "CPU:1"), num_microbatches=2),
+    dict(distribution="mirrored", devices=TWO),
+    dict(distribution="pipeline", devices=TWO, num_microbatches=2),
     dict(distribution="hybrid", num_replicas=2, num_microbatches=2),
-    dict(distribution="mirrored", backup="yes"),
+    dict(distribution="mirrored", devices=TWO, backup="yes"),
 ], ids=["one_device", "mirrored", "pipeline", "hybrid", "mirrored_backup"])
 @pytest.mark.slow  # trains for seconds: the process tier
 def test_val_metrics_are_the_saved_models_on_the_held_out_examples(tmp_path, fields):
@@ -159,7 +165,7 @@ def test_a_run_resumed_at_its_end_reports_the_last_val_metrics(tmp_path):
 
 @pytest.mark.slow  # trains for seconds: the process tier
 def test_a_validation_entry_is_evaluated_every_epoch_under_mirrored(tmp_path):
-    metrics = train(TrainConfig(distribution="mirrored", dataset=_with_validation,
+    metrics = train(TrainConfig(distribution="mirrored", devices=TWO, dataset=_with_validation,
                                 model=own_model.build, global_batch_size=128, epochs=2,
                                 verbose=0, model_dir=str(tmp_path / "run")))
     x, y = own_model.arrays(256, 2)
@@ -179,8 +185,8 @@ def test_a_validation_split_of_files_is_read_to_its_end_every_epoch(tmp_path, re
     files = tfmulti.data.from_files(str(tmp_path / "part-*.tfrecord"), own_model.parse)
     history = keras.callbacks.History()
     metrics = train(TrainConfig(
-        distribution="mirrored", model=own_model.build, global_batch_size=64, epochs=2,
-        verbose=0, dataset=lambda: {"train": own_model.arrays(512, 0), "validation": files}),
+        distribution="mirrored", devices=TWO, model=own_model.build, global_batch_size=64,
+        epochs=2, verbose=0, dataset=lambda: {"train": own_model.arrays(512, 0), "validation": files}),
         callbacks=[history])
     x, y = own_model.arrays(80, 0)  # the files' 80 examples
     model = history.model
@@ -199,7 +205,8 @@ def test_callbacks_watching_val_loss_work(tmp_path, recwarn):
     stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10.0)
     path = tmp_path / "best.keras"
     checkpoint = keras.callbacks.ModelCheckpoint(path, monitor="val_loss", save_best_only=True)
-    metrics = train(TrainConfig(**{**RUN, "epochs": 5}), callbacks=[stop, checkpoint])
+    metrics = train(TrainConfig(**{**RUN, "epochs": 5}, devices=TWO),  # auto: mirrored
+                    callbacks=[stop, checkpoint])
     assert metrics["epochs_completed"] == 2 and stop.stopped_epoch == 1
     assert path.is_file() and checkpoint.best <= metrics["val_loss"]
     assert not [w for w in recwarn if "val_loss" in str(w.message)]  # no "not available"
