@@ -92,7 +92,7 @@ def _subcommand_section(name: str, parser: argparse.ArgumentParser, summary: str
     lines = [f"## `tfmulti {name}`", ""]
     lines += [f"{summary[0].upper()}{summary[1:]}." if summary else "", ""]
     if parser.description:
-        lines += [parser.description, ""]
+        lines += [cell(parser.description), ""]
     usage = parser.format_usage().removeprefix("usage: ").strip()
     lines += ["```text", re.sub(r"\n\s+", "\n    ", usage), "```", ""]
     lines += ["| Flag | Default | Help |", "| --- | --- | --- |"]
@@ -102,9 +102,10 @@ def _subcommand_section(name: str, parser: argparse.ArgumentParser, summary: str
         help_text = " ".join((action.help or "").split())
         default, help_text = _shown_default(action, help_text)
         if action.option_strings:
-            flag = ", ".join(code(f) + (f" {action.metavar}" if action.metavar and i == 0
-                                        and not f.startswith("--no") else "")
-                             for i, f in enumerate(_flag_names(action)))
+            names = _flag_names(action)
+            if action.metavar and action.metavar != action.dest.upper():  # FILE, PATH, ...
+                names[0] = f"{names[0]} {action.metavar}"
+            flag = ", ".join(code(name) for name in names)
             if action.required:
                 help_text = f"Required. {help_text}"
         else:

@@ -56,7 +56,7 @@ def test_the_cli_page_has_every_subcommand_and_flag():
     assert list(bodies) == list(subcommands)
     for name, parser in subcommands.items():
         flags = {m.group(1) for row in _table_rows(bodies[name])
-                 if (m := re.match(r"`(--\w[\w-]*)`", row[0]))}
+                 if (m := re.match(r"`(--\w[\w-]*)[` ]", row[0]))}
         options = {a.option_strings[0] for a in parser._actions
                    if a.option_strings and not isinstance(a, argparse._HelpAction)}
         assert flags == options, name
