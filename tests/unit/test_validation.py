@@ -165,9 +165,10 @@ def test_a_run_resumed_at_its_end_reports_the_last_val_metrics(tmp_path):
 
 @pytest.mark.slow  # trains for seconds: the process tier
 def test_a_validation_entry_is_evaluated_every_epoch_under_mirrored(tmp_path):
-    metrics = train(TrainConfig(distribution="mirrored", devices=TWO, dataset=_with_validation,
-                                model=own_model.build, global_batch_size=128, epochs=2,
-                                verbose=0, model_dir=str(tmp_path / "run")))
+    metrics = train(TrainConfig(distribution="mirrored", devices=TWO,
+                                dataset=_with_validation, model=own_model.build,
+                                global_batch_size=128, epochs=2, verbose=0,
+                                model_dir=str(tmp_path / "run")))
     x, y = own_model.arrays(256, 2)
     model = keras.models.load_model(tmp_path / "run" / "model.keras")
     want = model.evaluate(x, y, batch_size=256, return_dict=True, verbose=0)
