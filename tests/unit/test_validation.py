@@ -187,7 +187,8 @@ def test_a_validation_split_of_files_is_read_to_its_end_every_epoch(tmp_path, re
     history = keras.callbacks.History()
     metrics = train(TrainConfig(
         distribution="mirrored", devices=TWO, model=own_model.build, global_batch_size=64,
-        epochs=2, verbose=0, dataset=lambda: {"train": own_model.arrays(512, 0), "validation": files}),
+        epochs=2, verbose=0,
+        dataset=lambda: {"train": own_model.arrays(512, 0), "validation": files}),
         callbacks=[history])
     x, y = own_model.arrays(80, 0)  # the files' 80 examples
     model = history.model
