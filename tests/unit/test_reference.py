@@ -98,3 +98,14 @@ def test_the_exit_codes_page_has_every_code_of_the_module():
     assert listed == module
     for row in rows:
         assert row[2], row
+
+
+def test_the_reference_index_names_every_page_and_subcommand():
+    from tfmulti import cli
+
+    index = (pages.REFERENCE / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([\w-]+\.md)\)", index))
+    assert linked == {"api.md", *pages.PAGES}
+    cli_item = next(line for line in index.split("\n- ") if line.startswith("[CLI]"))
+    for name in cli._subcommands(cli.build_parser()):
+        assert f"`{name}`" in cli_item, name
