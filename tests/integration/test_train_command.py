@@ -1,5 +1,5 @@
 """`tfmulti train` as a user runs it (issue 29): a real run, the same run again
-from its `.tfmulti-run.json`, under `tfmulti launch`; `tfmulti --version`
+from its `.tfmulti-run.json`; `tfmulti --version`
 without TensorFlow; `recipes/train.py --help`. The in-process checks are in
 tests/unit/test_train_command.py, tests/unit/test_config_file.py and
 tests/unit/test_flag_style.py."""
@@ -45,20 +45,6 @@ def test_a_run_again_from_its_run_file_gives_the_same_metrics(tmp_path):
     recorded = [json.loads((folder / outputs.RUN_FILE).read_text())["config"]
                 for folder in (first, again)]
     assert recorded[1] == {**recorded[0], "model_dir": str(again)}
-
-
-@pytest.mark.cluster
-def test_tfmulti_launch_runs_tfmulti_train(tmp_path):
-    result = subprocess.run(
-        [str(TFMULTI), "launch", "--num-workers", "2", "--", str(TFMULTI), "train",
-         "--distribution=multi_worker", *TINY[1:], f"--model_dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
-    assert f"[worker 1] {outputs.OTHER_WORKER_LINE}" in output, output[-4000:]
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["num_replicas"] == 2
-    assert f"[worker 0] {outputs.summary_line(metrics)}" in output, output[-4000:]
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests._util import REPO
+from tfmulti.training import outputs
 
 # The checkout, less what is not source (copied, so that the build's own
 # build/ and .egg-info folders land in the copy).
@@ -81,9 +82,10 @@ print(json.dumps({"tfmulti": tfmulti.__file__, "path": sys.path,
 def test_the_wheel_installed_outside_the_checkout_is_the_whole_tool(wheel, tmp_path):
     """Installs the wheel into a fresh virtual environment in a temporary folder
     and runs the `tfmulti` command there, from a working directory outside the
-    checkout, with no PYTHONPATH: `--version`, `train` on synthetic data,
-    `launch --num_workers 2 -- tfmulti train --distribution=multi_worker`,
-    `estimate-memory` and `env`.
+    checkout, with no PYTHONPATH: `--version`, `launch --num_workers 2 -- tfmulti
+    train --distribution=multi_worker` on synthetic data (each worker runs the
+    wheel's `tfmulti train`; the chief alone writes and reports, the other worker
+    says it is done), `estimate-memory` and `env`.
 
     Proves: the wheel alone (no file of the repository: no recipe, no test
     helper, no editable install) is the tool: every module the `tfmulti`
@@ -98,13 +100,15 @@ def test_the_wheel_installed_outside_the_checkout_is_the_whole_tool(wheel, tmp_p
     packages through a `.pth` line naming its site-packages (Python appends
     that folder without running its own `.pth` files, so the test
     environment's editable tfmulti stays invisible: checked below), and the
-    wheel is installed with `--no-deps`. Nor does it prove other Python
-    versions or platforms.
+    wheel is installed with `--no-deps`, by the test environment's pip run
+    with the fresh environment's interpreter (`pip --python`: the environment is
+    made without pip of its own, which saves ensurepip's install). Nor does it
+    prove other Python versions or platforms.
     """
     venv, home = tmp_path / "venv", tmp_path / "home"
     home.mkdir()
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=300, capture_output=True)
     python, bin_dir = venv / "bin" / "python", venv / "bin"
     site = Path(subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -130,9 +134,10 @@ def test_the_wheel_installed_outside_the_checkout_is_the_whole_tool(wheel, tmp_p
     # The wheel, installed alone (the borrowed folder out of sight: pip would
     # otherwise see the test environment's tfmulti as the one to replace).
     borrowed.rename(borrowed.with_suffix(".off"))
-    run(str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel))
+    pip = (sys.executable, "-m", "pip", "--python", str(python))
+    run(*pip, "install", "-q", "--no-deps", "--no-index", str(wheel))
     borrowed.with_suffix(".off").rename(borrowed)
-    run(str(python), "-m", "pip", "check")
+    run(*pip, "check")
 
     where = json.loads(run(str(python), "-c", _WHERE).stdout)
     assert Path(where["tfmulti"]).is_relative_to(site), where["tfmulti"]
@@ -145,12 +150,17 @@ def test_the_wheel_installed_outside_the_checkout_is_the_whole_tool(wheel, tmp_p
     assert run(tfmulti, "--version").stdout.split() == ["tfmulti", version]
     train = ("train", "--dataset=synthetic", "--num_examples=512", "--model=mlp",
              "--epochs=1", "--global_batch_size=64")
-    run(tfmulti, *train, "--distribution=one_device", f"--model_dir={home / 'one'}")
-    assert (home / "one" / ".tfmulti-run.json").is_file()
+    # `tfmulti launch` of `tfmulti train`, each worker's `tfmulti` the wheel's (found on
+    # PATH): the one cluster of `tfmulti train` the suite launches (tests/integration/
+    # test_train_command.py held a second one, of the checkout's console script).
     launched = run(tfmulti, "launch", "--num_workers", "2", "--", "tfmulti", *train,
                    "--distribution=multi_worker", f"--model_dir={home / 'two'}", timeout=900)
-    assert "[worker 1]" in launched.stdout + launched.stderr
+    output = launched.stdout + launched.stderr
+    assert f"[worker 1] {outputs.OTHER_WORKER_LINE}" in output, output[-4000:]
     assert (home / "two" / ".tfmulti-run.json").is_file()
+    metrics = json.loads((home / "two" / "metrics.json").read_text())
+    assert metrics["num_replicas"] == 2
+    assert f"[worker 0] {outputs.summary_line(metrics)}" in output, output[-4000:]
     estimate = run(tfmulti, "estimate-memory", "--model=mlp", "--json").stdout
     assert json.loads(estimate)
     # The installed distribution's metadata is the wheel's (not the test environment's).
