@@ -33,7 +33,7 @@ data: $(STAMP)
 	fi
 	$(VENV)/bin/tfmulti prepare-data --dataset fashion_mnist
 
-# Outbound network for the workers that `tfmulti launch` isolates (docs/security.md):
+# Outbound network for the workers that `tfmulti launch` isolates (docs/how-to/security.md):
 # the Debian package slirp4netns, which the launcher's tests use.
 network:
 	@if ! command -v slirp4netns >/dev/null; then \
