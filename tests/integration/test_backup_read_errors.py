@@ -13,27 +13,26 @@ import glob
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from tests._util import RECIPES, REPO, CrashAt
+from tests._util import RECIPES, WORKERS, CrashAt, run_python_warm
 from tfmulti.training import backup
 
 # 256 examples in batches of 64: 4 steps an epoch; a backup every 2 steps.
 TINY = dict(distribution="one_device", dataset="synthetic", num_examples=256,
             global_batch_size=64, epochs=2, seed=0, backup_every_steps=2,
             steps_per_execution=1, verbose=0)
-NO_DAC = ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c",
-          'exec "$0" "$@"']  # root without the capabilities that bypass permissions
+NO_DAC = ["--drop_dac"]  # root without the capabilities that bypass permissions
 
 
-def _recipe(backup_dir, *prefix: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """recipes/train.py with TINY and `backup_dir`, run through `prefix`."""
+def _recipe(backup_dir, *confine: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """recipes/train.py with TINY and `backup_dir`, in a process of its own confined
+    first by tests/workers/confined.py's options `confine` (forked from the warm
+    server: TensorFlow imported already)."""
     flags = [f"--{k}={v}" for k, v in {**TINY, "backup_dir": backup_dir}.items()]
-    return subprocess.run([*prefix, sys.executable, str(RECIPES / "train.py"), *flags],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return run_python_warm([str(WORKERS / "confined.py"), *confine, "--",
+                            str(RECIPES / "train.py"), *flags], timeout=timeout)
 
 
 def _one_error(result: subprocess.CompletedProcess) -> str:
@@ -119,10 +118,8 @@ def test_a_full_backup_dir_ends_in_one_line_and_keeps_the_previous_backup(tmp_pa
     room = 2 * checkpoint + 2 * page + checkpoint // 2  # + the manifest and the lock file
     disk, after = tmp_path / "disk", tmp_path / "after"
     disk.mkdir()
-    script = (f'mount -t tmpfs -o size={room // 1024}k tmpfs "$1" || exit 99; disk=$1; '
-              'after=$2; shift 2; "$@"; code=$?; cp -a "$disk/backup" "$after"; exit $code')
-    result = _recipe(disk / "backup", "unshare", "-m", "sh", "-c", script, "sh", str(disk),
-                     str(after))
+    result = _recipe(disk / "backup", "--tmpfs", str(disk), f"{room // 1024}k",
+                     "--then_copy", str(disk / "backup"), str(after))
     error = _one_error(result)
     assert error.startswith(
         f"train.py: error: no space left on the device of --backup_dir '{disk}/backup' while "
