@@ -95,7 +95,7 @@ SLOW_FIRST := $(wildcard benchmarks/tests/test_end_to_end.py tests/integration/t
   tests/unit/test_validation.py tests/unit/test_pipeline_outputs.py \
   tests/integration/test_train_command.py \
   tests/integration/test_wheel.py tests/integration/test_logging_hooks.py \
-  tests/integration/test_deploy.py)
+  tests/integration/test_deploy.py tests/integration/test_site.py)
 SLOW_FILES := $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(shell \
   find tests benchmarks/tests -name 'test_*.py')))
 
