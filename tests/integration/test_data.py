@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests._util import popen_python_warm
 from tfmulti import data
 
 
@@ -16,19 +17,17 @@ from tfmulti import data
 def test_workers_preparing_fashion_mnist_at_once_take_turns(tmp_path, fake_idx):
     """Two processes preparing the same data dir at once (a cluster's workers on
     first use) both succeed: a lock serializes them, the second finds it prepared."""
-    import subprocess
-    import sys
-
     src, _ = fake_idx
     code = ("import sys; from tfmulti.data import catalog; "
             "catalog.prepare_fashion_mnist(sys.argv[1], sys.argv[2]); print('ok')")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "tfds"), str(src)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [popen_python_warm(["-c", code, str(tmp_path / "tfds"), str(src)])
              for _ in range(2)]
     try:
-        results = [p.communicate(timeout=240) for p in procs]
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
     finally:
         for p in procs:
             p.kill()
-    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
+            p.wait(timeout=30)
+    assert [p.returncode for p in procs] == [0, 0], [out[-2000:] for out in outputs]
+    assert all("ok" in out.splitlines() for out in outputs), outputs
     assert len(list(data.load("fashion_mnist", "train", data_dir=str(tmp_path / "tfds")))) == 12

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests._util import RECIPES, file_tree, run_python
+from tests._util import RECIPES, file_tree, run_python_warm
 
 _MODULE = '''
 import numpy as np
@@ -59,7 +59,7 @@ def test_a_data_error_is_one_line_and_exit_2_before_training(tmp_path, function,
     label 10 for 10 classes ended in a TensorFlow traceback, exit 1."""
     (tmp_path / "mydata.py").write_text(_MODULE)
     model_dir = tmp_path / "run"
-    result = run_python([str(RECIPES / "train.py"), f"--dataset=mydata:{function}",
+    result = run_python_warm([str(RECIPES / "train.py"), f"--dataset=mydata:{function}",
                          "--distribution=one_device", "--epochs=1", "--global_batch_size=32",
                          f"--model_dir={model_dir}", "--verbose=0"], timeout=240, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]

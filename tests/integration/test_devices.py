@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests._util import run_python
+from tests._util import run_python_warm
 
 
 @pytest.mark.slow
@@ -35,7 +35,7 @@ def test_fresh_process_splits_the_cpu_then_refuses_more_with_a_restart_hint():
             print("NO ERROR")
         print("CPUS:", len(tf.config.list_logical_devices("CPU")))
     """)
-    result = run_python(["-c", code], timeout=180)
+    result = run_python_warm(["-c", code], timeout=180)
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout
     assert "NAMES: ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2']" in out

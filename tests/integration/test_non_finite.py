@@ -1,8 +1,9 @@
 """recipes/train.py on NaN regression labels from the user's dataset hook (issue 27,
-findings 4 and 5), in a fresh process run from the hook's folder: one line, exit
-code 65, no traceback, nothing published; the hook's module is found in the
-current directory while a `configparser.py` next to it never replaces the
-standard library's.
+findings 4 and 5), in a process of its own run from the hook's folder (forked
+from the warm server of tests/_util.py: TensorFlow imported, `configparser`
+not): one line, exit code 65, no traceback, nothing published; the hook's
+module is found in the current directory while a `configparser.py` next to it
+never replaces the standard library's.
 
 (In-process, for each distribution, fit and the custom loop: tests/unit/test_non_finite.py.)
 """
@@ -13,7 +14,7 @@ import os
 
 import pytest
 
-from tests._util import RECIPES, launch_python, run_python
+from tests._util import RECIPES, launch_python, run_python_warm
 
 _HOOK = '''
 import configparser  # the standard library's, never the configparser.py next to this file
@@ -48,8 +49,8 @@ def test_nan_labels_end_the_recipe_in_one_line_with_exit_65_and_nothing_publishe
     ran = tmp_path / "shadow-ran"
     (tmp_path / "configparser.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
     model_dir, backup_dir = tmp_path / "run", tmp_path / "backup"
-    result = run_python([*_train(model_dir, backup_dir), "--distribution=one_device"],
-                        cwd=tmp_path)
+    result = run_python_warm([*_train(model_dir, backup_dir), "--distribution=one_device"],
+                             cwd=tmp_path)
     assert result.returncode == 65, result.stderr[-3000:]
     # tfmulti's and the recipe's own lines (TensorFlow's native start-up logs aside).
     errors = [line for line in result.stderr.splitlines()

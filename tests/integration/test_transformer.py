@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from tests._util import WORKERS, run_python
+from tests._util import WORKERS, run_python_warm
 from tests._util import assert_layout_equals_the_plain_model
 
 
 @pytest.mark.slow
 def test_two_replicas_of_two_stages_of_two_devices_equal_the_plain_model():
-    result = run_python([str(WORKERS / "layouts.py"), "2", "2", "2"], timeout=900)
+    result = run_python_warm([str(WORKERS / "layouts.py"), "2", "2", "2"], timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_layout_equals_the_plain_model(json.loads(result.stdout.strip().splitlines()[-1]), 8)

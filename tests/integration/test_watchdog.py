@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests._util import run_python
+from tests._util import run_python_warm
 
 
 @pytest.mark.slow
@@ -20,7 +20,7 @@ def test_startup_timeout_names_missing_peer():
             "tfmulti.get_strategy('multi_worker', startup_timeout=3)\n"
             "print('formed')\n")
     start = time.monotonic()
-    result = run_python(["-c", code], timeout=90, env={"TF_CONFIG": json.dumps(tf_config)})
+    result = run_python_warm(["-c", code], timeout=90, env={"TF_CONFIG": json.dumps(tf_config)})
     assert time.monotonic() - start < 60
     assert result.returncode != 0, result.stderr[-2000:]
     assert "did not form within 3 s" in result.stderr
