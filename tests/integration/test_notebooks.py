@@ -1,5 +1,10 @@
 """Executes every notebook in notebooks/ in small mode (TFMULTI_SMALL=1).
 
+The notebooks are stored with the outputs of a full-size run (the readers' copy,
+checked by tests/unit/test_notebooks.py); this test executes a copy in memory and
+writes it to the test's temporary folder, never over the stored file, and checks
+that the run left notebooks/ as it was.
+
 Each notebook runs in a fresh Jupyter kernel (a subprocess), so the virtual
 devices configured by conftest.py in this process do not matter: the notebook
 configures its own. The kernel is the "python3" kernelspec, which jupyter_client
@@ -20,7 +25,9 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 from nbclient.exceptions import CellExecutionError, CellTimeoutError  # noqa: E402
-from tests.unit.test_notebooks import NOTEBOOKS
+from tests._util import file_tree
+from tests.unit.test_notebooks import NOTEBOOK_DIR, NOTEBOOKS
+
 KERNEL_NAME = "python3"
 CELL_TIMEOUT_S = 300
 SMALL_ENV = {"TFMULTI_SMALL": "1"}
@@ -58,7 +65,8 @@ def _failed_cell(nb) -> str:
 @pytest.mark.notebook
 @pytest.mark.timeout(900)  # whole notebook; each cell has CELL_TIMEOUT_S
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs_in_small_mode(path: Path):
+def test_notebook_runs_in_small_mode(path: Path, tmp_path: Path):
+    stored = file_tree(NOTEBOOK_DIR)
     nb = nbformat.read(path, as_version=4)
     assert "TFMULTI_SMALL" in _source(nb), (
         f"{path.name} never reads TFMULTI_SMALL; add the small-size switch "
@@ -84,6 +92,10 @@ def test_notebook_runs_in_small_mode(path: Path):
                 f"{path.name}: {_failed_cell(nb)} raised an error:\n{_ANSI.sub('', str(e))}",
                 pytrace=False,
             )
+        finally:
+            nbformat.write(nb, tmp_path / path.name)  # the executed copy, to look at
+    assert file_tree(NOTEBOOK_DIR) == stored, (
+        f"running {path.name} changed notebooks/ (a stored notebook, or a file left there)")
 
 
 @pytest.mark.notebook
