@@ -611,8 +611,11 @@ def test_own_suite_runs_end_to_end(monkeypatch, capsys):
     keep the test short."""
     monkeypatch.setattr(_harness, "run_worker",
                         lambda kind, timeout=None, **config: worker.run(kind, config))
-    # The own-model part at its toy size too (the file launches' sizes are below).
+    # The own-model part at its toy size too (the file launches' sizes are below), and
+    # the hardware ceiling's (2 spinning processes for 0.2 s, not 2 s: CPU the suite
+    # would spend on a figure the test only checks is there).
     monkeypatch.setattr(own, "MODEL_SETTINGS", {**own.MODEL_SETTINGS, **own.TOY["model"]})
+    monkeypatch.setattr(_harness, "ceiling_seconds", lambda seconds: _harness.TOY_CEILING_SECONDS)
     r = bench.run_suite("own", 1, epoch_seconds=0.1, num_files=4, examples_per_file=128,
                         per_worker_batch=64, epochs=2)
     assert json.loads(json.dumps(r)) == r
