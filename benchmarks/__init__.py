@@ -57,9 +57,9 @@ Each suite module has `run(repeats, **options) -> dict` (its JSON record),
 `summarize(record) -> list[str]` (its headline lines) and `plot(record, ax)`
 (its panel of the figure). Measurements run in fresh worker processes
 (`python -m benchmarks.worker KIND CONFIG_JSON`), since virtual devices
-and thread counts must be set before TensorFlow starts (at toy size, a suite's
-measurements share one: `_harness.run_workers`); this process never imports
-TensorFlow. The other modules: `fixtures` (what the suites hold
+and thread counts must be set before TensorFlow starts (at toy size, every
+measurement of a run shares one: `_harness.run_worker`); this process never
+imports TensorFlow. The other modules: `fixtures` (what the suites hold
 tfmulti against, and their clocks), `cpus` (which core each thread runs on;
 `hardware_ceiling`), `worker`.
 

@@ -3,21 +3,28 @@ atomic JSON, the figure. Standard library only at import (no TensorFlow).
 
 Every measurement runs in a fresh process (`run_worker`), because virtual
 devices and thread counts must be set before TensorFlow starts; a worker
-(`python -m benchmarks.worker KIND CONFIG_JSON`) prints one JSON line.
+(`python -m benchmarks.worker KIND CONFIG_JSON`) prints one JSON line. At toy
+size, where the figures mean nothing, every `run_worker` of a benchmark run goes
+to one shared worker process instead (`python -m benchmarks.worker --serve`):
+one TensorFlow start for the run, not one per measurement.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
-__all__ = ["REPO_ROOT", "TOY_ENV", "ceiling_seconds", "first_examples", "fmt", "launch_pinned", "machine_worker",
-           "plot_results", "plot_step_seconds", "report", "run_worker", "run_workers",
-           "set_threads", "summary", "toy", "toy_sized", "worker_env"]
+__all__ = ["REPO_ROOT", "TOY_DEVICES", "TOY_ENV", "ceiling_seconds", "close_shared_worker",
+           "first_examples", "fmt", "launch_pinned", "machine_worker", "plot_results",
+           "plot_step_seconds", "report", "run_worker", "run_workers", "set_threads", "summary",
+           "toy", "toy_sized", "worker_env"]
 
 WORKER_MODULE = "benchmarks.worker"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,15 +109,99 @@ def worker_env() -> dict:
             "PYTHONPATH": REPO_ROOT + (os.pathsep + path if path else "")}
 
 
+TOY_DEVICES = 4
+"""The logical CPUs of the shared toy-size worker (`run_worker`), configured
+before its first worker runs: the most any worker asks for (the `devices`
+worker's 4); a worker's own `configure_virtual_devices(n)`, n <= 4, then
+changes nothing."""
+
+
+class _SharedWorker:
+    """The toy-size worker process (`python -m benchmarks.worker --serve`):
+    one `[kind, config]` JSON line in on its stdin, one `{"result": ...}` or
+    `{"error": traceback}` line out on its stdout per call; its stderr (and
+    what the workers print) goes to a temporary file, shown when it fails."""
+
+    def __init__(self):
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", WORKER_MODULE, "--serve", str(TOY_DEVICES)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            env=worker_env())
+
+    def _log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
+    def call(self, kind: str, config: dict, timeout: float) -> dict:
+        failed = f"benchmark worker {kind} {config} failed (the shared toy-size worker"
+        try:
+            self.process.stdin.write(json.dumps([kind, config]) + "\n")
+            self.process.stdin.flush()
+            ready = select.select([self.process.stdout], [], [], timeout)[0]
+            line = self.process.stdout.readline() if ready else None
+        except BrokenPipeError:
+            line = ""
+        if line is None:
+            self.close()
+            raise subprocess.TimeoutExpired(self.process.args, timeout)
+        if not line:
+            self.close()
+            raise RuntimeError(f"{failed} ended, {self.process.returncode}):\n{self._log_tail()}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"{failed}):\n{reply['error'][-3000:]}")
+        return reply["result"]
+
+    def close(self) -> None:
+        """Ends the process (end of its input; killed if it is still running 60 s
+        later)."""
+        try:
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+        self.log.close()
+
+
+_shared: list[_SharedWorker] = []  # the toy-size worker, once started
+
+
+def close_shared_worker() -> None:
+    """Ends the shared toy-size worker of `run_worker`, if one runs (also at exit)."""
+    while _shared:
+        _shared.pop().close()
+
+
+atexit.register(close_shared_worker)
+
+
 def run_worker(kind: str, timeout: float = 900, **config) -> dict:
     """Runs worker `kind` with `config` (its keyword arguments) in a fresh
-    process; returns the JSON object it printed last.
+    process; returns the JSON object it printed last. At toy size (`toy`), in
+    the shared worker process instead (started by the first call, ended at
+    exit or by `close_shared_worker`; a timeout or a crash ends it, the next
+    call starts another).
 
     Raises:
         RuntimeError: the worker failed or printed no result (its stderr's
-            tail in the message).
+            tail, or its traceback, in the message).
         subprocess.TimeoutExpired: it ran longer than `timeout` seconds.
     """
+    if toy():
+        if not _shared or _shared[0].process.poll() is not None:
+            close_shared_worker()
+            _shared.append(_SharedWorker())
+        try:
+            return _shared[0].call(kind, config, timeout)
+        finally:
+            if _shared and _shared[0].process.poll() is not None:
+                close_shared_worker()
     result = subprocess.run(worker_command(kind, **config), capture_output=True, text=True,
                             timeout=timeout, env=worker_env())
     lines = result.stdout.strip().splitlines()
@@ -125,9 +216,10 @@ def run_workers(calls: list[tuple[str, dict]], timeout: float = 900) -> list[dic
     their results in order.
 
     At toy size all of them run in one process (worker kind "several",
-    `benchmarks.worker.run_several`): one TensorFlow start for the lot instead of
-    one per measurement. The calls must then set TensorFlow up alike (the same
-    virtual devices); threads are those the first sets (`set_threads`).
+    `benchmarks.worker.run_several`, in the shared worker of `run_worker`): one
+    TensorFlow start for the lot instead of one per measurement. The calls must
+    then set TensorFlow up alike (at most `TOY_DEVICES` virtual devices);
+    threads are those the first worker of the process set (`set_threads`).
     """
     if not toy():
         return [run_worker(kind, timeout, **config) for kind, config in calls]

@@ -68,8 +68,7 @@ def worker(repeats: int, global_batch_size: int, steps_per_execution: int,
     """
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    _harness.set_threads(intra_op=1, inter_op=inter_op)
     from tfmulti import data
     from tfmulti.training import run as runs
     from benchmarks.fixtures import costly_batch_map

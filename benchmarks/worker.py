@@ -1,12 +1,15 @@
 """One benchmark measurement in a fresh process; prints its result as one JSON line.
 
     python -m benchmarks.worker KIND [CONFIG_JSON]
+    python -m benchmarks.worker --serve DEVICES
 
 KIND names a worker function (`WORKERS`), CONFIG_JSON its keyword arguments
 as a JSON object (default `{}`). Each worker sets up TensorFlow itself
 (virtual devices, thread counts) before the runtime starts, which is why it
 needs a process of its own; `benchmarks._harness.run_worker` starts one
 and reads the last line of its output. Bad arguments exit with code 2.
+`--serve` (`serve`) runs one worker after the other in this process, the
+shared worker of a toy-size benchmark run.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports Te
 import importlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
+import traceback  # noqa: E402
 
 from tfmulti.utils import checks  # noqa: E402
 
-__all__ = ["WORKERS", "main", "run", "run_several"]
+__all__ = ["WORKERS", "main", "run", "run_several", "serve"]
 
 WORKERS = {
     "machine": "benchmarks._harness:machine_worker",
@@ -67,8 +71,34 @@ def run_several(calls: list) -> dict:
     return {"results": [run(kind, config) for kind, config in calls]}
 
 
+def serve(devices: int, requests=None) -> int:
+    """The shared worker of a toy-size run (`benchmarks._harness.run_worker`):
+    configures `devices` logical CPUs, then for each `[kind, config]` JSON line
+    of `requests` (default stdin) runs that worker here and writes one line to
+    stdout: `{"result": ...}`, or `{"error": its traceback}` (and goes on to
+    the next). What the workers print goes to stderr, so stdout holds only
+    the replies. Returns 0 at the end of `requests`."""
+    import tfmulti
+
+    replies = os.fdopen(os.dup(1), "w")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    tfmulti.configure_virtual_devices(devices)
+    for line in sys.stdin if requests is None else requests:
+        try:
+            kind, config = json.loads(line)
+            reply = {"result": run(kind, config)}
+        except Exception:  # noqa: BLE001  (reported to the caller, which raises)
+            reply = {"error": traceback.format_exc()}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--serve" and args[1].isdigit():
+        return serve(int(args[1]))
     if len(args) not in (1, 2):
         print(f"usage: python -m benchmarks.worker KIND [CONFIG_JSON]; KIND is one of "
               f"{list(WORKERS)}", file=sys.stderr)

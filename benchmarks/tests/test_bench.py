@@ -456,6 +456,25 @@ def test_run_worker_reports_a_failed_worker():
 
 
 @pytest.mark.slow
+def test_run_worker_at_toy_size_shares_one_process_and_reports_a_failed_worker(monkeypatch):
+    """At toy size every worker of a run goes to one process (one TensorFlow start):
+    a failing worker is reported with its traceback and the process goes on; it
+    ends at `close_shared_worker` (and at exit)."""
+    monkeypatch.setenv(_harness.TOY_ENV, "1")
+    try:
+        first = _harness.run_worker("machine", timeout=120)
+        (shared,) = _harness._shared
+        with pytest.raises(RuntimeError, match=r"(?s)benchmark worker pipeline \{'bogus': 1\} "
+                                               r"failed \(the shared toy-size worker\).*bogus"):
+            _harness.run_worker("pipeline", timeout=120, bogus=1)
+        assert _harness.run_worker("machine", timeout=120) == first
+        assert _harness._shared == [shared] and shared.process.poll() is None
+    finally:
+        _harness.close_shared_worker()
+    assert _harness._shared == [] and shared.process.returncode == 0
+
+
+@pytest.mark.slow
 def test_benchmark_recipe_refuses_bad_options_before_running_anything(tmp_path):
     output = tmp_path / "bench.json"
     result = run_python([BENCHMARK, "--suite=baseline", "--baseline_steps_per_execution=100",
