@@ -101,7 +101,7 @@ SLOW_FILES := $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(shell \
 
 test: data network slurm browser
 	$(PYTEST) --dist worksteal --durations=10 $(FAST)
-	$(PYTEST) --dist loadfile --no-loadscope-reorder --durations=15 $(SLOW) $(SLOW_FILES)
+	$(PYTEST) --dist loadfile --no-loadscope-reorder --durations=40 $(SLOW) $(SLOW_FILES)
 
 test-fast: data
 	$(PYTEST) --dist worksteal --durations=10 $(FAST)
