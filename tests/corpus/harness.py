@@ -8,9 +8,9 @@ that follow (`assert_close`):
   (`tfmulti.data.distribute`); Keras' `fit` shuffles with another one. The
   two runs see the same examples in other orders, so their weights follow
   different paths from the same initial weights (same seed);
-- replica reductions: 4 replicas (or 2 workers) each compute the gradient of
-  a quarter (a half) of the global batch and sum them: the same gradient up
-  to float rounding order;
+- replica reductions: 2 replicas (or 2 workers) each compute the gradient of
+  half the global batch and sum them: the same gradient up to float
+  rounding order;
 - per-replica statistics and randomness: BatchNormalization normalizes each
   replica's slice with that slice's own mean and variance (Keras does not
   synchronize them), and Dropout draws its masks per replica;
