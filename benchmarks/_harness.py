@@ -142,7 +142,8 @@ class _SharedWorker:
             line = self.process.stdout.readline() if ready else None
         except BrokenPipeError:
             line = ""
-        if line is None:
+        if line is None:  # the worker still runs: no end of input would stop it
+            self.process.kill()
             self.close()
             raise subprocess.TimeoutExpired(self.process.args, timeout)
         if not line:
