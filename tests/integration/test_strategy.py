@@ -43,6 +43,7 @@ def test_two_workers_match_mirrored_two_devices(tmp_path):
     assert output.count("done") == 2
     lines = output.splitlines()
     assert "[worker 0] total=3.0" in lines and "[worker 1] total=3.0" in lines, output[-4000:]
+    assert "[worker 0] same strategy=True" in lines, output[-4000:]
     assert "workers are isolated in a private network namespace" in output
     mirrored = get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
     for name, use_dict in worker.VARIANTS.items():

@@ -82,6 +82,9 @@ def main(out_dir: str, variants=tuple(VARIANTS)) -> None:
     strategy = tfmulti.get_strategy("multi_worker" if config else "mirrored")
     if config is not None:
         print(f"total={all_reduce_ranks(strategy, config['task']['index'])}", flush=True)
+        # A second call (a second train in one script) gets this strategy back,
+        # not a new one that would reset the running server's collectives.
+        print(f"same strategy={tfmulti.get_strategy('multi_worker') is strategy}", flush=True)
     for name in variants:
         arrays = run(strategy, VARIANTS[name])
         if tf_config.is_chief(config):

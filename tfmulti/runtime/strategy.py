@@ -165,6 +165,9 @@ def _multi_worker(communication: str, collective_timeout: float | None,
         raise ValueError(f"`cluster_resolver` must be one of {list(CLUSTER_RESOLVERS)} or a "
                          f"tf.distribute.cluster_resolver.ClusterResolver, got "
                          f"{cluster_resolver!r}.")
+    key = _cluster_key(resolver, communication, collective_timeout)
+    if key is not None and key in _MULTI_WORKER:
+        return _MULTI_WORKER[key]
     peers, me = _resolver_peers(resolver)  # named if the cluster does not form
     options = tf.distribute.experimental.CommunicationOptions(
         implementation={
@@ -175,8 +178,31 @@ def _multi_worker(communication: str, collective_timeout: float | None,
         timeout_seconds=collective_timeout,
     )
     with _StartupWatchdog(startup_timeout, peers, me):
-        return tf.distribute.MultiWorkerMirroredStrategy(
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver, communication_options=options)
+    if key is not None:
+        _MULTI_WORKER[key] = strategy
+    return strategy
+
+
+# The MultiWorkerMirroredStrategy of this process, per cluster and options. A
+# second one for the same cluster (a second `tfmulti.train` in one script, a
+# notebook cell run again) would re-enable collective ops on the running server:
+# TensorFlow then resets this worker's rendezvous, and a peer already sending
+# the next model's first broadcast fails ("Delete called on non-empty
+# BufRendezvous"), then both workers do. The one strategy serves every model.
+_MULTI_WORKER: dict = {}
+
+
+def _cluster_key(resolver, communication: str, collective_timeout: float | None):
+    """What makes two multi-worker strategies the same, or None when the resolver
+    cannot say (then a new strategy is made, as TensorFlow would)."""
+    try:
+        spec = json.dumps(resolver.cluster_spec().as_dict(), sort_keys=True, default=str)
+        return (spec, resolver.task_type, int(resolver.task_id),
+                getattr(resolver, "rpc_layer", None), communication, collective_timeout)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _with_fixes(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
@@ -203,7 +229,10 @@ def get_strategy(
           host) over `devices`, by default all GPUs, else all logical CPUs.
         * "multi_worker": `MultiWorkerMirroredStrategy` (synchronous data
           parallelism over processes or hosts) from TF_CONFIG (validated
-          first, see `tfmulti.cluster`), or SLURM.
+          first, see `tfmulti.cluster`), or SLURM. One per process and
+          cluster: a second call (a second `tfmulti.train` in one script)
+          returns the first, since a new one would reset the running
+          server's collectives under the peers' feet.
         * "auto" (default): "multi_worker" when a `cluster_resolver` is
           given, or under `tfmulti launch` (its TF_CONFIG lists 2 or more
           tasks; any other TF_CONFIG of 2 or more tasks is refused: pass
