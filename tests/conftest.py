@@ -47,6 +47,36 @@ tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 gc.freeze()
 
 
+# A tf.data iterator that lived a minute or more takes up to a minute to be
+# destroyed: its autotuning thread first ends the optimization period it waits
+# in (TensorFlow 2.21; here an iterator of 100 s took 42 s, one of 12 s none).
+# Keras keeps a fit's iterator in reference cycles, so a test's iterators were
+# destroyed by whichever later garbage collection found them, old by then: a
+# later test stalled in it, without CPU, for 36-188 s in a process-tier run.
+# Each test that made an iterator now has its garbage collected as it ends,
+# while its iterators are young.
+from tensorflow.python.data.ops import iterator_ops  # noqa: E402
+
+_iterators_made = [0]
+_owned_iterator_init = iterator_ops.OwnedIterator.__init__
+
+
+def _counted_iterator_init(self, *args, **kwargs):
+    _iterators_made[0] += 1
+    _owned_iterator_init(self, *args, **kwargs)
+
+
+iterator_ops.OwnedIterator.__init__ = _counted_iterator_init
+
+
+@pytest.fixture(autouse=True)
+def _young_iterators_destroyed():
+    made = _iterators_made[0]
+    yield
+    if _iterators_made[0] != made:
+        gc.collect()
+
+
 @pytest.fixture(scope="session")
 def fashion_mnist_data_dir() -> str:
     """The TFDS data dir holding real Fashion-MNIST (prepared from the Debian

@@ -7,3 +7,4 @@ from __future__ import annotations
 
 from tests.conftest import *  # noqa: F401,F403  (the devices, the fixtures)
 from tests.conftest import pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401  (hooks)
+from tests.conftest import _young_iterators_destroyed  # noqa: F401  (autouse)
