@@ -3,7 +3,8 @@
 The notebooks are stored with the outputs of a full-size run (the readers' copy,
 checked by tests/unit/test_notebooks.py); this test executes a copy in memory and
 writes it to the test's temporary folder, never over the stored file, and checks
-that the run left notebooks/ as it was.
+that the run left notebooks/ as it was and removed the tfmulti folders it made in
+its TMPDIR (its launches' worker folders, a notebook's example files).
 
 Each notebook runs in a fresh Jupyter kernel (a subprocess), so the virtual
 devices configured by conftest.py in this process do not matter: the notebook
@@ -79,7 +80,9 @@ def test_notebook_runs_in_small_mode(path: Path, tmp_path: Path):
         timeout=CELL_TIMEOUT_S,
         resources={"metadata": {"path": str(path.parent)}},  # cwd of the kernel
     )
-    with _environ(**SMALL_ENV):
+    scratch = tmp_path / "tmp"  # the kernel's TMPDIR (its workers' too)
+    scratch.mkdir()
+    with _environ(**SMALL_ENV, TMPDIR=str(scratch)):
         try:
             client.execute()
         except CellTimeoutError as e:
@@ -96,6 +99,9 @@ def test_notebook_runs_in_small_mode(path: Path, tmp_path: Path):
             nbformat.write(nb, tmp_path / path.name)  # the executed copy, to look at
     assert file_tree(NOTEBOOK_DIR) == stored, (
         f"running {path.name} changed notebooks/ (a stored notebook, or a file left there)")
+    # What the notebook (or tfmulti for it) made in the temporary folder, it removes.
+    left = sorted(p.name for p in scratch.iterdir() if p.name.startswith("tfmulti"))
+    assert not left, f"running {path.name} left {left} in its temporary folder"
 
 
 @pytest.mark.notebook
