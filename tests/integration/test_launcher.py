@@ -642,8 +642,17 @@ def test_sigint_to_the_launcher_stops_all_workers(cli_launcher, isolate):
         assert not _alive(pid), f"worker process {pid} is still running"
 
 
+def _tmpdir_inside(tmp_path: Path, monkeypatch) -> None:
+    """A launch whose launcher or supervisor gets SIGKILL cannot remove its workers'
+    temporary folders: they go to the test's own folder, not /tmp."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+
+
 @ISOLATION
-def test_a_killed_launcher_leaves_no_worker_behind(cli_launcher, isolate):
+def test_a_killed_launcher_leaves_no_worker_behind(cli_launcher, isolate, tmp_path,
+                                                   monkeypatch):
+    _tmpdir_inside(tmp_path, monkeypatch)
     options = () if isolate else ("--no_isolate",)
     lau = cli_launcher("sleep", *options)
     pids = lau.wait_for_pids(("pid", "child"))
@@ -656,11 +665,13 @@ def test_a_killed_launcher_leaves_no_worker_behind(cli_launcher, isolate):
 
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["pid_namespace", "subreaper"])
-def test_a_killed_supervisor_leaves_no_process_behind(cli_launcher, tmp_path, namespaces):
+def test_a_killed_supervisor_leaves_no_process_behind(cli_launcher, tmp_path, namespaces,
+                                                      monkeypatch):
     # The out-of-memory killer's SIGKILL to the supervisor: the workers die by their
     # parent-death signal, and their own children (not in the workers' process groups'
     # reach) must die too: by the PID namespace's end, or, where no namespace can be made
     # (an `unshare` that is denied, --no_isolate), by the reaper above the supervisor.
+    _tmpdir_inside(tmp_path, monkeypatch)
     options = () if namespaces else ("--no_isolate",)
     env = None if namespaces else _deny_namespaces(tmp_path)
     lau = cli_launcher("sleep", *options, env=env)
