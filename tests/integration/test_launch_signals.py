@@ -4,6 +4,12 @@ period: TensorFlow's coordination service catches SIGTERM in every worker, so
 SIGTERM alone never ended them. (With a backup the workers save first:
 tests/integration/test_backup.py; the stop's rules on fake workers:
 tests/unit/test_supervisor.py.)
+
+The workers read a slow input (tests/workers/slow_input.py: each example waits
+5 ms): in the seconds between the launcher's SIGTERM and its SIGKILL
+(`save_notice.STOP_WITHOUT_SAVE_S`) they mostly wait for data inside `fit`
+instead of training flat out on both cores (~6 CPU-s a launch, ~1 with the wait);
+where in `fit` they are when the signal comes is not what is tested.
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ def test_a_signal_to_the_launcher_stops_workers_without_a_backup(tmp_path, sig):
     proc = subprocess.Popen(
         [sys.executable, "-m", "tfmulti.cli", "launch", "--num_workers", "2",
          "--grace_period", str(GRACE_PERIOD), "--", sys.executable,
-         str(RECIPES / "train.py"), "--distribution=multi_worker", "--dataset=synthetic",
-         "--num_examples=256", "--global_batch_size=64", "--epochs=100000",
+         str(RECIPES / "train.py"), "--distribution=multi_worker",
+         "--dataset=tests.workers.slow_input:data", "--num_examples=256",
+         "--global_batch_size=64", "--epochs=100000",
          f"--model_dir={marker}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
