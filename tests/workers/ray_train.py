@@ -18,7 +18,10 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EPOCHS, STEPS_PER_EPOCH, GLOBAL_BATCH, BACKUP_EVERY = 2, 16, 64, 4
+# 2 epochs of 8 steps, a backup every 2: the kill (test_ray.KILL_AT_STEP, step 6)
+# resumes from a backup in the middle of the first epoch, and the resumed run
+# crosses an epoch end; more steps would only add work to both runs.
+EPOCHS, STEPS_PER_EPOCH, GLOBAL_BATCH, BACKUP_EVERY = 2, 8, 64, 2
 CONFIG = {"distribution": "multi_worker", "dataset": "synthetic",
           "num_examples": STEPS_PER_EPOCH * GLOBAL_BATCH, "epochs": EPOCHS,
           "global_batch_size": GLOBAL_BATCH, "backup_every_steps": BACKUP_EVERY,
