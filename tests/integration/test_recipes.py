@@ -90,14 +90,16 @@ def test_train_recipe_trains_the_users_model_module(tmp_path):
 def test_train_recipe_transformer_2x2x2_beats_the_unigram_baseline(tmp_path):
     """The byte-level transformer on tfmulti_text, data x pipeline x tensor
     (2 x 2 x 2) over 8 virtual CPUs: after 80 steps the validation loss ends
-    at least 20% below the unigram (byte-frequency) baseline (24% here; 30%
-    after 120 steps), printed and in metrics.json."""
+    at least 20% below the unigram (byte-frequency) baseline, printed and in
+    metrics.json. One block: its cost is mostly tracing the 2 x 2 x 2 step,
+    which grows with the blocks, and one block learns as fast here as two
+    (seeds 0, 1, 2: 26%, 23%, 26% below; two blocks, seed 0: 24%)."""
     model_dir = tmp_path / "run"
     result = run_recipe_warm(
         "train", "--model=transformer", "--dataset=tfmulti_text", "--distribution=hybrid",
         "--num_virtual_devices=8", "--num_replicas=2", "--num_stages=2", "--tensor_parallel=2",
         "--num_microbatches=2", "--seq_len=64", "--d_model=64", "--num_heads=4",
-        "--num_layers=2", "--dropout=0", "--global_batch_size=64", "--steps_per_epoch=40",
+        "--num_layers=1", "--dropout=0", "--global_batch_size=64", "--steps_per_epoch=40",
         "--epochs=2", "--learning_rate=0.003", f"--model_dir={model_dir}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = _metrics(model_dir)
