@@ -619,6 +619,20 @@ def test_launcher_reports_each_restart_and_gives_up():
     assert text.count("failed with exit code 3") == 3
 
 
+def test_a_worker_killed_by_sigkill_is_not_reported_as_the_supervisor_killed():
+    """The launch ends with the killed worker's status, 137, which is also what a
+    SIGKILLed supervisor gives: only the supervisor's own death is reported as such."""
+    code, text = launch_python(
+        ["-c", "import json, os, signal, time\n"
+               "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1:\n"
+               "    os.kill(os.getpid(), signal.SIGKILL)\n"
+               "time.sleep(60)\n"], grace_period=1)
+    assert code == 128 + signal.SIGKILL, text
+    assert "worker 1 failed with exit code 137 (killed by SIGKILL)" in text, text
+    assert "the supervisor was killed" not in text, text
+    assert "internal:" not in text, text
+
+
 @pytest.mark.parametrize("code", sorted(exit_codes.FINAL))
 def test_launcher_does_not_restart_an_exit_a_restart_would_repeat(code):
     """Bad input (2) or a NaN loss (65) ends every attempt the same way."""

@@ -11,7 +11,7 @@ import threading
 from typing import Callable, TextIO
 
 __all__ = ["ERROR_PREFIX", "NAMESPACE_READY", "NETWORK_ATTACHED", "Outcome", "Output", "PREFIX",
-           "StopSignals", "children", "pump"]
+           "SUPERVISOR_ENDED", "StopSignals", "children", "pump"]
 
 PREFIX = "tfmulti launch"
 ERROR_PREFIX = f"{PREFIX}: error: "
@@ -20,6 +20,9 @@ NAMESPACE_READY = f"{PREFIX}: internal: the namespace is ready\n"
 launcher to attach the namespace's outbound network (`tfmulti.cluster.outbound`)."""
 NETWORK_ATTACHED = "attached\n"
 """The launcher's answer when it did attach it (anything else: the workers run without)."""
+SUPERVISOR_ENDED = f"{PREFIX}: internal: the supervisor ends\n"
+"""What the supervisor prints last as it returns (a killed one cannot): its exit status
+is then the workers' (137 for a worker killed by SIGKILL), not its own death."""
 POLL_S = 0.05
 READER_JOIN_S = 5.0
 REAP_TIMEOUT_S = 5.0

@@ -51,8 +51,8 @@ import time
 from typing import Sequence, TextIO
 
 from tfmulti.cluster._process import (ERROR_PREFIX, NAMESPACE_READY, NETWORK_ATTACHED, POLL_S,
-                                      READER_JOIN_S, REAP_TIMEOUT_S, Output, StopSignals,
-                                      children, pump)
+                                      READER_JOIN_S, REAP_TIMEOUT_S, SUPERVISOR_ENDED, Output,
+                                      StopSignals, children, pump)
 from tfmulti.cluster import auth
 from tfmulti.cluster import outbound as outbound_lib
 from tfmulti.cluster import gpus as gpus_lib
@@ -209,7 +209,7 @@ def _run_supervised(command: list[str], plan: LaunchPlan, out: Output,
     the launch. The supervisor stops the workers if the launcher dies, even by SIGKILL:
     `command`'s process gets SIGHUP then, and passes SIGTERM on."""
     errors: list[str] = []
-    namespace_ready = threading.Event()
+    namespace_ready, ended = threading.Event(), threading.Event()
 
     def keep(text: str) -> bool:
         if text.startswith(ERROR_PREFIX):
@@ -217,6 +217,9 @@ def _run_supervised(command: list[str], plan: LaunchPlan, out: Output,
             return False
         if text == NAMESPACE_READY:
             namespace_ready.set()
+            return False
+        if text == SUPERVISOR_ENDED:
+            ended.set()
             return False
         return True
 
@@ -249,7 +252,7 @@ def _run_supervised(command: list[str], plan: LaunchPlan, out: Output,
         reader.join(timeout=READER_JOIN_S)
     if errors and proc.returncode == 2:
         raise ValueError(errors[-1])
-    if proc.returncode == 128 + signal.SIGKILL and not forwarded:
+    if proc.returncode == 128 + signal.SIGKILL and not forwarded and not ended.is_set():
         out.say("the supervisor was killed (SIGKILL, e.g. by the out-of-memory killer); "
                 "every process of the launch was stopped with it")
     return exit_status(proc.returncode)

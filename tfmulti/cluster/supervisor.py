@@ -17,6 +17,7 @@ with it (theirs).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -34,8 +35,8 @@ from typing import Callable, Sequence
 from tfmulti.cluster import exit_codes, outbound, rendezvous, save_notice
 from tfmulti.cluster import hosts as hosts_lib
 from tfmulti.cluster._process import (ERROR_PREFIX, NAMESPACE_READY, NETWORK_ATTACHED, POLL_S,
-                                      PREFIX, READER_JOIN_S, REAP_TIMEOUT_S, Outcome, Output,
-                                      StopSignals, children, pump)
+                                      PREFIX, READER_JOIN_S, REAP_TIMEOUT_S, SUPERVISOR_ENDED,
+                                      Outcome, Output, StopSignals, children, pump)
 from tfmulti.cluster.exit_codes import describe_end, describe_exit
 from tfmulti.cluster.plan import LaunchPlan, port_range, worker_env
 from tfmulti.cluster.rendezvous import Remote
@@ -536,7 +537,9 @@ def main(plan_json: str, wait_network: bool = False, resolv_conf: bool = False) 
         try:
             code = _supervise(plan_json)
         finally:
-            sys.stdout.flush()
+            with contextlib.suppress(OSError, ValueError):  # the launcher may be gone
+                sys.stdout.write(SUPERVISOR_ENDED)
+                sys.stdout.flush()
             os._exit(code)
     _, status = os.waitpid(child[0], 0)
     _sweep_descendants()
