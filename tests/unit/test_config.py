@@ -303,13 +303,17 @@ def test_transformer_sizes_split_evenly_over_tensor_parallel_devices():
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"backup_dir": "/tmp/x", "seed": None}, r"`backup_dir` needs a fixed `seed`"),
+    ({"backup_dir": "{tmp}/backup", "seed": None}, r"`backup_dir` needs a fixed `seed`"),
     ({"backup_every_steps": 5}, r"`backup_every_steps` needs `backup_dir`; set `backup_dir` too"),
-    ({"backup_dir": "/tmp/x", "backup_every_steps": 0}, r"must be a positive integer"),
+    ({"backup_dir": "{tmp}/backup", "backup_every_steps": 0}, r"must be a positive integer"),
     ({"backup_dir": ""}, r"`backup_dir` is empty; pass a directory path"),
     ({"backup_dir": "/dev/null"}, r"`backup_dir` '/dev/null' exists and is not a directory"),
 ])
-def test_train_config_backup_checks(fields, match):
+def test_train_config_backup_checks(fields, match, tmp_path):
+    # A folder not made yet under the test's own: a fixed path such as /tmp/x may be
+    # anything on the machine (a file there made the first case fail on the wrong check).
+    fields = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v
+              for k, v in fields.items()}
     _refused(match, **fields)
 
 
