@@ -359,6 +359,58 @@ def launch_python(args: list[str], **options) -> tuple[int, str]:
     return launch_local([sys.executable, *args], **options)
 
 
+def cluster_python_warm(args: list[str], num_workers: int = 2, timeout: float = 600,
+                        grace_period: float = 30,
+                        cwd: str | os.PathLike | None = None) -> tuple[int, str]:
+    """A local cluster without tfmulti's launcher, as a TFJob or SLURM starts one:
+    `num_workers` children of the warm server (`popen_python_warm`) run `python ARGS`,
+    each with the environment the launcher gives its workers (`plan.worker_env`: its
+    TF_CONFIG, on free ports of this host). For the tests of training on a cluster;
+    the launcher's own are in tests/integration/test_launcher.py. Returns what
+    `launch_python` does: 0 if every worker exited 0, else the first failure's
+    exit status (once one fails, the others get `grace_period` s to end before they
+    are killed; at `timeout` s all are); the output, each worker's lines after one
+    another, prefixed "[worker I] "."""
+    import threading
+    import time
+
+    from tfmulti.cluster import plan
+
+    addresses = [f"localhost:{free_port()}" for _ in range(num_workers)]
+    outputs: list[str] = [""] * num_workers
+    procs, readers = [], []
+    try:
+        for index in range(num_workers):
+            env = plan.worker_env({}, addresses, index)
+            env.pop("PYTHONUNBUFFERED")  # read at a process's start: the warm one's own
+            procs.append(popen_python_warm(args, env=env, cwd=cwd, start_new_session=True))
+
+            def read(i=index):
+                outputs[i] = procs[i].stdout.read()
+            readers.append(threading.Thread(target=read, daemon=True))
+            readers[-1].start()
+        deadline, failed, failed_at = time.monotonic() + timeout, None, None
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if failed is None:
+                failed = next((p.poll() for p in procs if p.poll() not in (None, 0)), None)
+                failed_at = time.monotonic()
+            elif time.monotonic() > failed_at + grace_period:
+                break
+            time.sleep(0.2)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        for reader in readers:
+            reader.join(timeout=30)
+    output = "".join(f"[worker {i}] {line}\n" for i, text in enumerate(outputs)
+                     for line in text.splitlines())
+    if failed is None:  # all ended well, or failed within the same poll, or timed out
+        failed = next((p.returncode for p in procs if p.returncode != 0), 0)
+    return failed, output
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that nothing listens on now (the OS's pick)."""
     with socket.socket() as s:

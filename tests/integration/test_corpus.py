@@ -6,8 +6,8 @@ the same seed):
 
 - mirrored: `tfmulti.train` in this process, MirroredStrategy over 2 of its 4
   virtual CPUs (`MIRRORED`);
-- 2 workers: one `tfmulti launch --num_workers 2` for the whole corpus
-  (`tests/workers/corpus.py` trains each program in turn);
+- 2 workers: one 2-worker cluster for the whole corpus (`tests/workers/corpus.py`
+  trains each program in turn; each worker started with its TF_CONFIG);
 - pipeline: 2 stages, for the programs whose model is a chain of layers; the
   other (the VAE, a subclassed model) must refuse before training, in one
   line that says why, having written nothing;
@@ -35,7 +35,7 @@ import pytest
 import tfmulti
 from tfmulti import cli
 from tfmulti.config import user_functions as hooks
-from tests._util import WORKERS, launch_python
+from tests._util import WORKERS, cluster_python_warm
 from tests.corpus import harness
 from tests.corpus.harness import PROGRAMS
 
@@ -227,10 +227,9 @@ def test_export_serves_the_trained_model(name, distribution, runs, tmp_path, cap
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    """Every program trained on 2 workers, one launch for the whole corpus."""
+    """Every program trained on 2 workers, one cluster for the whole corpus."""
     out = tmp_path_factory.mktemp("two-workers")
-    code, output = launch_python([str(WORKERS / "corpus.py"), str(out), *PROGRAMS],
-                                 startup_timeout=120)
+    code, output = cluster_python_warm([str(WORKERS / "corpus.py"), str(out), *PROGRAMS])
     return code, output, out
 
 

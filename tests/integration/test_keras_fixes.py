@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tests._util import WORKERS, launch_python, run_python
+from tests._util import WORKERS, cluster_python_warm, run_python
 from tests._util import fake_slurm
 from tests.unit.test_keras_fixes import (EMPTY_BATCH_CONV, FIT_MULTI_WORKER,
                                          SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
@@ -280,8 +280,8 @@ def keras_under_multi_worker():
     """One 2-worker cluster fitting with no fix, with the symbolic build fixed
     but not the logged scalars, and with both: (exit status, {mode: [worker
     0's line, worker 1's line]}, output)."""
-    code, output = launch_python([str(WORKERS / "keras_upstream.py"), "none", "build", "all"],
-                                 startup_timeout=120, grace_period=5)
+    code, output = cluster_python_warm(
+        [str(WORKERS / "keras_upstream.py"), "none", "build", "all"], grace_period=5)
     lines = {mode: [line for rank in (0, 1) for line in output.splitlines()
                     if line.startswith(f"[worker {rank}] {mode}: fit ")]
              for mode in ("none", "build", "all")}

@@ -802,30 +802,3 @@ def test_train_recipe_two_workers_chief_only_writes_and_evaluates_a_partial_last
     want = model.evaluate(test.batch(256), return_dict=True, verbose=0)
     assert metrics["test_accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
     assert metrics["test_loss"] == pytest.approx(want["loss"], abs=1e-5)
-
-
-@pytest.mark.cluster
-def test_train_recipe_two_workers_train_the_users_model_module(tmp_path):
-    """`tfmulti launch --num_workers 2 -- python recipes/train.py --model=M:F
-    --dataset=M:F`: the user's module (a dotted path from the repository root),
-    validated on the last quarter of its training examples (read by examples,
-    as the test split); only the chief prints the final metrics line."""
-    model_dir = tmp_path / "run"
-    code, output = launch_python(
-        [str(RECIPES / "train.py"), "--distribution=multi_worker",
-         "--model=tests.own_model:build", "--dataset=tests.own_model:data",
-         "--loss=tests.own_model:smooth_loss", "--optimizer=rmsprop", "--learning_rate=0.003",
-         "--global_batch_size=128", "--epochs=2", "--validation_split=0.25",
-         f"--model_dir={model_dir}"],
-        startup_timeout=240)
-    assert code == 0, output[-4000:]
-    metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert metrics["num_workers"] == 2 and metrics["num_replicas"] == 2
-    assert metrics["model"] == "tests.own_model:build" and metrics["epochs_completed"] == 2
-    assert metrics["test_loss"] < 0.69 and "[worker 1] tfmulti: wrote" not in output
-    # 2,048 x 0.75 = 1,536 training examples: 12 steps of 128; the other 512 validate.
-    assert metrics["steps_per_epoch"] == 12 and metrics["val_loss"] < 0.69
-    # The final metrics line: the chief's alone (the docs: only the chief reports).
-    assert "[worker 0] tfmulti: test_accuracy=" in output, output[-4000:]
-    assert "[worker 1] tfmulti: test_" not in output, output[-4000:]
-    assert "[worker 1] tfmulti: done; the chief reports the results" in output

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
-from tests._util import REPO, file_tree, launch_local, run_python_warm
+from tests._util import REPO, cluster_python_warm, file_tree, run_python_warm
 
 EXAMPLES = REPO / "docs" / "examples"
 TINY = ["--dataset=synthetic", "--num_examples=512", "--global_batch_size=64", "--epochs=2"]
@@ -72,17 +71,17 @@ def callbacks(model_dir, is_chief, worker_index):
 
 
 @pytest.mark.cluster
-def test_only_the_chief_logs_in_a_cluster(tmp_path, monkeypatch):
+def test_only_the_chief_logs_in_a_cluster(tmp_path):
     """The function runs on both workers, which see the same epoch metrics (so
     EarlyStopping decides alike on each); the docs' tracker logs where
     `is_chief`, so each epoch is one line, not one per worker."""
     model_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
     (tmp_path / "tracked.py").write_text(_TRACKED.format(examples=str(EXAMPLES), out=str(out)))
-    monkeypatch.chdir(tmp_path)  # the workers' folder, where the tracker's module is
-    code, output = launch_local(
-        [sys.executable, "-m", "tfmulti.cli", "train", *TINY, "--distribution=multi_worker",
-         "--validation_split=0.25", "--callbacks=tracked:callbacks", f"--model_dir={model_dir}"])
+    code, output = cluster_python_warm(
+        ["-m", "tfmulti.cli", "train", *TINY, "--distribution=multi_worker",
+         "--validation_split=0.25", "--callbacks=tracked:callbacks", f"--model_dir={model_dir}"],
+        cwd=tmp_path)  # the workers' folder, where the tracker's module is
     assert code == 0, output[-4000:]
     assert _epochs(model_dir / "metrics.jsonl") == [1, 2]
     assert json.loads((model_dir / "metrics.json").read_text())["num_workers"] == 2

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from tests._util import RECIPES, launch_python, run_python_warm
+from tests._util import RECIPES, cluster_python_warm, run_python_warm
 
 _HOOK = '''
 import configparser  # the standard library's, never the configparser.py next to this file
@@ -66,12 +66,12 @@ def test_nan_labels_end_the_recipe_in_one_line_with_exit_65_and_nothing_publishe
 def test_every_worker_of_a_cluster_stops_at_the_same_step(tmp_path, monkeypatch):
     """MultiWorkerMirroredStrategy: the logged loss is all-reduced, so both workers
     stop after the same call (none waits on a collective), each with the one line,
-    and the launch ends with exit code 65."""
+    and the cluster ends with exit code 65."""
     (tmp_path / "nan_data.py").write_text(_HOOK)
-    monkeypatch.chdir(tmp_path)  # the workers start here: the hook's folder
     model_dir, backup_dir = tmp_path / "run", tmp_path / "backup"
-    code, output = launch_python([*_train(model_dir, backup_dir),
-                                  "--distribution=multi_worker"], startup_timeout=240)
+    code, output = cluster_python_warm([*_train(model_dir, backup_dir),
+                                        "--distribution=multi_worker"],
+                                       cwd=tmp_path)  # the workers start in the hook's folder
     assert code == 65, output[-4000:]
     lines = [line for line in output.splitlines() if "tfmulti: error: the training loss" in line]
     assert len(lines) == 2 and len({line.split("error:", 1)[1] for line in lines}) == 1, output

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests._util import RECIPES, REPO, file_tree, run_python_warm, run_recipe
+from tests._util import RECIPES, REPO, cluster_python_warm, file_tree, run_python_warm, run_recipe
 from tests._util import run_recipe_warm
 
 TINY = ["--dataset=synthetic", "--num_examples=512", "--epochs=2", "--global_batch_size=64"]
@@ -211,3 +211,29 @@ def test_seed_examples_optimizers_compares_both():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "adam=" in result.stdout and "sgd=" in result.stdout
     assert len([l for l in result.stdout.splitlines() if l.strip()[:1].isdigit()]) == 2
+
+
+@pytest.mark.cluster
+def test_train_recipe_two_workers_train_the_users_model_module(tmp_path):
+    """`python recipes/train.py --model=M:F --dataset=M:F` on each of 2 workers:
+    the user's module (a dotted path from the repository root),
+    validated on the last quarter of its training examples (read by examples,
+    as the test split); only the chief prints the final metrics line."""
+    model_dir = tmp_path / "run"
+    code, output = cluster_python_warm(
+        [str(RECIPES / "train.py"), "--distribution=multi_worker",
+         "--model=tests.own_model:build", "--dataset=tests.own_model:data",
+         "--loss=tests.own_model:smooth_loss", "--optimizer=rmsprop", "--learning_rate=0.003",
+         "--global_batch_size=128", "--epochs=2", "--validation_split=0.25",
+         f"--model_dir={model_dir}"])
+    assert code == 0, output[-4000:]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["num_workers"] == 2 and metrics["num_replicas"] == 2
+    assert metrics["model"] == "tests.own_model:build" and metrics["epochs_completed"] == 2
+    assert metrics["test_loss"] < 0.69 and "[worker 1] tfmulti: wrote" not in output
+    # 2,048 x 0.75 = 1,536 training examples: 12 steps of 128; the other 512 validate.
+    assert metrics["steps_per_epoch"] == 12 and metrics["val_loss"] < 0.69
+    # The final metrics line: the chief's alone (the docs: only the chief reports).
+    assert "[worker 0] tfmulti: test_accuracy=" in output, output[-4000:]
+    assert "[worker 1] tfmulti: test_" not in output, output[-4000:]
+    assert "[worker 1] tfmulti: done; the chief reports the results" in output

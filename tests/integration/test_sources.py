@@ -17,7 +17,7 @@ def test_two_workers_read_only_their_own_files_and_train_every_example_once(tmp_
     import importlib.util
     import json
 
-    from tests._util import WORKERS, launch_python
+    from tests._util import WORKERS, cluster_python_warm
 
     folder = tmp_path / "files"
     folder.mkdir()
@@ -25,8 +25,7 @@ def test_two_workers_read_only_their_own_files_and_train_every_example_once(tmp_
     pattern = str(folder / "part-*.tfrecord")
     multi, one = tmp_path / "multi", tmp_path / "one"
     multi.mkdir(), one.mkdir()
-    code, output = launch_python([str(WORKERS / "file_sharding.py"), pattern, str(multi)],
-                                 num_workers=2)
+    code, output = cluster_python_warm([str(WORKERS / "file_sharding.py"), pattern, str(multi)])
     assert code == 0, output
     workers = [json.loads((multi / f"worker{i}.json").read_text()) for i in range(2)]
     assert [w["opened"] for w in workers] == [paths[0::2], paths[1::2]]

@@ -1,6 +1,6 @@
 """Tests for tfmulti.runtime.strategy.get_strategy on the 4 virtual CPUs of conftest.py,
 and MultiWorkerMirroredStrategy: its options and cluster resolvers in-process,
-and 2 workers (`tfmulti launch`) matching MirroredStrategy on 2 devices."""
+and 2 workers (each started with its TF_CONFIG) matching MirroredStrategy on 2 devices."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from tests._util import WORKERS, launch_python
+from tests._util import WORKERS, cluster_python_warm
 from tfmulti.runtime.strategy import get_strategy
 
 
@@ -33,18 +33,15 @@ def _load(path) -> dict:
 
 @pytest.mark.cluster
 def test_two_workers_match_mirrored_two_devices(tmp_path):
-    # One cluster checks the tuple and the dict inputs and a plain all-reduce
-    # in the launcher's network namespace; the MirroredStrategy reference
-    # runs in this process.
+    # One cluster checks the tuple and the dict inputs and a plain all-reduce;
+    # the MirroredStrategy reference runs in this process.
     worker = _equivalence_worker()
-    code, output = launch_python([str(WORKERS / "equivalence.py"), str(tmp_path)],
-                                 startup_timeout=240)
+    code, output = cluster_python_warm([str(WORKERS / "equivalence.py"), str(tmp_path)])
     assert code == 0, output[-4000:]
     assert output.count("done") == 2
     lines = output.splitlines()
     assert "[worker 0] total=3.0" in lines and "[worker 1] total=3.0" in lines, output[-4000:]
     assert "[worker 0] same strategy=True" in lines, output[-4000:]
-    assert "workers are isolated in a private network namespace" in output
     mirrored = get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
     for name, use_dict in worker.VARIANTS.items():
         a, b = worker.run(mirrored, use_dict), _load(tmp_path / f"{name}.npz")

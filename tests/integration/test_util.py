@@ -91,3 +91,22 @@ def test_popen_python_warm_runs_children_at_once_as_popen_would():
     finally:
         sleeper.kill()
         quick.kill()
+
+
+@pytest.mark.slow  # starts processes
+def test_cluster_python_warm_gives_each_worker_its_tf_config_and_reports_the_first_failure():
+    """`cluster_python_warm`: each warm child gets the launcher's worker environment
+    (its TF_CONFIG index), the output comes prefixed by worker, and a failed
+    worker's exit status is the cluster's, the other killed after the grace period."""
+    from tests._util import cluster_python_warm
+
+    show = ("import json, os, sys; index = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
+            "print(index, os.environ['TFMULTI_LAUNCHED'], 'tensorflow' in sys.modules)")
+    assert cluster_python_warm(["-c", show]) == (0, "[worker 0] 0 1 True\n[worker 1] 1 1 True\n")
+
+    hang_or_fail = ("import json, os, sys, time\n"
+                    "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1:\n"
+                    "    print('failing', flush=True); sys.exit(3)\n"
+                    "time.sleep(300)\n")
+    code, output = cluster_python_warm(["-c", hang_or_fail], grace_period=1)
+    assert (code, output) == (3, "[worker 1] failing\n")

@@ -131,16 +131,20 @@ def reference() -> dict:
     return fit(tf.distribute.OneDeviceStrategy("CPU:0"), accumulate_steps=None)
 
 
-def on_two_workers(out_dir, mode: str) -> dict:
-    """Runs this script in `mode` on a local 2-worker cluster (the test's
-    launcher, with its timeouts): the chief's arrays."""
-    from tests._util import launch_python
+def on_two_workers(out_dir, modes: list[str]) -> dict:
+    """Runs this script in each of `modes` on one local 2-worker cluster
+    (`tests._util.cluster_python_warm`): {mode: the chief's arrays}."""
+    from tests._util import cluster_python_warm
 
-    code, output = launch_python([os.path.abspath(__file__), str(out_dir), mode],
-                                 startup_timeout=120, grace_period=5)
-    assert code == 0 and output.count(f"{mode} done") == 2, output[-3000:]
-    with np.load(os.path.join(out_dir, f"{mode}.npz")) as arrays:
-        return dict(arrays)
+    code, output = cluster_python_warm([os.path.abspath(__file__), str(out_dir), *modes],
+                                       grace_period=5)
+    assert code == 0 and all(output.count(f"{mode} done") == 2 for mode in modes), \
+        output[-3000:]
+    got = {}
+    for mode in modes:
+        with np.load(os.path.join(out_dir, f"{mode}.npz")) as arrays:
+            got[mode] = dict(arrays)
+    return got
 
 
 def main(out_dir: str, modes: list[str]) -> None:
