@@ -433,7 +433,7 @@ def test_an_interrupted_delete_leaves_the_newest_checkpoint_whole(tmp_path, monk
     assert backup.latest_valid(str(tmp_path)).step == 16
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_other_workers_save_into_private_scratch_dirs(tmp_path, monkeypatch):
     """A non-chief save goes to a fresh `mkdtemp` directory (mode 0700), removed
     afterwards, also when the save fails; the predictable name of before

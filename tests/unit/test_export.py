@@ -332,7 +332,7 @@ def _unnamed_input():
         ["input_layer"]
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 @pytest.mark.parametrize("case", [_own_model, _unnamed_input], ids=["named", "unnamed"])
 def test_serving_input_names_are_the_models_whichever_distribution_trained_it(tmp_path, case):
     """Issue 28: the signature's input was `input_layer` after mirrored training and
@@ -375,7 +375,7 @@ def test_serving_input_names_are_the_models_whichever_distribution_trained_it(tm
     assert names == dict.fromkeys(names, expected)
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_export_of_a_pipeline_run_that_saved_the_weights_only(tmp_path, capsys, monkeypatch):
     """The run the issue reports: keras-io's text transformer (layers without
     **kwargs) trained as a pipeline saves model.weights.h5; `tfmulti export

@@ -254,7 +254,7 @@ def test_soft_labels_are_not_one_hot():
     (mnist_convnet, "mirrored"),
     (mnist_convnet, "hybrid"),  # 2 pipelines of 2 stages
 ])
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_the_reported_test_loss_is_the_saved_models_loss_on_the_test_split(
         program, distribution, tmp_path):
     """The saved model.keras, compiled with the program's published loss and

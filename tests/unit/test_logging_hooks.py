@@ -143,7 +143,7 @@ def test_a_profile_past_the_last_step_fails_before_anything_is_written(tmp_path)
 # ------------------------------------------------------------------ runs (in-process)
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_the_tracker_writes_a_line_per_epoch_and_no_tensorboard_writes_no_logs(
         tmp_path, tracker, capsys):
     model_dir = tmp_path / "run"
@@ -172,7 +172,7 @@ class _StopAfterEpoch(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_the_users_callbacks_run_in_a_pipeline(tmp_path, tracker):
     """Pipelines train through `fit` too (a Keras model whose step runs the
     stages), so Keras callbacks work there as under a strategy."""
@@ -191,7 +191,7 @@ def test_the_users_callbacks_run_in_a_pipeline(tmp_path, tracker):
     assert list((model_dir / "logs" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_profile_steps_writes_a_profile_of_the_calls_that_hold_them(tmp_path, capsys):
     model_dir = tmp_path / "run"
     train(TrainConfig(distribution="one_device", epochs=2, steps_per_execution=2,
@@ -205,7 +205,7 @@ def test_profile_steps_writes_a_profile_of_the_calls_that_hold_them(tmp_path, ca
     assert not (model_dir / ".tfmulti-pending").exists()  # published with the logs
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_a_finished_run_stays_finished_with_other_logging(tmp_path, capsys):
     """TensorBoard and the profile only watch a run: turning them off or on for
     its rerun (a requeued job, a resumed one) does not make it another run."""

@@ -79,7 +79,7 @@ def _linear_fit(strategy, fused, x, y, steps_per_execution):
     return model
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 @pytest.mark.parametrize("strategy_kind", ["one_device", "mirrored"])
 def test_fused_adam_trains_like_keras_adam_under_a_strategy(strategy_kind, monkeypatch):
     """fit on a linear model, 2 epochs of 8 steps, 4 steps per call: the fused

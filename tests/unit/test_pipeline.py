@@ -65,7 +65,7 @@ def _full_batch_gradients(model, x, y):
     (2, 1, 1), (2, 2, 1), (2, 4, 1), (2, 8, 1), (4, 1, 1), (4, 2, 1), (4, 4, 1), (4, 8, 1),
     (2, 4, 2),
 ])
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_gradients_and_three_steps_match_unpartitioned(stages, micro, replicas):
     pipeline, reference = _pair(stages, micro, replicas)
     x, y = _data()
@@ -104,7 +104,7 @@ def test_remat_gives_the_same_step():
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 @pytest.mark.parametrize("replicas,micro,remat", [(1, 2, False), (2, 2, False), (1, 4, True)])
 def test_regularization_counts_as_in_the_unpartitioned_model(replicas, micro, remat):
     # Weight penalties on every stage (not only the last one) and an activity
@@ -201,7 +201,7 @@ def test_model_checkpoint_saves_the_users_model(tmp_path):
                                atol=1e-5)
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_fit_evaluate_predict_like_any_keras_model():
     pipeline, reference = _pair(2, 4)
     x, y = _data()
@@ -460,7 +460,7 @@ def _token_batch(n, vocab=32, seq=8, seed=0):
     return x, rng.integers(0, vocab, (n, seq))
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_functional_transformer_trains_like_the_unpartitioned_model():
     keras.utils.set_random_seed(0)
     model = _transformer()
@@ -551,7 +551,7 @@ def test_a_branch_crossing_every_cut_is_refused_naming_the_layer():
         PipelineModel(model, num_stages=4)
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_accumulation_equals_the_big_batch_step():
     # accumulate_steps=2: a batch of 32 rows is 2 rounds of 16 (2 micro-batches
     # of 8 each), one Adam update: the same as one step on the 32 rows.

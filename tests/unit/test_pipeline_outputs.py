@@ -39,7 +39,7 @@ def _trained_pipeline(model, **kwargs) -> PipelineModel:
     return pipeline
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_to_model_is_the_users_model_and_its_weights_reload_into_a_fresh_build(tmp_path):
     """Finding 1: to_model() cloned the model (TypeError on the layer without
     **kwargs); now it is the model given, trained, and its weights load into the
@@ -82,7 +82,7 @@ def test_to_sequential_of_layers_is_a_sequential_of_those_layers_and_round_trips
     assert pipeline.to_sequential() is given and pipeline.to_model() is given
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 @pytest.mark.parametrize("replicas,stages,shards", [(1, 2, 2), (2, 2, 1)])
 def test_the_builtin_transformer_and_a_hybrid_still_save_and_load(tmp_path, replicas, stages,
                                                                   shards):
@@ -158,7 +158,7 @@ def _assert_the_weights_reload(model_dir, trained, fresh, x) -> None:
                                atol=1e-5)
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_a_pipeline_run_of_a_model_that_cannot_be_reloaded_saves_its_weights(tmp_path, capsys):
     """The issue's run: the pipeline trained, then died in to_model() with
     nothing written. Now: one line before training (the layer, the cause and
@@ -191,7 +191,7 @@ def test_a_pipeline_run_of_a_model_that_cannot_be_reloaded_saves_its_weights(tmp
     _assert_the_weights_reload(model_dir, kept.trained, tx.build(SEQ), tx.data()[1][0][:32])
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_a_save_that_fails_at_the_end_falls_back_to_the_weights(tmp_path, capsys, monkeypatch):
     """Done-when: a failure forced at the end of training (saving the model raises,
     although its configs round-trip) still leaves the weights, reloadable, and
@@ -273,7 +273,7 @@ def test_a_write_that_raises_leaves_the_run_file_as_it_was(tmp_path):
                                           "model.weights.h5"]
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_a_finished_run_that_saved_its_weights_is_not_trained_again(tmp_path, capsys):
     """A resumable run finds its published outputs by model.weights.h5 as well as
     by model.keras: run again, it reports the metrics it wrote, trains nothing."""

@@ -116,7 +116,7 @@ def test_the_keras_io_transformer_split_trains_as_the_unsplit_model():
     _close(_in_unsplit_order(split), _in_unsplit_order(plain))
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_the_split_model_fits_without_missing_gradients_and_holds_shards_on_their_devices():
     _, source = _transformer()
     split = split_layers(source, DEVICES, print_fn=_quiet)

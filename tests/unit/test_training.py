@@ -33,7 +33,7 @@ class _Iterations(keras.callbacks.Callback):
         self.iterations = int(self.model.optimizer.iterations.numpy())
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_train_returns_and_writes_metrics_model_and_logs(tmp_path, capsys):
     model_dir, backup_dir = tmp_path / "run", tmp_path / "backup"
     counter = _Iterations()
@@ -73,7 +73,7 @@ def test_train_returns_and_writes_metrics_model_and_logs(tmp_path, capsys):
     assert f"tfmulti: wrote metrics.json, model.keras and logs/ to {model_dir}" in out
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_train_regression_with_fewer_steps_and_a_kept_backup(tmp_path, capsys):
     counter = _Iterations()
     metrics = train(TrainConfig(distribution="one_device", model="regression",
@@ -155,7 +155,7 @@ def finished_tiny_run(_tiny_run, tmp_path):
     return model_dir
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_model_dir_belongs_to_one_run(tmp_path, finished_tiny_run):
     """Another run's outputs are refused, replaced with overwrite, kept on resume."""
     model_dir = finished_tiny_run  # train(TrainConfig(model_dir=str(model_dir), **TINY))
@@ -185,7 +185,7 @@ def test_model_dir_belongs_to_one_run(tmp_path, finished_tiny_run):
     assert metrics["resumed_from_step"] == 4
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_a_finished_run_is_not_trained_again(tmp_path, capsys):
     """A resumable run restarted after it published its outputs (a kill at its exit,
     a requeued job) returns its metrics, trains nothing and leaves model_dir as it
@@ -218,7 +218,7 @@ def test_a_finished_run_is_not_trained_again(tmp_path, capsys):
     assert counter.iterations == 4
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_a_resumed_run_removes_the_half_written_outputs_of_a_killed_one(tmp_path):
     """A worker killed while publishing leaves its staging folder (the next
     publish uses a new one); the run's next attempt removes it. Another
@@ -238,7 +238,7 @@ def test_a_resumed_run_removes_the_half_written_outputs_of_a_killed_one(tmp_path
     assert (other / ".staging-0th3r").is_dir()
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_a_run_resumed_at_its_end_writes_the_trained_optimizer_and_train_metrics(tmp_path):
     """Killed after training (during the evaluation or the writes), the rerun
     resumes at the finished backup and writes what the uninterrupted run wrote:

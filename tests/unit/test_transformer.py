@@ -116,7 +116,7 @@ def test_bad_sizes_name_the_value_and_the_fix():
         split_transformer(transformer.build_transformer(**SIZES), ["CPU:0", "CPU:1", "CPU:2"])
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_tensor_parallel_form_equals_the_plain_one_for_three_adam_steps():
     plain = transformer.build_transformer(**SIZES, seed=0)
     split = split_transformer(plain, ["CPU:0", "CPU:1"])
@@ -178,7 +178,7 @@ def test_tensor_parallel_form_places_weights_slots_and_matmuls_per_device():
     assert set(matmuls) == {"CPU:2", "CPU:3"} and matmuls["CPU:2"] == matmuls["CPU:3"], matmuls
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_two_pipeline_stages_equal_the_plain_model():
     # Stages of tensor-parallel devices: 2 x 2 x 2 below, in a process of 8
     # devices; their placement (and a 1 x 2 x 2 forward): tests/unit/test_layouts.py.

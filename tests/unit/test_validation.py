@@ -130,7 +130,7 @@ def _held_out_loss(model_dir, num_examples=RUN["num_examples"], split=RUN["valid
     dict(distribution="hybrid", num_replicas=2, num_microbatches=2),
     dict(distribution="mirrored", devices=TWO, backup="yes"),
 ], ids=["one_device", "mirrored", "pipeline", "hybrid", "mirrored_backup"])
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_val_metrics_are_the_saved_models_on_the_held_out_examples(tmp_path, fields):
     fields = dict(fields)
     if fields.pop("backup", None):
@@ -150,7 +150,7 @@ def test_val_metrics_are_the_saved_models_on_the_held_out_examples(tmp_path, fie
     assert metrics["test_loss"] > 0  # the test split is still evaluated after validating
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_a_run_resumed_at_its_end_reports_the_last_val_metrics(tmp_path):
     run = dict(RUN, distribution="one_device", model_dir=str(tmp_path / "run"),
                backup_dir=str(tmp_path / "backup"), keep_backup=True)  # as if killed
@@ -163,7 +163,7 @@ def test_a_run_resumed_at_its_end_reports_the_last_val_metrics(tmp_path):
         assert again[name] == pytest.approx(first[name], rel=1e-5), name
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_a_validation_entry_is_evaluated_every_epoch_under_mirrored(tmp_path):
     metrics = train(TrainConfig(distribution="mirrored", devices=TWO,
                                 dataset=_with_validation, model=own_model.build,
@@ -176,7 +176,7 @@ def test_a_validation_entry_is_evaluated_every_epoch_under_mirrored(tmp_path):
     assert metrics["steps_per_epoch"] == 4  # the 512 training examples, all of them
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_a_validation_split_of_files_is_read_to_its_end_every_epoch(tmp_path, recwarn):
     """A "validation" entry of files (size unknown): every epoch reads them all,
     without Keras' "ran out of data" warning at each end."""
@@ -198,7 +198,7 @@ def test_a_validation_split_of_files_is_read_to_its_end_every_epoch(tmp_path, re
     assert not [w for w in recwarn if "ran out of data" in str(w.message)]
 
 
-@pytest.mark.slow  # trains for seconds: the process tier
+@pytest.mark.slow  # trains for seconds: not in make test-fast
 def test_callbacks_watching_val_loss_work(tmp_path, recwarn):
     """EarlyStopping on val_loss stops; ModelCheckpoint(save_best_only, monitor=
     "val_loss") writes the best epoch's model (both warned that val_loss was not
