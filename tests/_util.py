@@ -398,9 +398,12 @@ def cluster_python_warm(args: list[str], num_workers: int = 2, timeout: float = 
                 break
             time.sleep(0.2)
     finally:
+        import signal
+
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+            if proc.poll() is None:  # the worker and what it started (its own session)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
         for reader in readers:
             reader.join(timeout=30)
