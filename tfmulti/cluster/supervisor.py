@@ -479,18 +479,26 @@ def _supervise(plan_json: str) -> int:
         sys.stdout.reconfigure(encoding="utf-8", errors="backslashreplace")
         out = Output(sys.stdout)
         try:
-            plan = LaunchPlan.from_json(plan_json)
-            try:
-                _bring_loopback_up()  # down in a new network namespace; a no-op on the host
-            except OSError as e:
-                raise ValueError(f"cannot bring up the loopback interface ({e}); rerun with "
-                                 "--no_isolate.") from e
-            if plan.hosts:
-                return _run_across_hosts(plan, out, signals)
-            return _run_with_restarts(plan, out, signals)
-        except ValueError as e:
-            out.line(f"{ERROR_PREFIX}{e}")
-            return 2
+            return _supervise_plan(plan_json, out, signals)
+        finally:  # through `out`'s lock: a worker's reader may still be writing
+            out.line(SUPERVISOR_ENDED)
+
+
+def _supervise_plan(plan_json: str, out: Output, signals: StopSignals) -> int:
+    """`_supervise` once the signals and the output are set up."""
+    try:
+        plan = LaunchPlan.from_json(plan_json)
+        try:
+            _bring_loopback_up()  # down in a new network namespace; a no-op on the host
+        except OSError as e:
+            raise ValueError(f"cannot bring up the loopback interface ({e}); rerun with "
+                             "--no_isolate.") from e
+        if plan.hosts:
+            return _run_across_hosts(plan, out, signals)
+        return _run_with_restarts(plan, out, signals)
+    except ValueError as e:
+        out.line(f"{ERROR_PREFIX}{e}")
+        return 2
 
 
 def main(plan_json: str, wait_network: bool = False, resolv_conf: bool = False) -> int:
@@ -538,7 +546,6 @@ def main(plan_json: str, wait_network: bool = False, resolv_conf: bool = False) 
             code = _supervise(plan_json)
         finally:
             with contextlib.suppress(OSError, ValueError):  # the launcher may be gone
-                sys.stdout.write(SUPERVISOR_ENDED)
                 sys.stdout.flush()
             os._exit(code)
     _, status = os.waitpid(child[0], 0)
