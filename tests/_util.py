@@ -9,9 +9,11 @@ import gzip
 import importlib
 import io
 import os
+import re
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,20 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
 WORKERS = REPO / "tests" / "workers"
+
+
+# Any line in absl's or TensorFlow's C++ log format, or absl's pre-init line (what
+# tfmulti.utils.quiet drops at a process's start): counted independently of the filter's
+# own list, so a start-up line it does not know counts too.
+_TF_LOG_LINE = re.compile(
+    r"^(?:\[worker \d+\] )?(?:WARNING: All log messages before absl::InitializeLog\(\)"
+    r"|[IWEF]\d{4} \d\d:\d\d:[\d.]+\s+\d+ \S+:\d+\]"
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+:\d+\])", re.M)
+
+
+def tf_log_lines(text: str) -> list[str]:
+    """The lines of `text` in TensorFlow's (or absl's) C++ log format."""
+    return [m.group(0) for m in _TF_LOG_LINE.finditer(text)]
 
 
 def file_tree(path) -> dict[str, bytes]:
@@ -118,6 +134,12 @@ for line in sys.stdin:
     threading.Thread(target=reap, args=(pid,), daemon=True).start()
 """
 _warm: dict = {}
+# The server's pipe is one conversation: threads of a test may start and wait on warm
+# children at once (a run in a thread beside a cluster), so each exchange holds this
+# lock, and a wait reads in short slices (a reply may reach whichever thread reads it:
+# all go to _warm["ended"]).
+_warm_lock = threading.RLock()
+_WARM_SLICE_S = 0.2
 
 
 def _warm_read(timeout: float | None) -> dict | str | None:
@@ -173,19 +195,21 @@ def _warm_start(args: list[str], env: dict, cwd, stdout: str, stderr: str | None
     serves `env`."""
     import json
 
-    server = None if args[0].startswith("-") and args[0] not in ("-c", "-m") else \
-        _warm_server(env)
-    if server is None:
+    if args[0].startswith("-") and args[0] not in ("-c", "-m"):
         return None
-    server.stdin.write(json.dumps({"args": [str(a) for a in args], "env": env,
-                                   "cwd": str(cwd or REPO), "stdout": stdout,
-                                   "stderr": stderr, "session": session}) + "\n")
-    server.stdin.flush()
-    while True:  # the children that end meanwhile are kept for `_warm_wait`
-        reply = _warm_read(None)
-        if "returncode" not in reply:
-            return reply["pid"]
-        _warm["ended"][reply["pid"]] = reply["returncode"]
+    with _warm_lock:
+        server = _warm_server(env)
+        if server is None:
+            return None
+        server.stdin.write(json.dumps({"args": [str(a) for a in args], "env": env,
+                                       "cwd": str(cwd or REPO), "stdout": stdout,
+                                       "stderr": stderr, "session": session}) + "\n")
+        server.stdin.flush()
+        while True:  # the children that end meanwhile are kept for `_warm_wait`
+            reply = _warm_read(None)
+            if "returncode" not in reply:
+                return reply["pid"]
+            _warm["ended"][reply["pid"]] = reply["returncode"]
 
 
 def _warm_wait(pid: int, timeout: float | None) -> int | None:
@@ -193,15 +217,22 @@ def _warm_wait(pid: int, timeout: float | None) -> int | None:
     None if it is still running after `timeout` s."""
     import time
 
-    ended = _warm["ended"]
     deadline = None if timeout is None else time.monotonic() + timeout
-    while pid not in ended:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        reply = _warm_read(left)
-        if reply is None:
+    while True:
+        with _warm_lock:
+            ended = _warm.get("ended")
+            if ended is None:  # another thread abandoned the server (an interruption)
+                raise RuntimeError(f"the warm Python server ended before child {pid}")
+            if pid in ended:
+                return ended.pop(pid)
+            left = _WARM_SLICE_S if deadline is None else \
+                min(_WARM_SLICE_S, max(0.0, deadline - time.monotonic()))
+            reply = _warm_read(left)
+            if reply is not None:
+                ended[reply["pid"]] = reply["returncode"]
+                continue
+        if deadline is not None and time.monotonic() >= deadline:
             return None
-        ended[reply["pid"]] = reply["returncode"]
-    return ended.pop(pid)
 
 
 def _warm_abandon(pid: int) -> None:
@@ -211,11 +242,12 @@ def _warm_abandon(pid: int) -> None:
 
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    server = _warm.get("server")
-    if server is not None:
-        server.kill()
-        server.wait(timeout=30)
-    _warm.clear()
+    with _warm_lock:
+        server = _warm.get("server")
+        if server is not None:
+            server.kill()
+            server.wait(timeout=30)
+        _warm.clear()
 
 
 def run_python_warm(args: list[str], timeout: float = 240, env: dict | None = None,

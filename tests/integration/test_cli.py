@@ -17,8 +17,7 @@ import time
 
 import pytest
 
-from tests._util import run_python
-from tests._util import cli_main
+from tests._util import cli_main, run_python, tf_log_lines
 from tests.unit.test_cli import OWN_FLAGS
 
 
@@ -60,15 +59,24 @@ def test_the_command_fails_in_one_line_before_tensorflow(argv, line):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("onednn", ["0", "1"])
-def test_env_in_a_fresh_process(onednn):
+@pytest.mark.parametrize("onednn, tf_log", [("0", ""), ("1", "1")],
+                         ids=["oneDNN off, quiet", "oneDNN on, TFMULTI_TF_LOG=1"])
+def test_env_in_a_fresh_process(onednn, tf_log):
     """`tfmulti env` splits the CPU first when asked, shows TF_CONFIG, and
     reports oneDNN as TF_ENABLE_ONEDNN_OPTS forces it (both ways: the variable
-    acts only before TensorFlow starts, hence a fresh process each)."""
+    acts only before TensorFlow starts, hence a fresh process each). Its start is
+    quiet (tfmulti.utils.quiet: no TensorFlow C++ start-up line) unless
+    TFMULTI_TF_LOG=1 asks for TensorFlow's log as it writes it."""
     tf_config = {"cluster": {"worker": ["localhost:1234"]}, "task": {"type": "worker", "index": 0}}
     result = run_python(["-m", "tfmulti.cli", "env", "--json", "--num_virtual_devices=3"],
-                        env={"TF_ENABLE_ONEDNN_OPTS": onednn, "TF_CONFIG": json.dumps(tf_config)})
+                        env={"TF_ENABLE_ONEDNN_OPTS": onednn, "TF_CONFIG": json.dumps(tf_config),
+                             "TFMULTI_TF_LOG": tf_log})
     assert result.returncode == 0, result.stderr[-2000:]
+    found = tf_log_lines(result.stdout + result.stderr)
+    if tf_log:  # absl's pre-init line, oneDNN's, ...
+        assert any("InitializeLog" in line for line in found), result.stderr
+    else:
+        assert found == [], result.stderr
     report = json.loads(result.stdout)
     for key in ("python", "tensorflow", "keras", "tensorflow_datasets", "absl_py",
                 "physical_devices", "logical_devices", "gpus", "nccl_usable", "cpu_count",

@@ -1,28 +1,18 @@
 """A quiet start on real processes (tfmulti.utils.quiet): no TensorFlow C++ start-up line in
-the output of a recipe's run, of `tfmulti env` or of workers started by `tfmulti launch`,
-unless TFMULTI_TF_LOG=1 asks; real errors, tracebacks and a killed process's last
-words still come through. Cold processes: the lines come with TensorFlow's import."""
+the output of a recipe's run or of workers started by `tfmulti launch`, unless
+TFMULTI_TF_LOG=1 asks; real errors, tracebacks and a killed process's last words still
+come through. Cold processes: the lines come with TensorFlow's import. `tfmulti env`'s
+start, quiet and asked: tests/integration/test_cli.py (test_env_in_a_fresh_process)."""
 
 from __future__ import annotations
 
-import re
 import signal
 
 import pytest
 
-from tests._util import RECIPES, launch_python, run_python
+from tests._util import RECIPES, launch_python, run_python, tf_log_lines
 
-# Any line in absl's or TensorFlow's C++ log format, or absl's pre-init line: counted
-# independently of the filter's own list (a start-up line it does not know counts too).
-CPP_LOG = re.compile(
-    r"^(?:\[worker \d+\] )?(?:WARNING: All log messages before absl::InitializeLog\(\)"
-    r"|[IWEF]\d{4} \d\d:\d\d:[\d.]+\s+\d+ \S+:\d+\]"
-    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+:\d+\])", re.M)
 SHOW_DEVICES = "import tensorflow as tf; print(len(tf.config.list_physical_devices()))"
-
-
-def _cpp_lines(text: str) -> list[str]:
-    return [m.group(0) for m in CPP_LOG.finditer(text)]
 
 
 @pytest.mark.slow
@@ -35,21 +25,7 @@ def test_a_training_run_prints_no_start_up_line(tmp_path, command):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "tfmulti: test_accuracy=" in result.stdout
     assert "replica(s)" not in result.stdout and ", 1 replica, " in result.stdout
-    assert _cpp_lines(result.stdout + result.stderr) == [], result.stderr[-3000:]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("tf_log", ["", "1"], ids=["quiet", "TFMULTI_TF_LOG=1"])
-def test_tfmulti_env_prints_start_up_lines_only_when_asked(tf_log):
-    result = run_python(["-m", "tfmulti.cli", "env"], env={"TFMULTI_TF_LOG": tf_log},
-                        timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "tensorflow" in result.stdout
-    found = _cpp_lines(result.stdout + result.stderr)
-    if tf_log:  # TensorFlow's log as it writes it: absl's line, oneDNN's, ... (twice)
-        assert any("InitializeLog" in line for line in found), result.stderr
-    else:
-        assert found == [], result.stderr
+    assert tf_log_lines(result.stdout + result.stderr) == [], result.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -81,14 +57,14 @@ def test_errors_and_a_killed_process_last_words_come_through():
         "<string>:11: UserWarning: a real warning",
         "E0000 00:00:1796316352.407030 10 collective_ops.cc:52] peer down",
         "no newline"], result.stderr
-    assert len(_cpp_lines(result.stderr)) == 1, result.stderr
+    assert len(tf_log_lines(result.stderr)) == 1, result.stderr
 
     failed = run_python(["-c", "from tfmulti.utils import quiet; quiet.install(); "
                          "import keras; raise RuntimeError('boom')"], timeout=600)
     assert failed.returncode == 1
     assert failed.stderr.startswith("Traceback (most recent call last):"), failed.stderr
     assert failed.stderr.endswith("\nRuntimeError: boom\n"), failed.stderr
-    assert _cpp_lines(failed.stderr) == [], failed.stderr
+    assert tf_log_lines(failed.stderr) == [], failed.stderr
 
 
 @pytest.mark.slow
@@ -119,7 +95,7 @@ def test_launched_workers_print_no_start_up_line_unless_asked(monkeypatch, tf_lo
     code, output = launch_python(["-c", SHOW_DEVICES], num_workers=2)
     assert code == 0, output[-3000:]
     assert "[worker 0] 1" in output and "[worker 1] 1" in output, output[-3000:]
-    found = _cpp_lines(output)
+    found = tf_log_lines(output)
     if tf_log:
         assert {line[:10] for line in found} == {"[worker 0]", "[worker 1]"}, output[-3000:]
     else:
@@ -136,4 +112,4 @@ def test_tfmulti_train_under_tfmulti_launch_prints_no_start_up_line(tmp_path):
     assert code == 0, output[-3000:]
     assert "[worker 0] tfmulti: test_accuracy=" in output, output[-3000:]
     assert ", 2 replicas, MultiWorkerMirroredStrategy, 1 epoch" in output, output[-3000:]
-    assert _cpp_lines(output) == [], output[-3000:]
+    assert tf_log_lines(output) == [], output[-3000:]

@@ -1,6 +1,6 @@
 """Training on Ray (`tfmulti.ray`), on a real local Ray: 2 Ray Train workers, one
 killed mid-run; Ray starts them again, they resume from the backup, and the run
-ends with the weights of the uninterrupted run under `tfmulti launch`; no Ray
+ends with the weights of the uninterrupted run on a TF_CONFIG cluster; no Ray
 process is left behind."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests._util import RECIPES, WORKERS, launch_python, run_python_warm
+from tests._util import RECIPES, WORKERS, cluster_python_warm, run_python_warm
 from tests.workers import ray_train
 
 KILL_AT_STEP = 3 * ray_train.BACKUP_EVERY  # the step's backup is not taken: resumes 1 back
@@ -84,8 +84,9 @@ def test_a_killed_worker_restarts_and_the_run_resumes_exactly(tmp_path):
                 [str(WORKERS / "ray_train.py"), str(tmp_path), f"--kill_at_step={KILL_AT_STEP}"],
                 timeout=840, env={"RAY_TMPDIR": ray_tmp, "HOME": str(tmp_path),
                                   MARKER: marker.split("=")[1]})
-            # Meanwhile, the uninterrupted reference: the same run under `tfmulti launch`.
-            code, output = launch_python(
+            # Meanwhile, the uninterrupted reference: the same run on 2 workers started by
+            # TF_CONFIG (the launcher's own tests are in test_launcher.py).
+            code, output = cluster_python_warm(
                 [str(RECIPES / "train.py"), *ray_train.FLAGS,
                  f"--model_dir={reference / 'model'}", f"--backup_dir={reference / 'backup'}"],
                 num_workers=2)

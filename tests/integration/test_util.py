@@ -94,6 +94,33 @@ def test_popen_python_warm_runs_children_at_once_as_popen_would():
 
 
 @pytest.mark.slow  # starts processes
+def test_warm_children_waited_on_from_two_threads_each_end_once():
+    """A test may wait on warm children from two threads at once (test_ray.py: the Ray
+    run in a thread, the reference cluster beside it). Both read the one server pipe:
+    an end that one thread reads must still reach the other (before the lock, one
+    thread took the other's reply and the other waited for its timeout)."""
+    import threading
+
+    from tests._util import popen_python_warm
+
+    results = {}
+
+    def short_runs():
+        results["short"] = [run_python_warm(["-c", f"import time; time.sleep({s})"],
+                                            timeout=60).returncode for s in (0.3, 0.6, 0.9)]
+
+    long_child = popen_python_warm(["-c", "import time; time.sleep(2)"])
+    try:
+        thread = threading.Thread(target=short_runs)
+        thread.start()
+        assert long_child.wait(timeout=60) == 0
+        thread.join(timeout=60)
+        assert not thread.is_alive() and results == {"short": [0, 0, 0]}
+    finally:
+        long_child.kill()
+
+
+@pytest.mark.slow  # starts processes
 def test_cluster_python_warm_gives_each_worker_its_tf_config_and_reports_the_first_failure():
     """`cluster_python_warm`: each warm child gets the launcher's worker environment
     (its TF_CONFIG index), the output comes prefixed by worker, and a failed
