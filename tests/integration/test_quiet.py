@@ -2,7 +2,9 @@
 the output of a recipe's run or of workers started by `tfmulti launch`, unless
 TFMULTI_TF_LOG=1 asks; real errors, tracebacks and a killed process's last words still
 come through. Cold processes: the lines come with TensorFlow's import. `tfmulti env`'s
-start, quiet and asked: tests/integration/test_cli.py (test_env_in_a_fresh_process)."""
+start, quiet and asked: tests/integration/test_cli.py (test_env_in_a_fresh_process);
+`tfmulti train` under `tfmulti launch`, `estimate-memory` and `env` from the installed
+wheel, in a user's environment: tests/integration/test_wheel.py."""
 
 from __future__ import annotations
 
@@ -100,16 +102,3 @@ def test_launched_workers_print_no_start_up_line_unless_asked(monkeypatch, tf_lo
         assert {line[:10] for line in found} == {"[worker 0]", "[worker 1]"}, output[-3000:]
     else:
         assert found == [], output[-3000:]
-
-
-@pytest.mark.cluster
-@pytest.mark.timeout(900)
-def test_tfmulti_train_under_tfmulti_launch_prints_no_start_up_line(tmp_path):
-    code, output = launch_python(
-        ["-m", "tfmulti.cli", "train", "--distribution=multi_worker", "--dataset=synthetic",
-         "--num_examples=128", "--global_batch_size=64", "--epochs=1",
-         f"--model_dir={tmp_path / 'run'}"], num_workers=2)
-    assert code == 0, output[-3000:]
-    assert "[worker 0] tfmulti: test_accuracy=" in output, output[-3000:]
-    assert ", 2 replicas, MultiWorkerMirroredStrategy, 1 epoch" in output, output[-3000:]
-    assert tf_log_lines(output) == [], output[-3000:]

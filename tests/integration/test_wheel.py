@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._util import REPO
+from tests._util import REPO, tf_log_lines
 from tfmulti.training import outputs
 
 # The checkout, less what is not source (copied, so that the build's own
@@ -114,8 +114,10 @@ def test_the_wheel_installed_outside_the_checkout_is_the_whole_tool(wheel, tmp_p
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True, capture_output=True, text=True, timeout=60).stdout.strip())
     borrowed = site / "_tfmulti_test_dependencies.pth"
+    # A user's shell: none of the test environment's Python, TensorFlow (its log level
+    # among them: the start must be quiet by itself) or tfmulti variables.
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "TF_CONFIG", "TFMULTI_", "VIRTUAL_ENV"))}
+           if not k.startswith(("PYTHON", "TF_", "TFMULTI_", "VIRTUAL_ENV"))}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv),
                TFDS_DATA_DIR=str(home / "tensorflow_datasets"), HOME=str(home))
 
@@ -157,13 +159,19 @@ def test_the_wheel_installed_outside_the_checkout_is_the_whole_tool(wheel, tmp_p
                    "--distribution=multi_worker", f"--model_dir={home / 'two'}", timeout=900)
     output = launched.stdout + launched.stderr
     assert f"[worker 1] {outputs.OTHER_WORKER_LINE}" in output, output[-4000:]
+    # The workers' TensorFlow start-up lines dropped (tfmulti.utils.quiet; the quiet
+    # start's other cases: tests/integration/test_quiet.py).
+    assert tf_log_lines(output) == [], output[-4000:]
     assert (home / "two" / ".tfmulti-run.json").is_file()
     metrics = json.loads((home / "two" / "metrics.json").read_text())
     assert metrics["num_replicas"] == 2
     assert f"[worker 0] {outputs.summary_line(metrics)}" in output, output[-4000:]
-    estimate = run(tfmulti, "estimate-memory", "--model=mlp", "--json").stdout
-    assert json.loads(estimate)
+    estimate = run(tfmulti, "estimate-memory", "--model=mlp", "--json")
+    assert json.loads(estimate.stdout)
+    assert tf_log_lines(estimate.stdout + estimate.stderr) == [], estimate.stderr[-4000:]
     # The installed distribution's metadata is the wheel's (not the test environment's).
-    report = run(tfmulti, "env").stdout
+    ran = run(tfmulti, "env")
+    report = ran.stdout
+    assert tf_log_lines(ran.stdout + ran.stderr) == [], ran.stderr[-4000:]
     assert re.search(rf"^tfmulti +{re.escape(version)}$", report, re.M), report
     assert re.search(r"^tensorflow +2\.", report, re.M), report
