@@ -10,10 +10,7 @@ Each notebook runs in a fresh Jupyter kernel (a subprocess), so the virtual
 devices configured by conftest.py in this process do not matter: the notebook
 configures its own. The kernel is the "python3" kernelspec, which jupyter_client
 starts with this process's interpreter (sys.executable), i.e. the same
-environment as pytest: forked from the warm server (tests/_util.py), which has
-imported TensorFlow and Keras once, as `python -m ipykernel_launcher -f FILE` in
-a session of its own (a kernel's own cold start, and the quiet one a reader's
-gets, are not what these tests check: tests/integration/test_quiet.py).
+environment as pytest.
 """
 
 from __future__ import annotations
@@ -21,19 +18,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
-from jupyter_client.provisioning import local_provisioner
 from nbclient.exceptions import CellExecutionError, CellTimeoutError  # noqa: E402
-from tests._util import file_tree, popen_python_warm
+from tests._util import file_tree
 from tests.unit.test_notebooks import NOTEBOOK_DIR, NOTEBOOKS
 
 KERNEL_NAME = "python3"
@@ -57,60 +50,6 @@ def _environ(**values: str):
                 os.environ[key] = old
 
 
-class _WarmKernel:
-    """The `subprocess.Popen` jupyter_client's provisioner keeps for a kernel, for
-    one forked from the warm server: its stdout drained here (nothing is expected
-    there: the kernel talks over ZeroMQ), so the provisioner has no pipe to close."""
-
-    stdin = stdout = stderr = None
-
-    def __init__(self, process):
-        self._process, self.pid = process, process.pid
-        out = process.stdout
-
-        def drain():
-            with out:
-                for _ in out:
-                    pass
-        threading.Thread(target=drain, daemon=True).start()
-
-    @property
-    def returncode(self):
-        return self._process.returncode
-
-    def poll(self):
-        return self._process.poll()
-
-    def wait(self, timeout=None):
-        return self._process.wait(timeout)
-
-    def send_signal(self, sig):
-        self._process.send_signal(sig)
-
-    def kill(self):
-        self._process.kill()
-
-    def terminate(self):
-        self._process.send_signal(signal.SIGTERM)
-
-
-@pytest.fixture
-def warm_kernels(monkeypatch):
-    """The kernels this test starts, forked from the warm server."""
-    def launch_kernel(cmd, env=None, cwd=None, **_):
-        assert cmd[0] == sys.executable, cmd  # the "python3" kernelspec: this interpreter
-        kernel = _WarmKernel(popen_python_warm(cmd[1:], env=env, cwd=cwd, stderr="devnull",
-                                               start_new_session=True))
-        # The provisioner signals the kernel's process group, which it reads next: the
-        # forked child's own session, once the child made it (Popen returns after that).
-        deadline = time.monotonic() + 60
-        while os.getpgid(kernel.pid) != kernel.pid:
-            assert time.monotonic() < deadline and kernel.poll() is None, "no kernel session"
-            time.sleep(0.01)
-        return kernel
-    monkeypatch.setattr(local_provisioner, "launch_kernel", launch_kernel)
-
-
 def _source(nb) -> str:
     return "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
 
@@ -127,7 +66,7 @@ def _failed_cell(nb) -> str:
 @pytest.mark.notebook
 @pytest.mark.timeout(900)  # whole notebook; each cell has CELL_TIMEOUT_S
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs_in_small_mode(path: Path, tmp_path: Path, warm_kernels):
+def test_notebook_runs_in_small_mode(path: Path, tmp_path: Path):
     stored = file_tree(NOTEBOOK_DIR)
     nb = nbformat.read(path, as_version=4)
     assert "TFMULTI_SMALL" in _source(nb), (
