@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks import failpoints
 from tests._util import RECIPES, REPO, cluster_python_warm, run_python
 from tests.integration.test_docs import RAY_EXAMPLE
 from tfmulti.config.train_config import resolve_steps_per_execution
@@ -109,9 +110,9 @@ def test_a_killed_worker_restarts_and_the_run_resumes_exactly(tmp_path):
                 env={"RAY_TMPDIR": ray_tmp, "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
                      MARKER: marker.split("=")[1], "PYTHONPATH": str(REPO),
                      "TFMULTI_STARTUP_TIMEOUT": "300",
-                     "TFMULTI_FAULTS": (f"benchmarks.failpoints:point=backup.step,worker=1,"
-                                        f"hit={KILL_AT_STEP // STEPS_PER_CALL},signal=KILL,"
-                                        f"once={tmp_path / 'fired'}")})
+                     "TFMULTI_FAULTS": failpoints.environ_value([failpoints.Fault(
+                         "backup.step", worker=1, hit=KILL_AT_STEP // STEPS_PER_CALL,
+                         signal="KILL", once=str(tmp_path / "fired"))])})
             # Meanwhile, the uninterrupted reference: the same run on 2 workers started by
             # TF_CONFIG (the launcher's own tests are in test_launcher.py).
             code, output = cluster_python_warm(
