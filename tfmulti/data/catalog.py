@@ -307,6 +307,7 @@ def _tfds_warnings_off():
         logger.setLevel(level)
 
 
+@tf.autograph.experimental.do_not_convert  # no control flow to convert
 def _normalize_image(image, label):
     return tf.cast(image, tf.float32) / 255.0, label
 

@@ -128,8 +128,8 @@ def _count_classes(source) -> int:
         raise ValueError("the model asks for `num_classes`, but the labels are not integer "
                          "class ids; return 'num_classes' from the dataset function.")
     ds = source.dataset() if isinstance(source, FileSource) else source
-    top = ds.map(lambda x, y, *w: tf.reduce_max(tf.cast(y, tf.int64))).reduce(
-        np.int64(-1), tf.maximum)
+    top = ds.map(tf.autograph.experimental.do_not_convert(
+        lambda x, y, *w: tf.reduce_max(tf.cast(y, tf.int64)))).reduce(np.int64(-1), tf.maximum)
     print(f"tfmulti: read the labels once: {int(top) + 1} classes (return 'num_classes' "
           "from the dataset function to skip this)", flush=True)
     return int(top) + 1

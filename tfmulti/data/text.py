@@ -246,6 +246,7 @@ def text_windows(dataset, sequence_length: int = DEFAULT_SEQUENCE_LENGTH, text_k
 
     checks.positive_int("sequence_length", sequence_length)
 
+    @tf.autograph.experimental.do_not_convert  # no control flow to convert
     def windows(element):
         data = tf.cast(tf.io.decode_raw(element[text_key], tf.uint8), tf.int32)
         count = tf.maximum(tf.size(data) - 1, 0) // sequence_length
@@ -298,8 +299,9 @@ def load(name: str = NAME, split: str = "train", data_dir: str | None = None,
     check_prepared_files(f"{NAME}/{_config_name(length)}", split, data_dir)
     dataset = _builder_cls()(data_dir=data_dir, config=_config_name(length)).as_dataset(
         split=split, shuffle_files=False, as_supervised=True, read_config=read)
-    return dataset.map(lambda x, y: (tf.cast(x, tf.int32), tf.cast(y, tf.int32)),
-                       num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.map(tf.autograph.experimental.do_not_convert(
+        lambda x, y: (tf.cast(x, tf.int32), tf.cast(y, tf.int32))),
+        num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def byte_counts(dataset, batch_size: int = 1024) -> np.ndarray:
