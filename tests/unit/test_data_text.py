@@ -5,6 +5,7 @@ baseline checked against a hand computation."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -151,6 +152,49 @@ def test_unigram_baseline_on_a_known_corpus(tmp_path):
                                           source_dir=str(source))
     assert baseline == pytest.approx(-(math.log(96 / 384) + math.log(34 / 384)) / 2)
     assert baseline == pytest.approx(1.905288, abs=1e-6)
+    # The counts are kept in the prepared folder and read from there next time:
+    # other counts stored there (train all "a", validation half "a") give their figure.
+    folder = text_data.prepare(str(tmp_path / "tfds"), str(source), 64)
+    kept = os.path.join(folder, text_data.BYTE_COUNTS_FILE)
+    with open(kept) as f:
+        stored = json.load(f)
+    assert (stored["train"][ord("a")], stored["train"][ord("b")], sum(stored["train"])) == (
+        95, 33, 128)
+    assert (stored["validation"][ord("a")], stored["validation"][ord("b")]) == (32, 32)
+    stored["train"] = [0] * 256
+    stored["train"][ord("a")] = 128
+    with open(kept, "w") as f:
+        json.dump(stored, f)
+    again = text_data.unigram_baseline(str(tmp_path / "tfds"), sequence_length=64,
+                                       source_dir=str(source))
+    assert again == pytest.approx(-(math.log(129 / 384) + math.log(1 / 384)) / 2)
+    # Counts that are not 256 per split are counted anew (and kept again).
+    with open(kept, "w") as f:
+        f.write('{"train": [1, 2]}')
+    assert text_data.unigram_baseline(str(tmp_path / "tfds"), sequence_length=64,
+                                      source_dir=str(source)) == pytest.approx(baseline)
+    with open(kept) as f:
+        assert json.load(f)["train"][ord("a")] == 95
+
+
+def test_unigram_baseline_counts_anew_where_the_data_dir_is_read_only(tmp_path, monkeypatch):
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("one.py", "two.py"):
+        (source / name).write_bytes(b"#")
+    files = text_data.corpus_files(str(source))
+    (source / files["train"][0]).write_bytes(b"a" * 96 + b"b" * 33)
+    (source / files["validation"][0]).write_bytes(b"a" * 33 + b"b" * 32)
+
+    def refused(path, payload, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(text_data.atomic, "write_json_atomic", refused)
+    baseline = text_data.unigram_baseline(str(tmp_path / "tfds"), sequence_length=64,
+                                          source_dir=str(source))
+    assert baseline == pytest.approx(1.905288, abs=1e-6)
+    folder = text_data.prepare(str(tmp_path / "tfds"), str(source), 64)
+    assert not os.path.exists(os.path.join(folder, text_data.BYTE_COUNTS_FILE))
 
 
 def test_bad_arguments(corpus, tmp_path):
