@@ -136,11 +136,10 @@ def test_unigram_cross_entropy_by_hand():
         text_data.unigram_cross_entropy([1, 2], [0, 0])
 
 
-def test_unigram_baseline_on_a_known_corpus(tmp_path):
-    # Two files, 64-byte windows: train "a"*96 + "b"*33 (129 bytes, 2 windows:
-    # targets 95 a, 33 b), validation "a"*33 + "b"*32 (65 bytes, 1 window:
-    # targets 32 a, 32 b). Add-one over 256 byte values: p(a) = 96 / 384,
-    # p(b) = 34 / 384; the validation bytes are half a, half b.
+def _known_corpus(tmp_path) -> Path:
+    """A source folder of two files, one a split: train "a"*96 + "b"*33 (129
+    bytes, 2 windows of 64: targets 95 a, 33 b), validation "a"*33 + "b"*32 (65
+    bytes, 1 window: targets 32 a, 32 b)."""
     source = tmp_path / "src"
     source.mkdir()
     for name in ("one.py", "two.py"):
@@ -148,6 +147,13 @@ def test_unigram_baseline_on_a_known_corpus(tmp_path):
     files = text_data.corpus_files(str(source))
     (source / files["train"][0]).write_bytes(b"a" * 96 + b"b" * 33)
     (source / files["validation"][0]).write_bytes(b"a" * 33 + b"b" * 32)
+    return source
+
+
+def test_unigram_baseline_on_a_known_corpus(tmp_path):
+    # Add-one over 256 byte values: p(a) = 96 / 384, p(b) = 34 / 384; the
+    # validation bytes are half a, half b.
+    source = _known_corpus(tmp_path)
     baseline = text_data.unigram_baseline(str(tmp_path / "tfds"), sequence_length=64,
                                           source_dir=str(source))
     assert baseline == pytest.approx(-(math.log(96 / 384) + math.log(34 / 384)) / 2)
@@ -178,13 +184,7 @@ def test_unigram_baseline_on_a_known_corpus(tmp_path):
 
 
 def test_unigram_baseline_counts_anew_where_the_data_dir_is_read_only(tmp_path, monkeypatch):
-    source = tmp_path / "src"
-    source.mkdir()
-    for name in ("one.py", "two.py"):
-        (source / name).write_bytes(b"#")
-    files = text_data.corpus_files(str(source))
-    (source / files["train"][0]).write_bytes(b"a" * 96 + b"b" * 33)
-    (source / files["validation"][0]).write_bytes(b"a" * 33 + b"b" * 32)
+    source = _known_corpus(tmp_path)
 
     def refused(path, payload, **kwargs):
         raise PermissionError(13, "Permission denied", path)
