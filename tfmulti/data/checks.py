@@ -224,9 +224,16 @@ def first_examples(source, split: str, count: int = SAMPLE, files=None) -> list:
             names the split and TensorFlow's reason.
     """
     dataset = source.dataset(files) if isinstance(source, FileSource) else source
+    head = dataset.take(count)
     try:
-        return [tf.nest.map_structure(np.asarray, e)
-                for e in dataset.take(count).as_numpy_iterator()]
+        if not _fixed_shapes(head.element_spec):
+            return [tf.nest.map_structure(np.asarray, e) for e in head.as_numpy_iterator()]
+        # Examples of one shape read as one batch, then split: the same
+        # examples; read one at a time they cost 80 ms a split here (0.3 ms
+        # each), in every run.
+        return [tf.nest.map_structure(lambda column, i=i: np.asarray(column[i]), batch)
+                for batch in head.batch(count).as_numpy_iterator()
+                for i in range(len(tf.nest.flatten(batch)[0]))]
     except tf.errors.DataLossError as e:
         raise data_loss_error(e, source) from None
     except tf.errors.OpError as e:
@@ -234,6 +241,13 @@ def first_examples(source, split: str, count: int = SAMPLE, files=None) -> list:
         raise ValueError(f"reading the first examples of the {split} split failed: "
                          f"{reason}; check the data (and its parse function) before "
                          "training.") from None
+
+
+def _fixed_shapes(spec) -> bool:
+    """Whether every example of a dataset with element spec `spec` has the same
+    shapes (dense tensors, every dimension known): batching them changes none."""
+    return all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined()
+               for s in tf.nest.flatten(spec))
 
 
 def _leaves(example) -> list[tuple[str, np.ndarray]]:
