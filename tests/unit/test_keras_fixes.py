@@ -113,6 +113,52 @@ def test_fix_evaluates_a_first_batch_split_unevenly_over_replicas():
     assert np.isfinite(result["loss"])
 
 
+def test_the_fixed_build_reads_no_batch_where_the_shapes_are_known():
+    """The symbolic build under 2 replicas (the fixes' patch of it) takes its
+    shapes from the data's spec where every dimension is known, and reads
+    nothing where nothing needs building: each pass over the data opens it once
+    (Keras' own build opens a pass of its own to read one batch, before every
+    `fit` and `evaluate`). A pass whose last batch is partial has a batch
+    dimension of unknown size: that build still reads one batch."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tfmulti
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    assert UNEVEN_FIRST_BATCH in tfmulti.apply_keras_fixes(strategy)
+    opened = []
+
+    def examples():
+        opened.append(1)
+        for i in range(40):
+            yield {"a": np.full(3, i, "float32"), "b": np.full(2, -i, "float32")}, i % 2
+
+    spec = ({"a": tf.TensorSpec([3]), "b": tf.TensorSpec([2])}, tf.TensorSpec([], tf.int64))
+    data = tf.data.Dataset.from_generator(examples, output_signature=spec)
+
+    def model():
+        inputs = {"a": keras.Input((3,), name="a"), "b": keras.Input((2,), name="b")}
+        m = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Concatenate()(
+            [inputs["a"], inputs["b"]])))
+        m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+        return m
+
+    with strategy.scope():
+        fixed = model()
+    history = fixed.fit(data.batch(8, drop_remainder=True), epochs=2, verbose=0)
+    assert len(opened) == 2 and np.isfinite(history.history["loss"]).all()  # 1 a pass
+    fixed.evaluate(data.batch(16), verbose=0)  # partial last batch; built: nothing read
+    assert len(opened) == 3
+    with strategy.scope():
+        unknown = model()
+    unknown.fit(data.batch(16), epochs=1, verbose=0)  # batch dimension unknown: a read
+    assert len(opened) == 5
+    assert unknown.get_weights()[0].shape == fixed.get_weights()[0].shape == (5, 2)
+
+
 def test_fix_keeps_the_replicas_batch_normalization_statistics_equal():
     # Two replicas see batches of different statistics (the second half of
     # every batch shifted by 3): without the fix each keeps its own moving

@@ -348,8 +348,12 @@ def mirrored_strategy(devices, cross_device_ops=None) -> tf.distribute.MirroredS
 # `strategy.reduce("MEAN", batch, axis=None)`; under
 # MultiWorkerMirroredStrategy that is a collective over a nested structure
 # and fails with "Attempt to convert a value (PerReplica...) to a Tensor".
-# The build needs only shapes and dtypes, so we use the first local
-# replica's batch instead: no collective at all.
+# The build needs only shapes and dtypes, so we take them from the first
+# replica's spec of the distributed dataset where every dimension is known
+# (a training split: whole batches), else from the first local replica's
+# batch: no collective at all. Nothing is read where nothing needs building
+# (Keras reads a batch anyway: a whole iterator made, its shuffle buffer
+# filled and thrown away, before every `fit` and `evaluate`).
 # Upstream: https://github.com/keras-team/keras/issues/20585 (also dict
 # inputs: https://github.com/keras-team/keras/issues/20329).
 # The same reduction fails under MirroredStrategy when the first batch gives
@@ -369,7 +373,7 @@ def mirrored_strategy(devices, cross_device_ops=None) -> tf.distribute.MirroredS
 #
 # The scalar patch changes behaviour only under a multi-worker
 # MultiWorkerMirroredStrategy; the build's, under any strategy of 2+ replicas
-# (and there only which batch the build reads its shapes from).
+# (and there only where the build reads its shapes from).
 # --------------------------------------------------------------------------
 
 def _is_multi_worker(strategy) -> bool:
@@ -390,6 +394,15 @@ def _patch_symbolic_build() -> None:
         strategy = self._distribute_strategy
         if iterator is None or strategy is None or strategy.num_replicas_in_sync < 2:
             return original_build(self, iterator=iterator, data_batch=data_batch)
+        if not _build_needs_data(self):  # the optimizer at most: no batch read
+            with strategy.scope():
+                self._symbolic_build(data_batch=None)
+            return None
+        spec = _first_replica_spec(iterator)
+        if spec is not None:  # the shapes every batch has: no iterator made
+            with strategy.scope():
+                self._symbolic_build(data_batch=spec)
+            return None
         for _, _, it in iterator:
             batch = next(it)
             data_batch = tree.map_structure(
@@ -403,6 +416,32 @@ def _patch_symbolic_build() -> None:
 
     _maybe_symbolic_build.__wrapped__ = original_build
     tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+
+
+def _build_needs_data(model) -> bool:
+    """Whether Keras' symbolic build of `model` reads a batch
+    (`Trainer._symbolic_build`: the model, its compiled metrics or loss unbuilt)."""
+    metrics, loss = model._compile_metrics, model._compile_loss  # pylint: disable=protected-access
+    return (not all(layer.built for layer in model._flatten_layers())  # pylint: disable=protected-access
+            or (metrics is not None and not metrics.built)
+            or (loss is not None and not loss.built))
+
+
+def _first_replica_spec(epoch_iterator):
+    """The first replica's batch spec of the distributed dataset `epoch_iterator`
+    (Keras' `TFEpochIterator`) reads, where every dimension of it is known (then
+    every batch has those shapes); None otherwise."""
+    from tensorflow.python.distribute import values
+
+    dataset = getattr(epoch_iterator, "_distributed_dataset", None)
+    spec = getattr(dataset, "element_spec", None)
+    if spec is None:
+        return None
+    flat = [s._value_specs[0] if isinstance(s, values.PerReplicaSpec) else s  # pylint: disable=protected-access
+            for s in tf.nest.flatten(spec)]
+    if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in flat):
+        return None
+    return tf.nest.pack_sequence_as(spec, flat)
 
 
 def _patch_reduce_per_replica() -> None:
