@@ -479,6 +479,57 @@ def test_other_workers_save_into_private_scratch_dirs(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp)) == [f"tfmulti-backup-{digest}-worker1"]
 
 
+def test_a_scratch_dir_left_by_a_killed_save_goes_at_the_next_one(tmp_path, monkeypatch):
+    """What a worker killed mid-save (outside `tfmulti launch`, whose workers
+    have a TMPDIR of their own) leaves in TMPDIR is removed by the next save on
+    the host: a scratch dir whose lock no process holds. One in use, another
+    user's, a link (and what it points to) and a folder without tfmulti's lock
+    file stay."""
+    import fcntl
+    import tempfile
+
+    from tfmulti.training.backup import _files
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+
+    def scratch(name, locked_file=True):
+        folder = tmp / f"tfmulti-backup-{name}"
+        folder.mkdir()
+        (folder / "tfmulti-ckpt_temp").mkdir()  # a half-written save
+        if locked_file:
+            (folder / ".tfmulti-scratch.lock").touch()
+        return folder
+
+    abandoned = scratch("killed")
+    in_use = scratch("in-use")
+    held = os.open(in_use / ".tfmulti-scratch.lock", os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another process's save under way
+    others = scratch("others")
+    os.chown(others, 65534, 65534)
+    no_lock = scratch("unknown", locked_file=False)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / ".tfmulti-scratch.lock").touch()
+    os.symlink(victim, tmp / "tfmulti-backup-link")
+    try:
+        with _files.private_scratch() as folder:
+            assert not abandoned.exists()
+            assert os.path.dirname(folder) == str(tmp)
+            assert os.stat(folder).st_mode & 0o777 == 0o700
+            assert _files.remove_abandoned_scratch() == []  # this save's own is in use
+            assert os.listdir(folder) == [".tfmulti-scratch.lock"]
+        assert not os.path.exists(folder)
+        assert sorted(os.listdir(tmp)) == ["tfmulti-backup-in-use", "tfmulti-backup-link",
+                                           "tfmulti-backup-others", "tfmulti-backup-unknown"]
+        assert sorted(os.listdir(victim)) == [".tfmulti-scratch.lock"]
+        assert (no_lock / "tfmulti-ckpt_temp").is_dir() and (others / "tfmulti-ckpt_temp").is_dir()
+    finally:
+        os.close(held)
+    assert _files.remove_abandoned_scratch() == [str(in_use)]  # its save ended without it
+
+
 class _FakeCoordination:
     """The coordination service's key-value store, where worker 1 never acknowledges."""
 

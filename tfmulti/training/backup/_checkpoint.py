@@ -413,7 +413,8 @@ class Backup:
         The chief removes an older checkpoint (beyond `keep`) only after the new one
         has read back whole (`verify`). The other workers write into private
         temporary directories (a save may need collectives), removed at once,
-        also when the save fails.
+        also when the save fails (`_files.private_scratch`; one a killed worker
+        left goes at the next save on its host).
 
         Raises:
             OSError: `backup_dir` is full (the message names it and says "no space
@@ -449,12 +450,9 @@ class Backup:
                 _files.remove_steps(self.backup_dir, doomed)
             self._discarding = False
             return path
-        scratch = tempfile.mkdtemp(prefix="tfmulti-backup-")
-        try:
+        with _files.private_scratch() as scratch:
             checkpoint.write(os.path.join(scratch, _files.PREFIX))
             failpoint("backup.saved")
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
         return None
 
     def _save_error(self, step: int, error: Exception) -> Exception:

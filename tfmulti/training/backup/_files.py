@@ -7,6 +7,11 @@
     tfmulti-backup.lock       locked (flock) by the run's chief while it runs; the
                               holder's host, pid, start time and command inside
 
+A worker other than the chief writes each save into a private folder of its own
+in TMPDIR, `tfmulti-backup-XXXXXXXX/` (`private_scratch`), locked while in use
+and removed after; one left by a worker killed mid-save is removed by the next
+save on that host (its lock free: no process holds it).
+
 Names are matched literally (`os.listdir` and a regex), never as glob patterns:
 a `backup_dir` such as `runs/exp[12]` names one directory. Other files,
 TensorFlow checkpoints written by anything else included, are never listed,
@@ -28,6 +33,7 @@ restored, pruned or deleted.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -35,7 +41,9 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
+import tempfile
 import threading
 import time
 
@@ -323,6 +331,65 @@ class DirLock:
 
 
 # ---------------------------------------------------------------------------- manifest
+
+SCRATCH_PREFIX = "tfmulti-backup-"
+_SCRATCH_LOCK = ".tfmulti-scratch.lock"
+
+
+@contextlib.contextmanager
+def private_scratch():
+    """A fresh folder of this process's own in TMPDIR (`mkdtemp`, mode 0700) for
+    a save it does not keep; locked (`flock` on a file inside) while in use and
+    removed after, also when the save fails. First removes the folders that
+    earlier saves on this host left (`remove_abandoned_scratch`)."""
+    remove_abandoned_scratch()
+    folder = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    # Locked under another name, then renamed: the lock file is never seen unlocked.
+    pending = os.path.join(folder, _SCRATCH_LOCK + ".new")
+    fd = os.open(pending, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(pending, os.path.join(folder, _SCRATCH_LOCK))
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(fd)
+
+
+def remove_abandoned_scratch(tmp: str | None = None) -> list[str]:
+    """Removes the `private_scratch` folders in `tmp` (default: TMPDIR) whose lock
+    no process holds: their save was cut short (SIGKILL, a crash) and nothing will
+    remove them. Only this user's folders with tfmulti's lock file inside; links,
+    other users' folders and folders in use are left. Returns the removed paths."""
+    tmp = tmp or tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith(SCRATCH_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = os.path.join(tmp, name)
+        try:
+            info = os.lstat(path)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            fd = os.open(os.path.join(path, _SCRATCH_LOCK), os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue  # not a folder of ours, or no lock file: not proven abandoned
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # in use
+        try:
+            shutil.rmtree(path)
+            removed.append(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
 
 def read_fingerprint(backup_dir: str) -> dict | None:
     """The fingerprint stored with the checkpoints, or None when there is no manifest.
