@@ -226,14 +226,19 @@ def first_examples(source, split: str, count: int = SAMPLE, files=None) -> list:
     dataset = source.dataset(files) if isinstance(source, FileSource) else source
     head = dataset.take(count)
     try:
-        if not _fixed_shapes(head.element_spec):
-            return [tf.nest.map_structure(np.asarray, e) for e in head.as_numpy_iterator()]
-        # Examples of one shape read as one batch, then split: the same
-        # examples; read one at a time they cost 80 ms a split here (0.3 ms
-        # each), in every run.
-        return [tf.nest.map_structure(lambda column, i=i: np.asarray(column[i]), batch)
-                for batch in head.batch(count).as_numpy_iterator()
-                for i in range(len(tf.nest.flatten(batch)[0]))]
+        if _fixed_shapes(head.element_spec):
+            # Examples of one shape read as one batch, then split: the same
+            # examples; read one at a time they cost 80 ms a split here (0.3 ms
+            # each), in every run. Where the batch fails, they are read one at
+            # a time below (whose error, if any, is the data's).
+            try:
+                return [tf.nest.map_structure(lambda column, i=i: np.asarray(column[i]), batch)
+                        for batch in head.batch(count).as_numpy_iterator()
+                        for i in range(len(tf.nest.flatten(batch)[0]))]
+            except tf.errors.OpError as e:
+                if isinstance(e, tf.errors.DataLossError):
+                    raise
+        return [tf.nest.map_structure(np.asarray, e) for e in head.as_numpy_iterator()]
     except tf.errors.DataLossError as e:
         raise data_loss_error(e, source) from None
     except tf.errors.OpError as e:
@@ -247,7 +252,7 @@ def _fixed_shapes(spec) -> bool:
     """Whether every example of a dataset with element spec `spec` has the same
     shapes (dense tensors, every dimension known): batching them changes none."""
     return all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined()
-               for s in tf.nest.flatten(spec))
+               and s.dtype not in (tf.variant, tf.resource) for s in tf.nest.flatten(spec))
 
 
 def _leaves(example) -> list[tuple[str, np.ndarray]]:
