@@ -197,6 +197,26 @@ def test_unigram_baseline_counts_anew_where_the_data_dir_is_read_only(tmp_path, 
     assert not os.path.exists(os.path.join(folder, text_data.BYTE_COUNTS_FILE))
 
 
+def test_unigram_baseline_keeps_no_counts_for_a_bucket(tmp_path, monkeypatch):
+    """A data dir that is a URL (gs://...) is counted each time: tfmulti writes
+    no file there, and never a local folder named after it (`./gs:/...`)."""
+    source = _known_corpus(tmp_path)
+    local = str(tmp_path / "tfds")
+    text_data.prepare(local, str(source), 64)  # the data, read locally below
+    read = text_data.load
+    monkeypatch.setattr(text_data, "prepare",
+                        lambda *args, **kwargs: "gs://bucket/tfmulti_text/seq64/1.0.0")
+    monkeypatch.setattr(text_data, "load",
+                        lambda name, split, data_dir, **kwargs: read(name, split, local, **kwargs))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    baseline = text_data.unigram_baseline("gs://bucket", sequence_length=64,
+                                          source_dir=str(source))
+    assert baseline == pytest.approx(1.905288, abs=1e-6)
+    assert os.listdir(cwd) == []
+
+
 def test_bad_arguments(corpus, tmp_path):
     with pytest.raises(ValueError, match=r"`sequence_length` \(100\) must be one of \[64, 128"):
         text_data.load("tfmulti_text/seq100", data_dir=str(tmp_path))

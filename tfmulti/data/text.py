@@ -354,15 +354,18 @@ def unigram_baseline(data_dir: str | None = None, sequence_length: int = DEFAULT
     The splits' byte counts are kept in the prepared dataset's folder
     (`BYTE_COUNTS_FILE`) once counted: counting reads every example (3.5
     CPU-s at seq64 here), and the prepared data never change. Where the
-    folder cannot be written they are counted anew each time."""
+    folder cannot be written, or is a URL (gs://...), they are counted anew
+    each time."""
     folder = prepare(data_dir, source_dir, sequence_length)
     path = os.path.join(folder, BYTE_COUNTS_FILE)
-    counts = _stored_byte_counts(path)
+    local = "://" not in folder  # a bucket's folder (gs://...) is not one of this machine's
+    counts = _stored_byte_counts(path) if local else None
     if counts is None:
         counts = {split: byte_counts(load(NAME, split, data_dir, source_dir=source_dir,
                                           sequence_length=sequence_length)) for split in SPLITS}
         try:
-            atomic.write_json_atomic(path, {split: c.tolist() for split, c in counts.items()})
+            if local:
+                atomic.write_json_atomic(path, {split: c.tolist() for split, c in counts.items()})
         except OSError:
             pass  # a read-only data dir
     return unigram_cross_entropy(counts["train"], counts["validation"])
