@@ -235,9 +235,10 @@ def first_examples(source, split: str, count: int = SAMPLE, files=None) -> list:
                 return [tf.nest.map_structure(lambda column, i=i: np.asarray(column[i]), batch)
                         for batch in head.batch(count).as_numpy_iterator()
                         for i in range(len(tf.nest.flatten(batch)[0]))]
-            except tf.errors.OpError as e:
-                if isinstance(e, tf.errors.DataLossError):
-                    raise
+            except tf.errors.DataLossError:
+                raise
+            except tf.errors.OpError:
+                pass
         return [tf.nest.map_structure(np.asarray, e) for e in head.as_numpy_iterator()]
     except tf.errors.DataLossError as e:
         raise data_loss_error(e, source) from None

@@ -42,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -363,11 +364,9 @@ def unigram_baseline(data_dir: str | None = None, sequence_length: int = DEFAULT
     if counts is None:
         counts = {split: byte_counts(load(NAME, split, data_dir, source_dir=source_dir,
                                           sequence_length=sequence_length)) for split in SPLITS}
-        try:
-            if local:
+        if local:
+            with contextlib.suppress(OSError):  # a read-only data dir: counted again next time
                 atomic.write_json_atomic(path, {split: c.tolist() for split, c in counts.items()})
-        except OSError:
-            pass  # a read-only data dir
     return unigram_cross_entropy(counts["train"], counts["validation"])
 
 

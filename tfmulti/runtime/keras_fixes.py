@@ -394,23 +394,17 @@ def _patch_symbolic_build() -> None:
         strategy = self._distribute_strategy
         if iterator is None or strategy is None or strategy.num_replicas_in_sync < 2:
             return original_build(self, iterator=iterator, data_batch=data_batch)
-        if not _build_needs_data(self):  # the optimizer at most: no batch read
-            with strategy.scope():
-                self._symbolic_build(data_batch=None)
-            return None
-        spec = _first_replica_spec(iterator)
-        if spec is not None:  # the shapes every batch has: no iterator made
-            with strategy.scope():
-                self._symbolic_build(data_batch=spec)
-            return None
-        for _, _, it in iterator:
-            batch = next(it)
-            data_batch = tree.map_structure(
-                lambda v: strategy.experimental_local_results(v)[0]
-                if isinstance(v, tf.distribute.DistributedValues) else v,
-                batch,
-            )
-            break
+        data_batch = None  # nothing to build but the optimizer at most: no batch read
+        if _build_needs_data(self):
+            data_batch = _first_replica_spec(iterator)  # the shapes every batch has
+            if data_batch is None:  # a dimension unknown: one replica's first batch
+                for _, _, it in iterator:
+                    data_batch = tree.map_structure(
+                        lambda v: strategy.experimental_local_results(v)[0]
+                        if isinstance(v, tf.distribute.DistributedValues) else v,
+                        next(it),
+                    )
+                    break
         with strategy.scope():
             self._symbolic_build(data_batch=data_batch)
 

@@ -330,7 +330,7 @@ class DirLock:
         self.release()
 
 
-# ---------------------------------------------------------------------------- manifest
+# ---------------------------------------------------------------------------- scratch
 
 SCRATCH_PREFIX = "tfmulti-backup-"
 _SCRATCH_LOCK = ".tfmulti-scratch.lock"
@@ -390,6 +390,8 @@ def remove_abandoned_scratch(tmp: str | None = None) -> list[str]:
             os.close(fd)
     return removed
 
+
+# ---------------------------------------------------------------------------- manifest
 
 def read_fingerprint(backup_dir: str) -> dict | None:
     """The fingerprint stored with the checkpoints, or None when there is no manifest.
