@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -598,8 +599,11 @@ def run_docstring_examples(name: str, tmp_path, monkeypatch) -> None:
     import keras
 
     tests = docstring_examples(name)
-    monkeypatch.chdir(tmp_path)  # examples that write files write them here
+    monkeypatch.chdir(tmp_path)  # examples that write files write them here,
+    # and their `tempfile.mkdtemp()` folders too: `tempfile` read TMPDIR once, at
+    # its first use in this process, so the variable alone would not move them.
     monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     policy = keras.mixed_precision.global_policy()
     report: list[str] = []
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -24,3 +24,11 @@ def test_most_modules_have_examples():
 @pytest.mark.parametrize("name", [m for m in WITH_EXAMPLES if m not in TRAINING_EXAMPLES])
 def test_docstring_examples_run(name, tmp_path, monkeypatch):
     run_docstring_examples(name, tmp_path, monkeypatch)
+
+
+def test_the_examples_temporary_folders_are_made_in_the_tests_folder(tmp_path, monkeypatch):
+    """`tempfile.mkdtemp()` in an example makes its folder under the test's
+    `tmp_path` (pytest removes it), not in the machine's TMPDIR, where every run
+    of the suite left one per such example."""
+    run_docstring_examples("tfmulti.utils.atomic", tmp_path, monkeypatch)
+    assert [p.name for p in tmp_path.glob("tmp*/*")] == ["out.json"]
