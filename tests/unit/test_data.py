@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import tempfile
 import time
 from pathlib import Path
 
@@ -342,6 +343,24 @@ def test_load_prepares_fashion_mnist_on_first_use(tmp_path, fake_idx):
     assert data.dataset_info("fashion_mnist", data_dir=data_dir) == {
         "input_shape": (28, 28, 1), "num_classes": 10, "task": "classification",
     }
+
+
+def test_data_not_prepared_yet_leaves_no_folder_in_tmpdir(tmp_path, fake_idx, monkeypatch):
+    """TFDS makes an empty `tmpXXXXtfds` folder in TMPDIR for each builder of a
+    dataset not prepared in its data dir, and leaves it (tfmulti.data._tfds):
+    not through tfmulti's preparing, loading and missing-data paths."""
+    src, _ = fake_idx
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    data.load("fashion_mnist", "train", data_dir=str(tmp_path / "fresh"), source_dir=str(src))
+    with pytest.raises(data.DataNotFoundError):
+        data.load("cifar10", data_dir=str(tmp_path / "none"))
+    assert list(scratch.iterdir()) == []
+    # The bug, still upstream: TFDS's own method leaves the folder.
+    info = tfds.builder("cifar10", data_dir=str(tmp_path / "none")).info
+    tfds.core.dataset_info.DatasetInfo.initialize_from_bucket.__wrapped__(info)
+    assert [p.name[-4:] for p in scratch.iterdir()] == ["tfds"]
 
 
 def test_find_fashion_mnist_idx_explicit_folder_only(tmp_path, fake_idx):

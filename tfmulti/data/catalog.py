@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from tfmulti.data import _tfds
 from tfmulti.utils import checks
 
 __all__ = ["DataNotFoundError", "check_prepared_files", "dataset_info", "default_data_dir", "find_fashion_mnist_idx",
@@ -136,7 +137,7 @@ def prepare_fashion_mnist(data_dir: str | None = None, source_dir: str | None = 
     Raises:
         DataNotFoundError: no folder with the IDX files was found.
     """
-    import tensorflow_datasets as tfds
+    tfds = _tfds.module()
 
     data_dir = data_dir or default_data_dir()
     folder, tried = find_fashion_mnist_idx(source_dir)
@@ -159,7 +160,7 @@ def prepare_fashion_mnist(data_dir: str | None = None, source_dir: str | None = 
 def _fashion_mnist_builder_cls():
     """TFDS builder reading the local IDX files (not registered: TFDS's own
     `fashion_mnist` builder keeps the name and reads the prepared data)."""
-    import tensorflow_datasets as tfds
+    tfds = _tfds.module()
 
     class FashionMnistFromIdx(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         name = "fashion_mnist"
@@ -241,7 +242,7 @@ def dataset_info(name: str, data_dir: str | None = None) -> dict:
         return {"input_shape": (28, 28, 1), "num_classes": 10, "task": "classification"}
     if name == "synthetic_regression":
         return {"input_shape": (1024,), "num_classes": None, "task": "regression"}
-    import tensorflow_datasets as tfds
+    tfds = _tfds.module()
 
     info = tfds.builder(name, data_dir=data_dir or default_data_dir()).info
     image_key, label_key = info.supervised_keys
@@ -269,7 +270,7 @@ def check_prepared_files(name: str, split: str, data_dir: str) -> None:
         DataNotFoundError: a file is missing or its size differs; the message
             names the files and how to prepare the data again.
     """
-    import tensorflow_datasets as tfds
+    tfds = _tfds.module()
 
     builder = tfds.builder(name, data_dir=data_dir)
     if builder.info.file_format != tfds.core.FileFormat.TFRECORD:
@@ -358,7 +359,7 @@ def load(
     loader = LOADERS.get(name.partition("/")[0])
     if loader is not None:  # e.g. tfmulti_text, prepared on first use
         return loader(name, split, data_dir or default_data_dir(), source_dir)
-    import tensorflow_datasets as tfds
+    tfds = _tfds.module()
 
     data_dir = data_dir or default_data_dir()
     tried = [f"prepared TFDS data in {os.path.join(data_dir, name)}"]

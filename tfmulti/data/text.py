@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tfmulti.data import _tfds
 from tfmulti.utils import atomic
 from tfmulti.utils import checks
 from tfmulti.utils import human
@@ -156,7 +157,7 @@ def _config_name(sequence_length: int) -> str:
 def _builder_cls():
     """The TFDS builder of `tfmulti_text` (registered under that name when
     first made, so `tfds.load` finds the prepared data)."""
-    import tensorflow_datasets as tfds
+    tfds = _tfds.module()
 
     class TextConfig(tfds.core.BuilderConfig):
         def __init__(self, *, sequence_length: int):
@@ -213,7 +214,7 @@ def prepare(data_dir: str | None = None, source_dir: str | None = None,
         FileNotFoundError, ValueError: see `corpus_files`; a sequence length
             not in `SEQUENCE_LENGTHS`.
     """
-    import tensorflow_datasets as tfds
+    tfds = _tfds.module()
 
     data_dir = data_dir or default_data_dir()
     builder = _builder_cls()(data_dir=data_dir, source_dir=source_dir,
@@ -288,7 +289,7 @@ def load(name: str = NAME, split: str = "train", data_dir: str | None = None,
         ValueError: an unknown sequence length or configuration.
     """
     import tensorflow as tf
-    import tensorflow_datasets as tfds
+    tfds = _tfds.module()
 
     own = _own(name)
     data_dir = data_dir or default_data_dir()
