@@ -27,9 +27,11 @@ def _python_param(block: Block):
 
 @pytest.mark.parametrize("block", [_python_param(b) for b in PYTHON_BLOCKS
                                    if b is not RAY_EXAMPLE])
-def test_python_block_runs(fashion_mnist_data_dir, block):
+def test_python_block_runs(fashion_mnist_data_dir, block, tmp_path):
+    # TMPDIR: the folders a block makes with `tempfile.mkdtemp()` go with the test's.
     result = run_python_warm(["-c", block.code], timeout=600,
-                             env={"TFDS_DATA_DIR": fashion_mnist_data_dir})
+                             env={"TFDS_DATA_DIR": fashion_mnist_data_dir,
+                                  "TMPDIR": str(tmp_path)})
     assert result.returncode == 0, f"{block.id}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     if "4 x 64" in block.code:  # the README's data-parallel example prints its split
         assert "4 x 64" in result.stdout and "'accuracy'" in result.stdout, result.stdout

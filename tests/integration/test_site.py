@@ -150,8 +150,9 @@ def served(site):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    """Headless Chromium through chromedriver, both Debian's."""
+def browser(tmp_path_factory):
+    """Headless Chromium through chromedriver, both Debian's; its TMPDIR the
+    test's (Chromium leaves its `org.chromium.Chromium.*` folder there)."""
     chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
     assert chromium and chromedriver, (
         "no chromium or chromedriver in PATH: `make browser` installs Debian's "
@@ -162,7 +163,9 @@ def browser():
                 "--window-size=1280,1024", OFFLINE):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+    env = {**os.environ, "TMPDIR": str(tmp_path_factory.mktemp("chromium"))}
+    driver = webdriver.Chrome(service=Service(executable_path=chromedriver, env=env),
+                              options=options)
     try:
         driver.set_page_load_timeout(PAGE_TIMEOUT)
         driver.set_script_timeout(PAGE_TIMEOUT)
