@@ -31,16 +31,16 @@ def module():
     return tfds
 
 
-def _fix_bucket_folder(dataset_info) -> bool:
+def _fix_bucket_folder(dataset_info) -> None:
     """Patches `dataset_info.DatasetInfo.initialize_from_bucket` (see the
-    module's docstring); False where its source is not the one fixed."""
+    module's docstring), where its source is the one fixed."""
     original = dataset_info.DatasetInfo.initialize_from_bucket
     try:
         source = inspect.getsource(original)
     except (OSError, TypeError):
-        return False
+        return
     if not all(part in source for part in _LEAK):
-        return False
+        return
 
     @functools.wraps(original)
     def initialize_from_bucket(self) -> None:
@@ -49,4 +49,3 @@ def _fix_bucket_folder(dataset_info) -> bool:
         original(self)
 
     dataset_info.DatasetInfo.initialize_from_bucket = initialize_from_bucket
-    return True
