@@ -66,11 +66,12 @@ def run_python(args: list[str], timeout: float = 240, env: dict | None = None,
 # argv, environment, working directory and a TensorFlow runtime not yet started.
 # Several children may run at once (`popen_python_warm`): the server reaps each
 # in a thread of its own and reports {"pid", "returncode"} when it ends.
-_WARM_ENV_PREFIXES = ("TF_", "KERAS", "XLA", "OMP", "MKL", "CUDA", "LD_", "PYTHON")
+_WARM_ENV_PREFIXES = ("TF_", "KERAS", "XLA", "OMP", "MKL", "CUDA", "LD_", "PYTHON",
+                      "TFMULTI_DEFER_IMPORTS")
 _WARM_ENV_READ_LATER = frozenset({"TF_CONFIG"})  # read when a cluster starts, not at import
 _WARM_SERVER = r"""
 import atexit, json, os, runpy, sys, tempfile, threading, traceback, types
-import tensorflow, keras  # noqa: F401  (the point: imported once)
+import tfmulti, tensorflow, keras  # noqa: F401  (the point: imported once, as a program does)
 REPLIES = os.dup(1)
 
 def reply(message):  # one write of a short line: whole, whichever thread writes

@@ -36,12 +36,12 @@ def main():
     parser.add_argument("--config", default="{}", help="JSON of TrainConfig fields")
     args = parser.parse_args()
 
-    import keras
-    import numpy as np
-
     from tfmulti.cluster import tf_config
     from tfmulti.config.train_config import TrainConfig
     from tfmulti.training.train import train
+
+    import keras  # after tfmulti (tfmulti/utils/deferred_imports.py)
+    import numpy as np
 
     environ = tf_config.from_environ()
     index = int(environ["task"]["index"]) if environ else 0

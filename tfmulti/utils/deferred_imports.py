@@ -1,0 +1,155 @@
+"""Keras' plotting and notebook imports, deferred to their first use.
+
+Keras 3 imports `matplotlib.pyplot` (for the image galleries of
+`keras.visualization`) and `IPython` (for `KerasFileEditor`'s display in a
+notebook) as it is imported itself, whenever they are installed: about 0.9
+CPU-seconds of every process's start where they are (TensorFlow and Keras
+together take about 3.9; BENCHMARKS.md), paid by each worker, each restart
+and each notebook kernel for functions a training run never calls.
+
+`install()`, which `import tfmulti` runs, lets those three Keras modules bind
+a stand-in instead, which imports the real module where it is first used and
+puts it in its place: a program that plots gets the same matplotlib, imported
+then; one that never plots never imports it. Nothing else changes: a module
+already imported (by the program, before Keras) is bound as before; a Keras
+whose import block differs from the one below is left alone (it imports
+eagerly, as without tfmulti); `TFMULTI_DEFER_IMPORTS=0` turns this off. The
+hook leaves `sys.meta_path` once the three modules are loaded. No TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import threading
+
+__all__ = ["DEFERRED", "OFF_VARIABLE", "install", "installed"]
+
+OFF_VARIABLE = "TFMULTI_DEFER_IMPORTS"
+"""`TFMULTI_DEFER_IMPORTS=0` in the environment: Keras imports them eagerly, as it would."""
+
+# Keras module -> (its import block, exactly as Keras writes it; the name it binds; the
+# module that name stands for).
+DEFERRED = {
+    "keras.src.visualization.plot_image_gallery": (
+        "try:\n    import matplotlib.pyplot as plt\nexcept ImportError:\n    plt = None\n",
+        "plt", "matplotlib.pyplot"),
+    "keras.src.visualization.plot_bounding_box_gallery": (
+        ("try:\n    from matplotlib import patches  # For legend patches\n"
+         "except ImportError:\n    patches = None\n"),
+        "patches", "matplotlib.patches"),
+    "keras.src.saving.file_editor": (
+        "try:\n    import IPython as ipython\nexcept ImportError:\n    ipython = None\n",
+        "ipython", "IPython"),
+}
+
+
+class _Deferred:
+    """Stands for a module in a Keras module's namespace until first used; then
+    imports it and takes its place there."""
+
+    def __init__(self, name: str, owner, attribute: str):
+        self._name, self._owner, self._attribute = name, owner, attribute
+
+    def __getattr__(self, attribute: str):
+        module = importlib.import_module(self._name)  # the import lock serializes threads
+        setattr(self._owner, self._attribute, module)
+        return getattr(module, attribute)
+
+    def __repr__(self) -> str:
+        return f"<module {self._name!r}, imported where first used (tfmulti)>"
+
+
+class _Loader(importlib.abc.Loader):
+    """Runs a Keras module as its own loader would, with its optional import refused
+    (ImportError, which the module catches), then binds the stand-in."""
+
+    def __init__(self, loader, name: str, finder: _Finder):
+        self._loader, self._name, self._finder = loader, name, finder
+
+    def __getattr__(self, name: str):  # get_source, get_code...: the module's own loader's
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        _, attribute, target = self._finder.table[self._name]
+        top = target.partition(".")[0]
+        refuse = top not in sys.modules  # already imported: bound as before, at no cost
+        with self._finder.refusing(top if refuse else None):
+            self._loader.exec_module(module)
+        if refuse and getattr(module, attribute, False) is None and self._finder.findable(top):
+            setattr(module, attribute, _Deferred(target, module, attribute))
+        self._finder.done(self._name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Hands the modules of `table` (shaped as DEFERRED) to `_Loader`; refuses their
+    optional packages while they run."""
+
+    def __init__(self, table: dict = DEFERRED):
+        self.table, self.pending = table, set(table)
+        self._thread = threading.local()  # .refused: the packages this thread refuses now
+
+    @contextlib.contextmanager
+    def refusing(self, package: str | None):
+        """Refuses `package` in this thread meanwhile (nested Keras modules: a list)."""
+        refused = self._thread.__dict__.setdefault("refused", [])
+        refused.append(package)
+        try:
+            yield
+        finally:
+            refused.pop()
+
+    def findable(self, package: str) -> bool:
+        """Whether `package` is installed (found, not imported; refusing nothing meanwhile)."""
+        saved, self._thread.refused = self._thread.__dict__.get("refused", []), []
+        try:
+            return importlib.util.find_spec(package) is not None
+        finally:
+            self._thread.refused = saved
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self._thread.__dict__.get("refused", ()):
+            raise ImportError(f"{name} is imported where first used (tfmulti)", name=name)
+        if name not in self.pending:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or not self._block_is_as_expected(spec, name):
+            self.done(name)  # imported as without tfmulti
+            return None
+        spec.loader = _Loader(spec.loader, name, self)
+        return spec
+
+    def _block_is_as_expected(self, spec, name: str) -> bool:
+        try:
+            source = spec.loader.get_source(name)
+        except (AttributeError, ImportError, OSError):
+            return False
+        return source is not None and self.table[name][0] in source
+
+    def done(self, name: str) -> None:
+        self.pending.discard(name)
+        if not self.pending and self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def installed() -> bool:
+    """Whether the hook is waiting for Keras' modules in this process."""
+    return any(isinstance(finder, _Finder) for finder in sys.meta_path)
+
+
+def install() -> None:
+    """Defers Keras' plotting and notebook imports (module docstring); does nothing
+    where Keras' modules are loaded already, the hook is in, or the variable says 0."""
+    if os.environ.get(OFF_VARIABLE, "1") == "0" or installed():
+        return
+    if any(name in sys.modules for name in DEFERRED):
+        return
+    sys.meta_path.insert(0, _Finder())
