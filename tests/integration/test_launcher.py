@@ -652,6 +652,9 @@ def test_sigint_to_the_launcher_stops_all_workers(cli_launcher, isolate):
     code, out, err = lau.finish(timeout=30)
     assert code == 130, out + err
     assert "got SIGINT; stopping the workers" in out
+    summary = [line for line in out.splitlines()
+               if line.startswith("tfmulti launch: stopped by SIGINT to the launcher: ")]
+    assert len(summary) == 1 and summary[0].endswith("; exit status 130"), out
     for pid in pids:
         assert not _alive(pid), f"worker process {pid} is still running"
 
