@@ -34,7 +34,7 @@ from tfmulti.utils import deferred_imports as _deferred_imports
 
 __version__ = "0.3.0"
 
-# Keras' plotting and notebook imports wait for their first use (about 0.9 CPU-s of
+# Keras' plotting and notebook imports wait for their first use (about 0.6 CPU-s of
 # each process's start; tfmulti/utils/deferred_imports.py says how, and how to turn it off).
 _deferred_imports.install()
 

@@ -2,10 +2,10 @@
 
 Keras 3 imports `matplotlib.pyplot` (for the image galleries of
 `keras.visualization`) and `IPython` (for `KerasFileEditor`'s display in a
-notebook) as it is imported itself, whenever they are installed: about 0.9
+notebook) as it is imported itself, whenever they are installed: about 0.6
 CPU-seconds of every process's start where they are (TensorFlow and Keras
-together take about 3.9; BENCHMARKS.md), paid by each worker, each restart
-and each notebook kernel for functions a training run never calls.
+together take about 3.8 here; BENCHMARKS.md), paid by each worker, each
+restart and each notebook kernel for functions a training run never calls.
 
 `install()`, which `import tfmulti` runs, lets those three Keras modules bind
 a stand-in instead, which imports the real module where it is first used and
@@ -137,7 +137,8 @@ class _Finder(importlib.abc.MetaPathFinder):
     def done(self, name: str) -> None:
         self.pending.discard(name)
         if not self.pending and self in sys.meta_path:
-            sys.meta_path.remove(self)
+            # A new list: an import running in another thread goes on over the old one.
+            sys.meta_path = [finder for finder in sys.meta_path if finder is not self]
 
 
 def installed() -> bool:
@@ -152,4 +153,4 @@ def install() -> None:
         return
     if any(name in sys.modules for name in DEFERRED):
         return
-    sys.meta_path.insert(0, _Finder())
+    sys.meta_path = [_Finder(), *sys.meta_path]
