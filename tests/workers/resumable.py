@@ -40,6 +40,7 @@ def main():
     from tfmulti.config.train_config import TrainConfig
     from tfmulti.training.train import train
 
+    # isort: split
     import keras  # after tfmulti (tfmulti/utils/deferred_imports.py)
     import numpy as np
 
