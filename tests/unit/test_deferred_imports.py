@@ -109,6 +109,48 @@ def test_a_deferred_module_importing_another_keeps_refusing_until_its_own_block(
     assert importlib.import_module(f"{names['plot']}.pyplot").figure() == "a figure"
 
 
+FRAMES = {"{plot}/__init__.py": "class Frame:\n    pass\n\n\nclass Series:\n    pass\n",
+          "{viz}/__init__.py": "",
+          "{viz}/slicing.py": ("try:\n    import {plot}\nexcept ImportError:\n    {plot} = None\n"
+                               "TYPES = (list,)\nif {plot}:\n"
+                               "    TYPES = TYPES + ({plot}.Series, {plot}.Frame)\n")}
+
+
+def _frames_hook(names):
+    table = {f"{names['viz']}.slicing": (f"    {names['plot']} = None\n", names["plot"],
+                                         names["plot"])}
+    tuples = {f"{names['viz']}.slicing": ("TYPES = (list,)\n", "TYPES", ("Series", "Frame"))}
+    sys.meta_path.insert(0, deferred_imports._Finder(table, tuples))
+
+
+def test_type_checks_against_a_deferred_package_answer_without_importing_it(packages):
+    # As Keras' array_slicing: pandas' DataFrame and Series in the tuple of array types.
+    names = packages(FRAMES)
+    _frames_hook(names)
+    slicing = importlib.import_module(f"{names['viz']}.slicing")
+    stand_in = getattr(slicing, names["plot"])
+    assert slicing.TYPES == (list, stand_in.Series, stand_in.Frame)
+    assert not isinstance(3, slicing.TYPES) and not isinstance(3, stand_in.Frame)
+    assert isinstance([], slicing.TYPES)
+    assert names["plot"] not in sys.modules  # asked, not imported
+    frames = importlib.import_module(names["plot"])  # as the program that makes a Frame does
+    assert isinstance(frames.Frame(), slicing.TYPES) and isinstance(frames.Series(), stand_in.Series)
+    assert not isinstance(frames.Series(), stand_in.Frame)
+    assert issubclass(frames.Frame, stand_in.Frame)
+    assert getattr(slicing, names["plot"]) is stand_in  # type checks alone keep the stand-in
+    assert stand_in.__name__ == names["plot"]  # any other attribute: the module itself
+    assert getattr(slicing, names["plot"]) is frames
+
+
+def test_a_tuple_block_that_differs_leaves_the_module_to_import_as_without_tfmulti(packages):
+    names = packages({**FRAMES, "{viz}/slicing.py": FRAMES["{viz}/slicing.py"].replace(
+        "TYPES = (list,)", "TYPES = (tuple,)")})
+    _frames_hook(names)
+    slicing = importlib.import_module(f"{names['viz']}.slicing")
+    frames = sys.modules[names["plot"]]
+    assert slicing.TYPES == (tuple, frames.Series, frames.Frame)
+
+
 def test_the_table_matches_the_installed_keras():
     """Each block is Keras' own, as installed: a Keras that rewrites one fails here
     (the hook would leave that module to import eagerly; the table needs a look)."""
@@ -116,8 +158,14 @@ def test_the_table_matches_the_installed_keras():
         parent, _, _ = name.rpartition(".")
         spec = importlib.machinery.PathFinder.find_spec(
             name, importlib.import_module(parent).__path__)
-        assert block in spec.loader.get_source(name), name
+        source = spec.loader.get_source(name)
+        assert block in source, name
         assert f"    {attribute} = None\n" in block and target.partition(".")[0] in block
+        if name in deferred_imports.CLASS_TUPLES:
+            tuple_block, tuple_name, classes = deferred_imports.CLASS_TUPLES[name]
+            assert tuple_block in source, name
+            assert f"({', '.join(f'{attribute}.{c}' for c in classes)})" in tuple_block
+            assert tuple_block.startswith(f"{tuple_name} = ")
 
 
 def test_install_does_nothing_where_keras_is_loaded_or_when_turned_off(monkeypatch):

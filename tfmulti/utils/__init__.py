@@ -2,5 +2,5 @@
 (`tables`), the bytes of dtypes and variables (`sizes`), numbers as people
 read them (`human`), atomic file writes (`atomic`), the failpoints production
 code calls (`failpoints`), TensorFlow's start-up lines kept out of the
-output (`quiet`) and Keras' plotting imports deferred to their first use
-(`deferred_imports`). No TensorFlow, nothing above imported."""
+output (`quiet`) and Keras' optional imports (plotting, notebook, pandas)
+deferred to their first use (`deferred_imports`). No TensorFlow, nothing above imported."""

@@ -1,20 +1,25 @@
-"""Keras' plotting and notebook imports, deferred to their first use.
+"""Keras' plotting, notebook and pandas imports, deferred to their first use.
 
 Keras 3 imports `matplotlib.pyplot` (for the image galleries of
-`keras.visualization`) and `IPython` (for `KerasFileEditor`'s display in a
-notebook) as it is imported itself, whenever they are installed: about 0.6
-CPU-seconds of every process's start where they are (TensorFlow and Keras
-together take about 3.8 here; BENCHMARKS.md), paid by each worker, each
-restart and each notebook kernel for functions a training run never calls.
+`keras.visualization`), `IPython` (for `KerasFileEditor`'s display in a
+notebook) and `pandas` (to tell a DataFrame or Series given to `fit`) as it is
+imported itself, whenever they are installed: about 1 CPU-second of every
+process's start where they are (TensorFlow and Keras together take about 3.8
+here; BENCHMARKS.md), paid by each worker, each restart and each notebook
+kernel for functions a training run never calls.
 
-`install()`, which `import tfmulti` runs, lets those three Keras modules bind
+`install()`, which `import tfmulti` runs, lets those four Keras modules bind
 a stand-in instead, which imports the real module where it is first used and
 puts it in its place: a program that plots gets the same matplotlib, imported
-then; one that never plots never imports it. Nothing else changes: a module
-already imported (by the program, before Keras) is bound as before; a Keras
-whose import block differs from the one below is left alone (it imports
-eagerly, as without tfmulti); `TFMULTI_DEFER_IMPORTS=0` turns this off. The
-hook leaves `sys.meta_path` once the three modules are loaded. No TensorFlow.
+then; one that never plots never imports it. pandas is only asked whether an
+array is one of its DataFrames or Series: the stand-in answers with classes
+that look for pandas among the modules loaded (an object of pandas' exists only
+where the program imported pandas), so Keras takes a DataFrame as before and
+never imports pandas for a NumPy array. Nothing else changes: a module already
+imported (by the program, before Keras) is bound as before; a Keras whose
+blocks differ from the ones below is left alone (it imports eagerly, as without
+tfmulti); `TFMULTI_DEFER_IMPORTS=0` turns this off. The hook leaves
+`sys.meta_path` once the four modules are loaded. No TensorFlow.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import os
 import sys
 import threading
 
-__all__ = ["DEFERRED", "OFF_VARIABLE", "install", "installed"]
+__all__ = ["CLASS_TUPLES", "DEFERRED", "OFF_VARIABLE", "install", "installed"]
 
 OFF_VARIABLE = "TFMULTI_DEFER_IMPORTS"
 """`TFMULTI_DEFER_IMPORTS=0` in the environment: Keras imports them eagerly, as it would."""
@@ -46,17 +51,48 @@ DEFERRED = {
     "keras.src.saving.file_editor": (
         "try:\n    import IPython as ipython\nexcept ImportError:\n    ipython = None\n",
         "ipython", "IPython"),
+    "keras.src.trainers.data_adapters.array_slicing": (
+        "try:\n    import pandas\nexcept ImportError:\n    pandas = None\n",
+        "pandas", "pandas"),
 }
+
+# Keras module -> (the block that builds a tuple from classes of the deferred module,
+# exactly as Keras writes it; the tuple's name; those classes, in its order). With the
+# module refused, the block leaves them out; the classes of the stand-in are added.
+CLASS_TUPLES = {
+    "keras.src.trainers.data_adapters.array_slicing": (
+        ("ARRAY_TYPES = (np.ndarray,)\nif pandas:\n"
+         "    ARRAY_TYPES = ARRAY_TYPES + (pandas.Series, pandas.DataFrame)\n"),
+        "ARRAY_TYPES", ("Series", "DataFrame")),
+}
+
+
+class _LoadedClass(type):
+    """The metaclass of a stand-in's classes: `isinstance(x, C)` is
+    `isinstance(x, module.C)` where the module is loaded, else False (no object can
+    be of a class not loaded), without importing it."""
+
+    def __instancecheck__(cls, instance) -> bool:
+        real = getattr(sys.modules.get(cls.module_name), cls.__name__, None)
+        return real is not None and isinstance(instance, real)
+
+    def __subclasscheck__(cls, subclass) -> bool:
+        real = getattr(sys.modules.get(cls.module_name), cls.__name__, None)
+        return real is not None and issubclass(subclass, real)
 
 
 class _Deferred:
     """Stands for a module in a Keras module's namespace until first used; then
     imports it and takes its place there."""
 
-    def __init__(self, name: str, owner, attribute: str):
+    def __init__(self, name: str, owner, attribute: str, classes: tuple[str, ...] = ()):
         self._name, self._owner, self._attribute = name, owner, attribute
+        # Classes asked for by type checks alone: answered without the import.
+        self._classes = {c: _LoadedClass(c, (), {"module_name": name}) for c in classes}
 
     def __getattr__(self, attribute: str):
+        if attribute in self._classes:
+            return self._classes[attribute]
         module = importlib.import_module(self._name)  # the import lock serializes threads
         setattr(self._owner, self._attribute, module)
         return getattr(module, attribute)
@@ -85,7 +121,12 @@ class _Loader(importlib.abc.Loader):
         with self._finder.refusing(top if refuse else None):
             self._loader.exec_module(module)
         if refuse and getattr(module, attribute, False) is None and self._finder.findable(top):
-            setattr(module, attribute, _Deferred(target, module, attribute))
+            _, tuple_name, classes = self._finder.class_tuples.get(self._name, (None, None, ()))
+            stand_in = _Deferred(target, module, attribute, classes)
+            setattr(module, attribute, stand_in)
+            if classes:
+                setattr(module, tuple_name, getattr(module, tuple_name)
+                        + tuple(getattr(stand_in, name) for name in classes))
         self._finder.done(self._name)
 
 
@@ -93,8 +134,8 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Hands the modules of `table` (shaped as DEFERRED) to `_Loader`; refuses their
     optional packages while they run."""
 
-    def __init__(self, table: dict = DEFERRED):
-        self.table, self.pending = table, set(table)
+    def __init__(self, table: dict = DEFERRED, class_tuples: dict = CLASS_TUPLES):
+        self.table, self.class_tuples, self.pending = table, class_tuples, set(table)
         self._thread = threading.local()  # .refused: the packages this thread refuses now
 
     @contextlib.contextmanager
@@ -132,7 +173,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             source = spec.loader.get_source(name)
         except (AttributeError, ImportError, OSError):
             return False
-        return source is not None and self.table[name][0] in source
+        blocks = [self.table[name][0], *self.class_tuples.get(name, ())[:1]]
+        return source is not None and all(block in source for block in blocks)
 
     def done(self, name: str) -> None:
         self.pending.discard(name)
