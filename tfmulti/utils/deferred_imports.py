@@ -72,12 +72,16 @@ class _LoadedClass(type):
     `isinstance(x, module.C)` where the module is loaded, else False (no object can
     be of a class not loaded), without importing it."""
 
+    def _loaded(cls):
+        """The class it stands for, where its module is loaded; else None."""
+        return getattr(sys.modules.get(cls.module_name), cls.__name__, None)
+
     def __instancecheck__(cls, instance) -> bool:
-        real = getattr(sys.modules.get(cls.module_name), cls.__name__, None)
+        real = cls._loaded()
         return real is not None and isinstance(instance, real)
 
     def __subclasscheck__(cls, subclass) -> bool:
-        real = getattr(sys.modules.get(cls.module_name), cls.__name__, None)
+        real = cls._loaded()
         return real is not None and issubclass(subclass, real)
 
 
