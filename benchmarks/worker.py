@@ -23,7 +23,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 
-from tfmulti.utils import checks  # noqa: E402
+from tfmulti.utils import checks, deferred_imports  # noqa: E402
 
 __all__ = ["WORKERS", "main", "run", "run_several", "serve"]
 
@@ -116,4 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # A benchmark worker is tfmulti's own process: Keras' optional imports wait for their
+    # first use (tfmulti.utils.deferred_imports; the clocks start after the imports).
+    deferred_imports.install()
     sys.exit(main())

@@ -1,15 +1,17 @@
 """What every recipe shares: flag parsing that turns bad input into one line
-and exit code 2 (library errors restated in flag names), and quieter
-TensorFlow start-up logs."""
+and exit code 2 (library errors restated in flag names), quieter
+TensorFlow start-up logs and Keras' optional imports deferred (a recipe is
+tfmulti's own program: each imports this module before anything imports Keras)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from tfmulti.utils import quiet  # (no TensorFlow)
+from tfmulti.utils import deferred_imports, quiet  # (no TensorFlow)
 
 quiet.install()  # TensorFlow's C++ start-up lines dropped, TF_CPP_MIN_LOG_LEVEL=2
+deferred_imports.install()  # Keras' plotting, notebook and pandas imports at first use
 
 from absl import app, flags, logging  # noqa: E402
 

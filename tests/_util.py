@@ -71,6 +71,8 @@ _WARM_ENV_PREFIXES = ("TF_", "KERAS", "XLA", "OMP", "MKL", "CUDA", "LD_", "PYTHO
 _WARM_ENV_READ_LATER = frozenset({"TF_CONFIG"})  # read when a cluster starts, not at import
 _WARM_SERVER = r"""
 import atexit, json, os, runpy, sys, tempfile, threading, traceback, types
+# Keras as it ships (no deferred imports, tfmulti.utils.deferred_imports): the children run
+# users' programs too (the docs' blocks, the corpus), and the import is paid once here.
 import tfmulti, tensorflow, keras  # noqa: F401  (the point: imported once, as a program does)
 REPLIES = os.dup(1)
 

@@ -30,13 +30,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from tfmulti.utils import deferred_imports as _deferred_imports
-
 __version__ = "0.3.0"
 
-# Keras' plotting and notebook imports wait for their first use (about 0.6 CPU-s of
-# each process's start; tfmulti/utils/deferred_imports.py says how, and how to turn it off).
-_deferred_imports.install()
+# Importing tfmulti changes nothing in the process: no hook, no filter, Keras as it
+# ships. The processes tfmulti owns (the `tfmulti` command, the recipes, the notebook
+# launcher's workers) defer Keras' plotting, notebook and pandas imports themselves
+# (tfmulti/utils/deferred_imports.py); the Keras fixes apply when a strategy is asked for.
 
 # Public names: name -> the module that defines it.
 _NAMES = {

@@ -47,7 +47,7 @@ from tfmulti.config.train_config import (MAX_COUNT, MAX_DEVICES, check_directory
                                          check_posix_path, validate_for_diagnose)
 from tfmulti.memory.arguments import config_arguments
 from tfmulti.cluster import exit_codes, tf_config
-from tfmulti.utils import checks, quiet
+from tfmulti.utils import checks, deferred_imports, quiet
 
 __all__ = ["build_parser", "main"]
 
@@ -413,6 +413,9 @@ def _option_names(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The command's process is tfmulti's own: Keras' optional imports wait for their
+    # first use (tfmulti.utils.deferred_imports), installed before a subcommand imports Keras.
+    deferred_imports.install()
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     quiet.install()  # TensorFlow's C++ start-up lines dropped, TF_CPP_MIN_LOG_LEVEL=2

@@ -1,7 +1,8 @@
 """tfmulti.utils.deferred_imports on made-up packages in the test's folder (a
 "gallery" module with Keras' optional-import block, a "plot" package it names),
-and its table against the installed Keras. (Keras itself, imported after
-tfmulti in a fresh process: tests/integration/test_deferred_imports.py.)"""
+and its table against the installed Keras. (Keras itself in fresh processes:
+as it ships after `import tfmulti`, deferred in the `tfmulti` command and the
+notebook launcher's workers: tests/integration/test_deferred_imports.py.)"""
 
 from __future__ import annotations
 

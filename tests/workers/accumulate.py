@@ -17,6 +17,10 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if __name__ == "__main__":  # the suite's own program: Keras' optional imports at first use
+    from tfmulti.utils import deferred_imports
+
+    deferred_imports.install()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -8,6 +8,10 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from tfmulti.utils import deferred_imports  # noqa: E402
+
+deferred_imports.install()  # the suite's own program: Keras' optional imports at first use
+
 import keras  # noqa: E402
 
 import tfmulti  # noqa: E402

@@ -18,6 +18,10 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+if __name__ == "__main__":  # the suite's own program: Keras' optional imports at first use
+    from tfmulti.utils import deferred_imports
+
+    deferred_imports.install()
 
 import numpy as np  # noqa: E402
 import keras  # noqa: E402

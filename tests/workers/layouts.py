@@ -145,6 +145,9 @@ def compare(R: int, S: int, T: int) -> dict:
 
 
 if __name__ == "__main__":
+    from tfmulti.utils import deferred_imports
+
+    deferred_imports.install()  # the suite's own program: Keras' optional imports at first use
     R, S, T = (int(a) for a in sys.argv[1:4])
     import tfmulti
 

@@ -36,13 +36,12 @@ def main():
     parser.add_argument("--config", default="{}", help="JSON of TrainConfig fields")
     args = parser.parse_args()
 
+    import keras
+    import numpy as np
+
     from tfmulti.cluster import tf_config
     from tfmulti.config.train_config import TrainConfig
     from tfmulti.training.train import train
-
-    # isort: split
-    import keras  # after tfmulti (tfmulti/utils/deferred_imports.py)
-    import numpy as np
 
     environ = tf_config.from_environ()
     index = int(environ["task"]["index"]) if environ else 0
@@ -68,4 +67,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from tfmulti.utils import deferred_imports
+
+    deferred_imports.install()  # the suite's own program: Keras' optional imports at first use
     sys.exit(main())

@@ -40,4 +40,7 @@ def main(backup_dir):
 
 
 if __name__ == "__main__":
+    from tfmulti.utils import deferred_imports
+
+    deferred_imports.install()  # the suite's own program: Keras' optional imports at first use
     main(sys.argv[1])

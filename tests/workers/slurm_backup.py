@@ -115,4 +115,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from tfmulti.utils import deferred_imports
+
+    deferred_imports.install()  # the suite's own program: Keras' optional imports at first use
     sys.exit(main())

@@ -15,6 +15,8 @@ import pickle
 import sys
 import traceback
 
+from tfmulti.utils import deferred_imports
+
 __all__ = ["main"]
 
 
@@ -67,4 +69,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # The worker's process is tfmulti's own: Keras' optional imports wait for their first
+    # use (tfmulti.utils.deferred_imports), installed before the function imports Keras.
+    deferred_imports.install()
     sys.exit(main(sys.argv[1:]))

@@ -8,18 +8,28 @@ process's start where they are (TensorFlow and Keras together take about 3.8
 here; BENCHMARKS.md), paid by each worker, each restart and each notebook
 kernel for functions a training run never calls.
 
-`install()`, which `import tfmulti` runs, lets those four Keras modules bind
-a stand-in instead, which imports the real module where it is first used and
-puts it in its place: a program that plots gets the same matplotlib, imported
-then; one that never plots never imports it. pandas is only asked whether an
-array is one of its DataFrames or Series: the stand-in answers with classes
-that look for pandas among the modules loaded (an object of pandas' exists only
-where the program imported pandas), so Keras takes a DataFrame as before and
+`install()` lets those four Keras modules bind a stand-in instead, which
+imports the real module where it is first used and puts it in its place: a
+program that plots gets the same matplotlib, imported then; one that never
+plots never imports it. pandas is only asked whether an array is one of its
+DataFrames or Series: the stand-in answers with classes that look for pandas
+among the modules loaded (an object of pandas' exists only where the program
+imported pandas), so Keras takes a DataFrame as before and
 never imports pandas for a NumPy array. Nothing else changes: a module already
 imported (by the program, before Keras) is bound as before; a Keras whose
 blocks differ from the ones below is left alone (it imports eagerly, as without
 tfmulti); `TFMULTI_DEFER_IMPORTS=0` turns this off. The hook leaves
 `sys.meta_path` once the four modules are loaded. No TensorFlow.
+
+`import tfmulti` installs nothing: a program that imports tfmulti gets Keras
+as Keras ships it (and the Keras fixes when it asks for a strategy). The
+processes tfmulti owns call `install()` first, before anything imports Keras:
+the `tfmulti` command (`tfmulti.cli.main`; so also the workers of `tfmulti
+launch -- tfmulti train ...`), the recipes (`recipes/_common.py`), the notebook
+launcher's workers (`tfmulti.cluster._notebook_worker`), the benchmarks'
+workers and the test suite's own worker programs. A user's program, under
+`tfmulti launch` or not, gets the saving where it calls `install()` itself,
+before it imports Keras.
 """
 
 from __future__ import annotations
@@ -193,8 +203,18 @@ def installed() -> bool:
 
 
 def install() -> None:
-    """Defers Keras' plotting and notebook imports (module docstring); does nothing
-    where Keras' modules are loaded already, the hook is in, or the variable says 0."""
+    """Defers Keras' plotting, notebook and pandas imports in this process (module
+    docstring): what tfmulti's own entry points call before anything imports Keras.
+
+    Does nothing where Keras' modules are loaded already (call it before the first
+    `import keras`, `tensorflow.keras` or anything that imports them), where the hook
+    is in already, or where `TFMULTI_DEFER_IMPORTS=0`.
+
+    Example:
+        >>> from tfmulti.utils import deferred_imports
+        >>> deferred_imports.install()  # first: before anything imports Keras
+        >>> import keras
+    """
     if os.environ.get(OFF_VARIABLE, "1") == "0" or installed():
         return
     if any(name in sys.modules for name in DEFERRED):
