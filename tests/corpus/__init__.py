@@ -27,8 +27,26 @@ Programs (module: what it exercises):
   output;
 - `vae`: a subclassed model with its own `train_step` and no labels;
 - `denoising_autoencoder`: a convolutional autoencoder whose labels are
-  images, with the source's `binary_crossentropy` given to tfmulti.
+  images, with the source's `binary_crossentropy` given to tfmulti;
+- `gan`: a subclassed model with no `call`, its own
+  `compile(d_optimizer, g_optimizer, loss_fn)` and `train_step`, logs of two
+  trackers and no `loss`; its model function returns it compiled
+  (`COMPILE = None`); images without labels, no test split;
+- `functional_api_multi_io`: three named inputs (two variable-length word-id
+  sequences, LSTMs) and two named outputs returned as a dict, compiled by its
+  author with a dict of losses and of loss weights (`COMPILE = None`); data
+  and labels are dicts by name;
+- `imbalanced_classification`: an MLP on a rare positive class (~7 %), the
+  source's `class_weight` (1 / count) in `fit` and in tfmulti's config, counts,
+  precision and recall as metrics;
+- `masking_and_padding`: `Embedding(mask_zero=True)`, a custom layer that
+  passes the mask on, an LSTM that skips the padded steps; zero-padded
+  sequences of varying length; a chain the pipeline cuts with the mask;
+- `built_in_methods_add_loss`: an MLP with a layer that calls `add_loss`
+  (0.1 x the sum of its inputs over the batch), a loss from logits.
 """
 
 PROGRAMS = ("mnist_convnet", "timeseries_classification", "text_transformer",
-            "structured_data", "vae", "denoising_autoencoder")
+            "structured_data", "vae", "denoising_autoencoder", "gan",
+            "functional_api_multi_io", "imbalanced_classification", "masking_and_padding",
+            "built_in_methods_add_loss")

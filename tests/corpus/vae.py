@@ -19,6 +19,8 @@ import numpy as np
 import tensorflow as tf
 from keras import layers, ops
 
+from tests.corpus.synthetic import band_images
+
 latent_dim = 2
 COMPILE = dict(optimizer="adam")
 FIT = dict(batch_size=32, epochs=2)
@@ -101,15 +103,8 @@ def build():
     return VAE(encoder_model(), decoder_model())
 
 
-def _images(n, rng):
-    x = rng.random((n, 28, 28, 1), dtype=np.float32) * 0.1
-    for i, k in enumerate(rng.integers(0, 10, n)):
-        x[i, 2 * k + 4: 2 * k + 7, 4:24, 0] = 0.9
-    return x
-
-
 def data(seed=0):
     """Images only, as the source trains: no labels and no test split (the
     source never evaluates; its model has no loss for `evaluate`)."""
     rng = np.random.default_rng(seed)
-    return {"train": tf.data.Dataset.from_tensor_slices(_images(512, rng)), "test": None}
+    return {"train": tf.data.Dataset.from_tensor_slices(band_images(512, rng)), "test": None}

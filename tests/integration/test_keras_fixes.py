@@ -11,11 +11,18 @@ import textwrap
 
 import pytest
 
-from tests._util import WORKERS, cluster_python_warm, run_python
-from tests._util import fake_slurm
-from tests.unit.test_keras_fixes import (EMPTY_BATCH_CONV, FIT_MULTI_WORKER,
-                                         SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
-                                         UNEVEN_FIRST_BATCH, BATCH_NORM_STATISTICS)
+from tests._util import WORKERS, cluster_python_warm, fake_slurm, run_python
+from tests.unit.test_keras_fixes import (
+    BATCH_NORM_STATISTICS,
+    BUILT_IN_THE_STEP,
+    EMPTY_BATCH_CONV,
+    FIT_MULTI_WORKER,
+    MODEL_WITHOUT_CALL,
+    SCALAR_LOGS_MULTI_WORKER,
+    STEPS_PER_CALL,
+    UNEVEN_FIRST_BATCH,
+)
+from tests.workers import keras_upstream
 
 # Convolutions on an empty batch under oneDNN. The bug is in oneDNN's
 # kernels, which TensorFlow turns on by default only on x86 CPUs with AVX-512
@@ -144,6 +151,27 @@ _SINGLE_PROCESS = textwrap.dedent("""
         # last batch (16) fits in replica 0's share, replica 1 gets 0 examples.
         return evaluate_unpatched(conv_model, 80, 64)
 
+    # keras-io's GAN (no call; two optimizers built by their first apply)
+    # under 2 mirrored replicas, Keras not patched yet: its symbolic build
+    # calls the model; past it (`built` set by hand), the optimizers are built
+    # inside the replica function.
+    def fit_gan(built_by_hand):
+        from tests.workers import keras_upstream
+        strategy = keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"])
+        with strategy.scope():
+            gan = keras_upstream.gan()
+        gan.built = built_by_hand
+        gan.fit(keras_upstream.images(), epochs=1, verbose=0)
+        return "fit ok"
+
+    @part
+    def model_without_call_upstream():
+        return fit_gan(built_by_hand=False)
+
+    @part
+    def built_in_the_step_upstream():
+        return fit_gan(built_by_hand=True)
+
     # apply_keras_fixes on strategies the user built: the first call that
     # patches prints one line to stderr, no other call does.
     @part
@@ -152,11 +180,12 @@ _SINGLE_PROCESS = textwrap.dedent("""
         r, errors = {}, io.StringIO()
         with contextlib.redirect_stderr(errors):
             r["active_before"] = keras_fixes.active_fixes()
-            r["one_device"] = tfmulti.apply_keras_fixes(tf.distribute.OneDeviceStrategy("CPU:0"))
+            r["default"] = tfmulti.apply_keras_fixes(tf.distribute.get_strategy())
             r["stderr_before"] = errors.getvalue()  # nothing patched: quiet
             mirrored = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
             r["mirrored"] = tfmulti.apply_keras_fixes(mirrored)
             r["again"] = tfmulti.apply_keras_fixes(mirrored)
+            r["one_device"] = tfmulti.apply_keras_fixes(tf.distribute.OneDeviceStrategy("CPU:0"))
             tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
             r["everything"] = tfmulti.apply_keras_fixes()
         r["stderr"] = errors.getvalue()
@@ -278,13 +307,18 @@ def test_upstream_bug_slurm_resolver_needs_gpus(monkeypatch):
 @pytest.fixture(scope="module")
 def keras_under_multi_worker():
     """One 2-worker cluster fitting with no fix, with the symbolic build fixed
-    but not the logged scalars, and with both: (exit status, {mode: [worker
-    0's line, worker 1's line]}, output)."""
+    but not the logged scalars, and with both, then fitting each model of
+    `keras_upstream.OWN_STEPS` with all the fixes: (exit status, {mode or
+    model: [worker 0's line, worker 1's line]}, output)."""
     code, output = cluster_python_warm(
-        [str(WORKERS / "keras_upstream.py"), "none", "build", "all"], grace_period=5)
+        [str(WORKERS / "keras_upstream.py"), "none", "build", "all", "own_steps"],
+        grace_period=5)
     lines = {mode: [line for rank in (0, 1) for line in output.splitlines()
                     if line.startswith(f"[worker {rank}] {mode}: fit ")]
              for mode in ("none", "build", "all")}
+    lines.update({name: [line for rank in (0, 1) for line in output.splitlines()
+                         if line.startswith(f"[worker {rank}] own_steps: {name} ")]
+                  for name in keras_upstream.OWN_STEPS})
     return code, lines, output
 
 
@@ -316,6 +350,58 @@ def test_fix_keras_fit_under_multi_worker(keras_under_multi_worker):
     assert output.count("all: fit ok") == 2
 
 
+@pytest.fixture(scope="module")
+def own_steps_on_one_device():
+    """Each model of `keras_upstream.OWN_STEPS` trained here, on one device
+    (no strategy), and add_loss's at half its rate: {name: its result}."""
+    results = {name: keras_upstream.own_step(name) for name in keras_upstream.OWN_STEPS}
+    results["add_loss_at_half_rate"] = keras_upstream.train(
+        lambda: keras_upstream.with_add_loss(0.05), keras_upstream.regression())
+    return results
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("name", sorted(keras_upstream.OWN_STEPS))
+def test_fix_own_steps_under_multi_worker(name, keras_under_multi_worker,
+                                          own_steps_on_one_device):
+    # keras-io's GAN (no call; its two optimizers built in the replica
+    # function), also with 2 steps per call; a model built by its first
+    # batch; add_loss; a train_step logging a plain tensor, a Python float
+    # and a tensor of 2 values, and a test_step: on 2 workers, each trains
+    # to the same weights on both workers, as it does on 2 mirrored replicas
+    # (tests/unit/test_keras_fixes.py).
+    import numpy as np
+
+    _, lines, output = keras_under_multi_worker
+    assert len(lines[name]) == 2, output[-3000:]
+    assert all(f"own_steps: {name} ok " in line for line in lines[name]), lines[name]
+    first, second = (json.loads(line.split(" ok ", 1)[1]) for line in lines[name])
+    np.testing.assert_allclose(first["weights"], second["weights"], atol=1e-5)
+    assert first["history"] == second["history"]
+    for key, values in first["history"].items():
+        assert np.isfinite(values).all(), (key, values)
+    one_device = own_steps_on_one_device[name]
+    if name.startswith("gan"):
+        # Slots for exactly the variables each optimizer applies to, as on
+        # one device ("rmsprop", never used: none).
+        assert first["optimizer_variables"] == one_device["optimizer_variables"]
+        assert len(first["optimizer_variables"]["optimizer"]) == 2
+    elif name == "add_loss":  # its term, summed over the batch, counts 1 / 2
+        np.testing.assert_allclose(
+            first["weights"], own_steps_on_one_device["add_loss_at_half_rate"]["weights"],
+            atol=1e-5)
+    else:  # the same weights as on one device
+        np.testing.assert_allclose(first["weights"], one_device["weights"], atol=1e-5)
+    if name == "own_logs":  # logs as on one device (a Keras Loss: 1 / 2 of it)
+        assert first["history"]["rate"] == [0.5, 0.5]
+        np.testing.assert_allclose(first["history"]["bias"], one_device["history"]["bias"],
+                                   atol=1e-5)
+        np.testing.assert_allclose(np.multiply(first["history"]["loss"], 2),
+                                   one_device["history"]["loss"], rtol=1e-5)
+        assert first["evaluate"]["mae"] == pytest.approx(one_device["evaluate"]["mae"],
+                                                         rel=1e-5)
+
+
 # --------------------------------------------------------------------------
 # Several steps per call (steps_per_execution > 1) with 2 or more replicas
 # (keras#19246).
@@ -336,6 +422,24 @@ def test_upstream_bug_symbolic_build_of_a_first_batch_split_unevenly(upstream):
     part = upstream["uneven_first_batch_upstream"]
     assert part["result"] is None, part  # no "evaluate ok"
     assert "must have the same size and shape" in part["error"], part
+
+
+@pytest.mark.slow
+def test_upstream_bug_keras_builds_a_model_without_call_on_mirrored_replicas(upstream):
+    # The symbolic build of keras-team/keras#20051 calls keras-io's GAN, which
+    # has no call (tests/unit/test_keras_fixes.py: under OneDeviceStrategy too).
+    part = upstream["model_without_call_upstream"]
+    assert part["result"] is None, part  # no "fit ok"
+    assert "Unable to automatically build the model" in part["error"], part
+
+
+@pytest.mark.slow
+def test_upstream_bug_optimizers_built_in_the_train_step_with_replicas(upstream):
+    # keras-team/keras#23085: the GAN's two optimizers, built by their first
+    # apply inside the replica function, make their slots there.
+    part = upstream["built_in_the_step_upstream"]
+    assert part["result"] is None, part  # no "fit ok"
+    assert "You must feed a value for placeholder tensor" in part["error"], part
 
 
 @pytest.mark.slow
@@ -400,13 +504,18 @@ def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
     part = upstream["announce"]
     assert part["error"] is None, part["error"]
     r = part["result"]
-    assert r["active_before"] == [] and r["one_device"] == [] and r["stderr_before"] == ""
+    assert r["active_before"] == [] and r["default"] == [] and r["stderr_before"] == ""
     assert r["mirrored"] == r["again"] == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
-                                           BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV]
+                                           BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
+                                           MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP]
+    assert r["one_device"] == [MODEL_WITHOUT_CALL]
     assert r["everything"] == [FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER,
-                               STEPS_PER_CALL, BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV]
+                               STEPS_PER_CALL, BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
+                               MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP]
     assert r["stderr"] == ("tfmulti: Keras fixes active: a first batch split unevenly over "
                            "replicas (keras#20585), several steps per call with 2+ "
                            "replicas (keras#19246), BatchNormalization statistics that differ "
                            "between replicas (tensorflow#46488), convolutions on an empty "
-                           "batch under oneDNN (tensorflow#30968)\n")
+                           "batch under oneDNN (tensorflow#30968), a model without call "
+                           "under a strategy (keras#20051), optimizers and layers built in "
+                           "the train step with 2+ replicas (keras#23085)\n")

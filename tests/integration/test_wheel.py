@@ -16,8 +16,10 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import keras
 import pytest
 
+from tests import two_outputs
 from tests._util import REPO, tf_log_lines
 from tfmulti.training import outputs
 
@@ -83,9 +85,11 @@ def test_the_wheel_installed_outside_the_checkout_is_the_whole_tool(wheel, tmp_p
     """Installs the wheel into a fresh virtual environment in a temporary folder
     and runs the `tfmulti` command there, from a working directory outside the
     checkout, with no PYTHONPATH: `--version`, `launch --num_workers 2 -- tfmulti
-    train --distribution=multi_worker` on synthetic data (each worker runs the
-    wheel's `tfmulti train`; the chief alone writes and reports, the other worker
-    says it is done), `estimate-memory` and `env`.
+    train --distribution=multi_worker` of a user's program in that directory (a
+    model function that compiles two outputs: each worker runs the wheel's
+    `tfmulti train`, keeping the author's compile; the chief alone writes and
+    reports, with the saved model's test loss, the other worker says it is done),
+    `estimate-memory` and `env`.
 
     Proves: the wheel alone (no file of the repository: no recipe, no test
     helper, no editable install) is the tool: every module the `tfmulti`
@@ -150,8 +154,11 @@ def test_the_wheel_installed_outside_the_checkout_is_the_whole_tool(wheel, tmp_p
 
     tfmulti, version = str(bin_dir / "tfmulti"), wheel.name.split("-")[1]
     assert run(tfmulti, "--version").stdout.split() == ["tfmulti", version]
-    train = ("train", "--dataset=synthetic", "--num_examples=512", "--model=mlp",
-             "--epochs=1", "--global_batch_size=64")
+    # A user's own program in the working directory: a model function that compiles
+    # two outputs (a loss, a loss weight and metrics per output), with its data.
+    shutil.copy(REPO / "tests" / "two_outputs.py", home / "tickets.py")
+    train = ("train", "--model=tickets:build", "--dataset=tickets:data", "--epochs=2",
+             "--global_batch_size=64")
     # `tfmulti launch` of `tfmulti train`, each worker's `tfmulti` the wheel's (found on
     # PATH): the one cluster of `tfmulti train` the suite launches (tests/integration/
     # test_train_command.py held a second one, of the checkout's console script).
@@ -166,6 +173,14 @@ def test_the_wheel_installed_outside_the_checkout_is_the_whole_tool(wheel, tmp_p
     metrics = json.loads((home / "two" / "metrics.json").read_text())
     assert metrics["num_replicas"] == 2
     assert f"[worker 0] {outputs.summary_line(metrics)}" in output, output[-4000:]
+    # Both workers kept the author's compile; the reported test loss is the saved
+    # model's compiled loss on the test split.
+    assert output.count("training the model as your model function compiled it (RMSprop") == 2
+    x, y = two_outputs.data()[1]
+    evaluated = keras.models.load_model(home / "two" / "model.keras").evaluate(
+        x, y, batch_size=64, verbose=0, return_dict=True)
+    assert metrics["test_loss"] == pytest.approx(evaluated["loss"], rel=0.01)
+    assert metrics["outputs"] == ["department", "priority"]
     estimate = run(tfmulti, "estimate-memory", "--model=mlp", "--json")
     assert json.loads(estimate.stdout)
     assert tf_log_lines(estimate.stdout + estimate.stderr) == [], estimate.stderr[-4000:]

@@ -189,8 +189,7 @@ def test_check_limits_bounds_only_the_count_fields_given():
     assert set(config_lib.COUNT_LIMITS) <= set(FIELDS)
 
 
-@pytest.mark.parametrize("value", [0.0, -1e-3, math.nan, math.inf, -math.inf, True, "0.1",
-                                   None])
+@pytest.mark.parametrize("value", [0.0, -1e-3, math.nan, math.inf, -math.inf, True, "0.1"])
 def test_learning_rate_refused(value):
     _refused(rf"`learning_rate` must be a finite number > 0, got {re.escape(repr(value))}\.",
              learning_rate=value)

@@ -101,9 +101,11 @@ def test_an_empty_file_sets_nothing(tmp_path):
     ("epochs: true\n", r"'epochs' in the config file .*bad.yaml must be an integer, got True"),
     ("epochs: null\n", r"'epochs' in the config file .*bad.yaml must be an integer, got None"),
     ("jit_compile: 1.0\n", r"'jit_compile' .*bad.yaml must be true or false, got 1.0"),
-    ("metrics: {a: 1}\n", r"'metrics' .*bad.yaml must be a list of text \(or comma-separated "
-                          r"text\) or null, got \{'a': 1\}"),
-    ("learning_rate: .nan\n", r"'learning_rate' .*bad.yaml must be a number, got nan"),
+    ("metrics: {a: 1}\n", r"'metrics' in the config file .*bad.yaml: takes metric names or "
+                          r"objects, and 1 is neither, got \{'a': 1\}; e.g. accuracy,auc"),
+    ("metrics: true\n", r"'metrics' .*bad.yaml must be text, a list or a mapping \(Keras' "
+                        r"per-output form\) or null, got True"),
+    ("learning_rate: .nan\n", r"'learning_rate' .*bad.yaml must be a number or null, got nan"),
     ("- epochs\n", r"the config file .*bad.yaml must hold a mapping of flag names to values"),
     ("epochs: [\n", r"the config file .*bad.yaml is not valid YAML \(.* at line 2, column 1\)"),
     ("epochs: 2\nepochs-x: 1\n", r"unknown key 'epochs-x'"),

@@ -15,6 +15,7 @@ import pytest
 from absl import flags
 
 from tfmulti.config import flags as config_flags
+from tfmulti.config import keras_forms
 from tfmulti.config.train_config import TrainConfig, _field
 
 FIELD_NAMES = [f.name for f in dataclasses.fields(TrainConfig)]
@@ -35,6 +36,8 @@ SAMPLE = TrainConfig(
     num_examples=1024, validation_split=0.25, model="cnn", dropout=0.1, epochs=3, steps_per_epoch=8,
     global_batch_size=64, learning_rate=0.01, lr_scaling="sqrt", base_batch_size=128,
     warmup_epochs=0.5, optimizer="sgd", loss="huber", metrics=("auc", "mae"),
+    weighted_metrics={"priority": ("auc",), "department": ("accuracy", "mae")},
+    loss_weights={"priority": 1.0, "department": 0.2}, class_weight={0: 1.0, 1: 25.0},
     task="regression", accumulate_steps=2, input_sharding="files", cluster_resolver="slurm",
     overwrite=True, seed=7, steps_per_execution=4, num_stages=3,
     num_microbatches=2, num_replicas=4, partition="flops", remat=True, tensor_parallel=2,
@@ -54,8 +57,8 @@ def _flags_for(config, *, absl_bools: bool) -> list[str]:
         if isinstance(value, bool):
             out.append(f"--{'' if value else 'no'}{f.name}" if absl_bools
                        else f"--{f.name}={str(value).lower()}")
-        elif isinstance(value, tuple):
-            out.append(f"--{f.name}={','.join(value)}")
+        elif isinstance(value, (tuple, dict)):
+            out.append(f"--{f.name}={keras_forms.describe(value)}")
         else:
             out.append(f"--{f.name}={value}")
     return out
@@ -74,7 +77,7 @@ def test_every_field_has_a_spec_in_declaration_order():
     assert [s.name for s in specs] == FIELD_NAMES
     for spec, f in zip(specs, dataclasses.fields(TrainConfig)):
         assert spec.default == f.default and spec.help == f.metadata["help"]
-        assert spec.kind in ("bool", "int", "float", "str", "list", "int_or_str")
+        assert spec.kind in ("bool", "int", "float", "str", "list", "int_or_str", "form")
         assert spec.choices == (tuple(f.metadata["choices"]) if "choices" in f.metadata
                                 else None)
 
@@ -84,7 +87,8 @@ def test_every_field_has_a_spec_in_declaration_order():
     ("devices", "list", True), ("data_dir", "str", True), ("download", "bool", False),
     ("num_examples", "int", True), ("dropout", "float", False), ("seed", "int", True),
     ("steps_per_execution", "int_or_str", False), ("verbose", "int_or_str", False),
-    ("backup_every_steps", "int", True), ("learning_rate", "float", False),
+    ("backup_every_steps", "int", True), ("learning_rate", "float", True),
+    ("loss", "form", True), ("metrics", "form", True), ("class_weight", "form", True),
 ])
 def test_field_kinds(name, kind, optional):
     (spec,) = config_flags.field_specs(only=[name])

@@ -415,10 +415,11 @@ def test_export_of_a_subclassed_model_saved_as_weights(tmp_path, capsys, monkeyp
     import json
 
     from tests.corpus import vae
+    from tests.corpus.synthetic import band_images
     from tfmulti.training import outputs
 
     monkeypatch.chdir(tmp_path)
-    images = vae._images(4, np.random.default_rng(0))
+    images = band_images(4, np.random.default_rng(0))
     model = vae.build()
     model(images, training=False)
     os.makedirs("run")

@@ -35,6 +35,7 @@ import difflib
 import json
 import math
 
+from tfmulti.config import keras_forms
 from tfmulti.config.fields import field_specs
 from tfmulti.config.train_config import TrainConfig
 
@@ -46,7 +47,8 @@ RUN_RECORD_KEYS = ("config", "finished", "published", "publishing")
 
 _KIND_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number",
                "str": "text", "list": "a list of text (or comma-separated text)",
-               "int_or_str": "an integer or text"}
+               "int_or_str": "an integer or text",
+               "form": "text, a list or a mapping (Keras' per-output form)"}
 
 
 def _load(path: str):
@@ -98,6 +100,13 @@ def _value(spec, value, key: str, path: str):
         return tuple(value)
     elif spec.sequence and isinstance(value, (list, tuple)):  # the field's own rules apply
         return tuple(value)
+    elif spec.kind == "form" and isinstance(value, (dict, list, int, float)) \
+            and not isinstance(value, bool):
+        try:
+            return keras_forms.check(spec.name, value)
+        except ValueError as e:
+            raise ValueError(f"{key!r} in the config file {path}: "
+                             f"{str(e).split(' ', 1)[1]}") from None
     words = _KIND_WORDS[spec.kind] + (" or null" if spec.optional else "")
     raise ValueError(f"{key!r} in the config file {path} must be {words}, got {value!r}.")
 

@@ -22,6 +22,7 @@ import types
 import typing
 from collections.abc import Iterable
 
+from tfmulti.config import keras_forms
 from tfmulti.config.train_config import TrainConfig
 
 __all__ = ["FALSE_WORDS", "FieldSpec", "TRUE_WORDS", "field_specs", "int_or_text"]
@@ -37,12 +38,13 @@ class FieldSpec:
     """What a command line needs to know about one config field."""
 
     name: str
-    kind: str  # "bool", "int", "float", "str", "list", "int_or_str"
+    kind: str  # "bool", "int", "float", "str", "list", "int_or_str", "form"
     default: object
     help: str
     choices: tuple | None
     optional: bool  # None is a valid value
     sequence: bool = False  # a "str" field that also takes a tuple (from Python or a file)
+    form: str | None = None  # "form" fields: Keras' per-output form (`keras_forms`)
 
     def parse(self, text: str):
         """The field's value from flag text (argparse gives text)."""
@@ -69,7 +71,17 @@ class FieldSpec:
             return tuple(part.strip() for part in text.split(",") if part.strip())
         if self.kind == "int_or_str":
             return int_or_text(text)
+        if self.kind == "form":
+            try:
+                return keras_forms.parse(self.name, text)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(_without_name(str(e))) from None
         return text
+
+
+def _without_name(message: str) -> str:
+    """A `keras_forms` message without its leading `` `field` `` (argparse names the flag)."""
+    return re.sub(r"^`\w+` ", "", message).rstrip(".")
 
 
 def int_or_text(value):
@@ -109,10 +121,15 @@ def field_specs(config_cls=TrainConfig, *, exclude: Iterable[str] = (),
     for f in dataclasses.fields(config_cls):
         if f.name in exclude or (only is not None and f.name not in only):
             continue
-        kind, optional = _kind(hints[f.name])
+        form = f.metadata.get("form")
+        if form:
+            kind, optional = "form", True
+        else:
+            kind, optional = _kind(hints[f.name])
         choices = f.metadata.get("choices")
         sequence = kind == "str" and any(a is tuple or typing.get_origin(a) is tuple
                                          for a in typing.get_args(hints[f.name]))
         specs.append(FieldSpec(f.name, kind, f.default, f.metadata.get("help", ""),
-                               tuple(choices) if choices else None, optional, sequence))
+                               tuple(choices) if choices else None, optional, sequence,
+                               form))
     return specs

@@ -110,6 +110,11 @@ def config_from_absl(flag_values=None, config_cls=TrainConfig, *,
             value = tuple(value) if value else None
         elif spec.kind == "int_or_str":
             value = int_or_text(value)
+        elif spec.kind == "form" and isinstance(value, str):
+            try:
+                value = spec.parse(value)
+            except argparse.ArgumentTypeError as e:
+                raise ValueError(f"--{spec.name}: {e}.") from None
         values[spec.name] = value
         if spec.name in from_file and not fv[spec.name].present:
             values[spec.name] = from_file[spec.name]

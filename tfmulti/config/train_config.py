@@ -32,6 +32,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from tfmulti.config import keras_forms
 from tfmulti.utils import checks
 from tfmulti.utils import human
 
@@ -267,7 +268,9 @@ class TrainConfig:
         None, "Steps per epoch (default: one pass over the data; for data of unknown size, "
         "such as files, counted once by reading it, or this many steps per pass).")
     global_batch_size: int = _field(256, "Examples per step over all replicas.")
-    learning_rate: float = _field(1e-3, "Learning rate, tuned for base_batch_size.")
+    learning_rate: float | None = _field(
+        None, "Learning rate, tuned for base_batch_size (default: the rate of the optimizer "
+        "your model function compiled the model with, else 1e-3).")
     lr_scaling: str = _field(
         "none", "Scale the learning rate with global / base batch size: none, linear or sqrt.",
         choices=LR_SCALINGS)
@@ -275,21 +278,43 @@ class TrainConfig:
     warmup_epochs: float = _field(
         0.0, "Epochs of linear learning-rate warmup up to the (scaled) rate: from "
         "learning_rate when lr_scaling raises it, else from near 0.")
-    optimizer: str | object = _field(
-        "adam", "Optimizer: any Keras optimizer name (adam runs a fused update; sgd, rmsprop, "
-        "adamw, ...), built with learning_rate. From Python, also a Keras optimizer object "
+    optimizer: str | object | None = _field(
+        None, "Optimizer: any Keras optimizer name (adam runs a fused update; sgd, rmsprop, "
+        "adamw, ...), built with learning_rate (default: the optimizer your model function "
+        "compiled the model with, else adam). From Python, also a Keras optimizer object "
         "(its own learning rate; lr_scaling and warmup still apply).")
-    loss: str | Callable | None = _field(
+    loss: str | Callable | dict | list | None = _field(
         None, "Loss: any Keras loss name (e.g. sparse_categorical_crossentropy, mse, huber) "
-        "or your own as package.module:function, loss(y_true, y_pred); "
-        "default by task, chosen from the layer that makes the output (classification: "
-        "cross-entropy, categorical for one-hot labels, on probabilities after a softmax, "
-        "binary after a sigmoid, else from logits; regression: mean squared error). From Python, "
-        "also a Keras loss object or a function loss(y_true, y_pred)."
-        + _TRUST.format(flag="loss"))
-    metrics: tuple[str, ...] | None = _field(
-        None, "Metrics: Keras metric names, e.g. accuracy,auc (default by task: accuracy, or "
-        "mae for regression). From Python, also metric objects.")
+        "or your own as package.module:function, loss(y_true, y_pred); for a model with "
+        "several outputs, one per output as OUTPUT=LOSS items (priority=binary_crossentropy,"
+        "department=mse) or a list by output position. Default: the loss your model function "
+        "compiled the model with, else by task for each output, chosen from the layer that "
+        "makes it (classification: cross-entropy, categorical for one-hot labels, on "
+        "probabilities after a softmax, binary after a sigmoid, else from logits; regression: "
+        "mean squared error). From Python, also a Keras loss object or a function "
+        "loss(y_true, y_pred), or a dict or list of them." + _TRUST.format(flag="loss"),
+        form="loss")
+    metrics: tuple[str, ...] | dict | list | None = _field(
+        None, "Metrics: Keras metric names, e.g. accuracy,auc; for one output of several, "
+        "OUTPUT=METRIC items (priority=accuracy,priority=auc,department=mae). Default: the "
+        "metrics your model function compiled the model with, else by task (accuracy, or mae "
+        "for regression) for each output. From Python, also metric objects, a dict or a list "
+        "per output.", form="metrics")
+    weighted_metrics: tuple[str, ...] | dict | list | None = _field(
+        None, "Metrics weighted by the sample weights and class_weight, in the form of "
+        "metrics (default: those your model function compiled the model with, else none).",
+        form="metrics")
+    loss_weights: dict | list | None = _field(
+        None, "For a model with several outputs: the weight of each output's loss in the "
+        "total, as OUTPUT=WEIGHT items (priority=1.0,department=0.2) or a list by output "
+        "position (default: those your model function compiled the model with, else 1 each).",
+        form="loss_weights")
+    class_weight: dict | str | None = _field(
+        None, "Weigh each training example's loss by its class, as Keras' fit(class_weight=) "
+        "does, for a model with one output: CLASS=WEIGHT items (0=1.0,1=25.0), or balanced "
+        "(each class n / (classes x its count), counted from the training labels). Not with "
+        "sample weights of the data's own (as in Keras); the test and validation splits are "
+        "not weighted.", form="class_weight")
     task: str = _field(
         "auto", "What the model does, for the default loss and metrics: auto (the built-in "
         "model's task; for your own model, classification when the labels are integers or "
@@ -436,20 +461,17 @@ class TrainConfig:
         _count("accumulate_steps", self.accumulate_steps, hint="1 updates at every step")
         _check_hook("model", self.model, tuple(BUILTIN_MODELS))
         _check_hook("dataset", self.dataset, None)
-        if self.loss is not None:
-            _check_hook("loss", self.loss, None)
+        self._check_keras_forms()
         if isinstance(self.optimizer, str):
             c.one_of("optimizer", self.optimizer.lower(), OPTIMIZERS)
         if self.builtin_model and self.task not in ("auto", BUILTIN_MODELS[self.model]):
             raise ValueError(f"`task` {self.task!r} does not fit `model` {self.model!r}, which "
                              f"does {BUILTIN_MODELS[self.model]}; leave task='auto'.")
-        if isinstance(self.metrics, str):
-            raise ValueError(f"`metrics` must be a list of metric names, got the string "
-                             f"{self.metrics!r}; e.g. ({self.metrics!r},).")
         steps_per_execution = parse_steps_per_execution(self.steps_per_execution)
         if steps_per_execution != "auto":
             _count("steps_per_execution", steps_per_execution)
-        c.positive_number("learning_rate", self.learning_rate)
+        if self.learning_rate is not None:  # None: the model's own, else 1e-3
+            c.positive_number("learning_rate", self.learning_rate)
         c.finite_number("warmup_epochs", self.warmup_epochs, minimum=0)
         c.finite_number("dropout", self.dropout, minimum=0)
         if not self.dropout < 1:
@@ -524,6 +546,18 @@ class TrainConfig:
         if self.model_dir:
             check_directory("model_dir", self.model_dir)
         self._check_logging()
+
+    def _check_keras_forms(self) -> None:
+        """`loss`, `metrics`, `weighted_metrics`, `loss_weights` and `class_weight`
+        in Keras' forms (`tfmulti.config.keras_forms`), normalized in place; each
+        loss given by name that is a hook (`package.module:function`) well formed."""
+        for name in ("loss", "metrics", "weighted_metrics", "loss_weights", "class_weight"):
+            setattr(self, name, keras_forms.check(name, getattr(self, name)))
+        losses = (self.loss.values() if isinstance(self.loss, dict) else self.loss
+                  if isinstance(self.loss, list) else [] if self.loss is None else [self.loss])
+        for loss in losses:
+            if isinstance(loss, str) and ":" in loss:
+                _check_hook("loss", loss, None)
 
     def _check_logging(self) -> None:
         """`tensorboard`, `profile_steps` and `callbacks`."""
@@ -619,8 +653,9 @@ def _check_hook(name: str, value, builtins: tuple | None) -> None:
         raise ValueError(f"`{name}` must be a name or package.module:function, got {value!r}.")
     if ":" in value:
         if not is_hook(value):
+            module = {"loss": "my_losses"}.get(name, f"my_{name}s")
             raise ValueError(f"`{name}` {value!r} is not package.module:function; write e.g. "
-                             f"my_{name}s:build (the function `build` in my_{name}s.py).")
+                             f"{module}:build (the function `build` in {module}.py).")
         return
     if builtins is not None and value not in builtins:
         raise ValueError(f"`{name}` must be one of {list(builtins)} or your own "

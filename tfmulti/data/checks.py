@@ -338,12 +338,15 @@ def check_splits(train, test=None, *, samples: dict | None = None, role=None) ->
                          "split (None) to train without evaluating.")
     if samples.get("training") and samples.get("test"):
         ours, theirs = _shapes(samples["training"]), _shapes(samples["test"])
-        if set(ours) != set(theirs):
+        # Sample weights may be given with one split and not the other, as Keras
+        # takes them (a weighted training split, a test split evaluated plainly).
+        if _unweighted(ours) != _unweighted(theirs):
             raise ValueError(
-                f"the test split's examples hold {sorted(theirs)}, the training split's "
-                f"{sorted(ours)}; give both splits the same parts (features, labels).")
+                f"the test split's examples hold {sorted(_unweighted(theirs))}, the training "
+                f"split's {sorted(_unweighted(ours))}; give both splits the same parts "
+                "(features, labels; sample weights may be given with either alone).")
         for name, shapes in ours.items():
-            if len(shapes) == 1 and theirs[name] != shapes:
+            if name in theirs and len(shapes) == 1 and theirs[name] != shapes:
                 shape = next(iter(shapes))
                 other = sorted(theirs[name] - shapes)[0]
                 raise ValueError(
@@ -351,6 +354,11 @@ def check_splits(train, test=None, *, samples: dict | None = None, role=None) ->
                     f"split's {shape}; the model is built for the training shape: give the "
                     "test split the same shape.")
     return samples
+
+
+def _unweighted(shapes: dict) -> set:
+    """The names of an example's parts other than its sample weights."""
+    return {name for name in shapes if not name.startswith(_PART_NAMES[2])}
 
 
 def one_hot_width(labels, examples=None) -> int | None:
@@ -406,30 +414,25 @@ def _fits_ids(label_shape: tuple, output: tuple) -> bool:
     return False
 
 
-def _loss_name(model) -> str:
-    loss = getattr(model, "loss", None)
-    return loss if isinstance(loss, str) else type(loss).__name__
-
-
-def _check_one_hot(split: str, shape: tuple, output: tuple | None) -> None:
+def _check_one_hot(what: str, shape: tuple, output: tuple | None) -> None:
     """One-hot labels of `shape` per example fit the model's `output`."""
     if output is None or len(shape) == len(output) - 1 and all(
             o is None or o == g for o, g in zip(output[1:], shape)):
         return
     raise ValueError(
-        f"the {split} split's labels have shape {shape} per example, but the categorical "
+        f"the {what}'s labels have shape {shape} per example, but the categorical "
         f"cross-entropy takes one-hot rows shaped like the model's output {output}; give the "
         f"model {shape[-1] if shape else 'as many'} outputs (a model function that takes "
         "`num_classes` gets the labels' width), or labels of shape "
         f"{tuple(output[1:])}.")
 
 
-def _check_binary(split: str, labels: np.ndarray) -> None:
+def _check_binary(what: str, labels: np.ndarray) -> None:
     """Labels for the binary cross-entropy (a sigmoid output) are 0 to 1."""
     outside = labels[(labels < 0) | (labels > 1)]
     if outside.size:
         raise ValueError(
-            f"the {split} split holds label {outside[0]:g}, but the model ends in a sigmoid "
+            f"the {what} holds label {outside[0]:g}, but the model ends in a sigmoid "
             "(a binary or multi-label classifier), which takes labels 0 to 1; for "
             f"{int(labels.max()) + 1} classes end the model in one output per class (e.g. "
             f"Dense({int(labels.max()) + 1}, activation='softmax')), or fix the labels.")
@@ -452,7 +455,9 @@ def check_model_fits(run_data, model, *, samples: dict | None = None,
     default for class ids), labels outside the model's classes (its output
     units, else `run_data.num_classes`); with the categorical one (one-hot
     labels), labels not shaped like the output; with the binary one, labels
-    outside 0 to 1; text features for a model without text inputs.
+    outside 0 to 1; text features for a model without text inputs. A model
+    with several outputs: each output's labels (a dict by output name, or a
+    tuple) against its loss and shape.
 
     Args:
         run_data: the run's `tfmulti.data.from_config.RunData`.
@@ -469,10 +474,6 @@ def check_model_fits(run_data, model, *, samples: dict | None = None,
     samples = check_splits(run_data.train, run_data.test, role=role,
                            samples=samples if samples is not None else run_data.samples)
     run_data.samples = samples
-    classes, output = None, _model_output(model) or (tuple(output_shape) if output_shape else None)
-    loss = _loss_name(model) if run_data.task == "classification" else None
-    if loss in _SPARSE_LOSSES:
-        classes = (output[-1] if output and output[-1] else None) or run_data.num_classes
     text_ok = _text_inputs(model)
     for split, examples in samples.items():
         for name, value in (_leaves(examples[0]) if examples else []):
@@ -480,38 +481,93 @@ def check_model_fits(run_data, model, *, samples: dict | None = None,
                 raise ValueError(f"the {split} split's {name} are text (e.g. {_first(value)}), but "
                                  "the model's inputs take numbers; encode them first (or "
                                  "give the model a string input, e.g. with TextVectorization).")
-        if not examples or not isinstance(examples[0], tuple) or len(examples[0]) < 2:
-            continue
-        shape = np.asarray(examples[0][1]).shape
-        if loss in _ONE_HOT_LOSSES:
-            _check_one_hot(split, shape, output)
-        if loss in _BINARY_LOSSES:
-            values = np.concatenate([np.asarray(e[1]).reshape(-1) for e in examples])
-            if values.dtype.kind in "iuf":
-                _check_binary(split, values)
-        if classes is None:
-            continue
-        if output is not None and not _fits_ids(shape, output):
-            raise ValueError(
-                f"the {split} split's labels have shape {shape} per example, but the sparse "
-                f"categorical cross-entropy takes one class id per output row (the model's "
-                f"output: {output}); give the labels shape {output[1:-1]}, or use a loss of "
-                "your own.")
-        labels = np.concatenate([np.asarray(e[1]).reshape(-1) for e in examples])
-        if labels.size == 0 or labels.dtype.kind not in "iuf":
-            continue
-        whole = np.round(labels) == labels
-        if not whole.all():
-            raise ValueError(
-                f"the {split} split holds label {labels[~whole][0]:g}, not a class id (a whole "
-                f"number from 0 to {classes - 1}); fix the labels, or return 'task': "
-                "'regression' from the dataset function, or use a loss of your own.")
-        low, high = labels.min(), labels.max()
-        if low < 0 or high >= classes:
-            fix = ("class ids start at 0: fix the labels" if low < 0 else
-                   f"fix the labels, or give the model {int(high) + 1} outputs (return "
-                   "'num_classes' from the dataset function)")
-            raise ValueError(
-                f"the {split} split holds label {low if low < 0 else high:g}, outside the "
-                f"model's {classes} classes (0 to {classes - 1}; its first {len(examples)} "
-                f"examples' labels run from {low:g} to {high:g}); {fix}.")
+    for key, loss, output, task in _outputs_to_check(run_data, model, output_shape):
+        for split, examples in samples.items():
+            labels = [e[1] if key is None else _part(e[1], key) for e in examples
+                      if isinstance(e, tuple) and len(e) >= 2]
+            if labels and all(v is not None for v in labels):
+                what = f"{split} split" if key is None else f"{split} split's {key!r} output"
+                _check_labels(what, [np.asarray(v) for v in labels], loss, output,
+                              run_data.num_classes if key is None else None, task)
+
+
+def _part(labels, key):
+    """One output's part of an example's labels (a dict by name, a tuple by
+    position), or None."""
+    if isinstance(labels, dict):
+        return labels.get(key)
+    if isinstance(labels, (tuple, list)) and isinstance(key, int) and key < len(labels):
+        return labels[key]
+    return None
+
+
+def _outputs_to_check(run_data, model, output_shape):
+    """(labels key: None for one output; the output's loss name; its shape;
+    its task) for each output whose labels can be checked."""
+    loss = getattr(model, "loss", None)
+    task = run_data.task
+    if not isinstance(loss, (dict, list, tuple)):
+        output = _model_output(model) or (tuple(output_shape) if output_shape else None)
+        return [(None, _name_of(loss), output, task)]
+    try:
+        outputs = list(model.outputs)
+        names = list(model.output_names)
+    except (AttributeError, ValueError, TypeError, RuntimeError):
+        return []
+    struct = getattr(model, "_outputs_struct", None)
+    keys = sorted(struct) if isinstance(struct, dict) else names
+    found = []
+    for position, (key, out) in enumerate(zip(keys, outputs)):
+        part_loss = loss.get(key) if isinstance(loss, dict) else (
+            loss[position] if position < len(loss) else None)
+        part_task = task.get(key) if isinstance(task, dict) else (
+            task[position] if isinstance(task, list) and position < len(task) else task)
+        label_key = key if isinstance(task, dict) or not isinstance(task, list) else position
+        found.append((label_key, _name_of(part_loss), tuple(out.shape), part_task))
+    return found
+
+
+def _name_of(loss) -> str:
+    return loss if isinstance(loss, str) else type(loss).__name__
+
+
+def _check_labels(what: str, labels: list, loss: str, output, num_classes, task) -> None:
+    """One output's first labels against its loss and shape (`check_model_fits`)."""
+    if task != "classification":
+        return
+    shape = labels[0].shape
+    classes = None
+    if loss in _SPARSE_LOSSES:
+        classes = (output[-1] if output and output[-1] else None) or num_classes
+    if loss in _ONE_HOT_LOSSES:
+        _check_one_hot(what, shape, output)
+    if loss in _BINARY_LOSSES:
+        values = np.concatenate([v.reshape(-1) for v in labels])
+        if values.dtype.kind in "iuf":
+            _check_binary(what, values)
+    if classes is None:
+        return
+    if output is not None and not _fits_ids(shape, output):
+        raise ValueError(
+            f"the {what}'s labels have shape {shape} per example, but the sparse "
+            f"categorical cross-entropy takes one class id per output row (the model's "
+            f"output: {output}); give the labels shape {output[1:-1]}, or use a loss of "
+            "your own.")
+    values = np.concatenate([v.reshape(-1) for v in labels])
+    if values.size == 0 or values.dtype.kind not in "iuf":
+        return
+    whole = np.round(values) == values
+    if not whole.all():
+        raise ValueError(
+            f"the {what} holds label {values[~whole][0]:g}, not a class id (a whole "
+            f"number from 0 to {classes - 1}); fix the labels, or return 'task': "
+            "'regression' from the dataset function, or use a loss of your own.")
+    low, high = values.min(), values.max()
+    if low < 0 or high >= classes:
+        fix = ("class ids start at 0: fix the labels" if low < 0 else
+               f"fix the labels, or give the model {int(high) + 1} outputs (return "
+               "'num_classes' from the dataset function)")
+        raise ValueError(
+            f"the {what} holds label {low if low < 0 else high:g}, outside the "
+            f"model's {classes} classes (0 to {classes - 1}; its first {len(labels)} "
+            f"examples' labels run from {low:g} to {high:g}); {fix}.")

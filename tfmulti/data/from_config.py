@@ -38,6 +38,8 @@ class RunData:
         task: "classification" or "regression" (None: the user's loss decides);
             a dataset function's labels that are integers or one-hot rows
             are a classification's, others a regression's, unless it says.
+            For labels of several parts (a model with several outputs), a
+            task per part: a dict by output name, or a list.
         num_classes: classes of a classification dataset when known (given,
             the width of one-hot labels, or read from integer labels when a
             model asks for it), else None.
@@ -50,7 +52,7 @@ class RunData:
     train: object
     test: object
     input_shape: object
-    task: str | None
+    task: str | dict | list | None
     num_classes: int | None = None
     samples: dict | None = dataclasses.field(default=None, repr=False, compare=False)
     validation: object = None
@@ -78,6 +80,21 @@ class RunData:
         (`tfmulti.data.checks.one_hot_width`), else None."""
         return checks.one_hot_width(_labels_spec(_spec_of(self.train)),
                                     (self.samples or {}).get("training"))
+
+    def label_parts(self) -> list[tuple] | None:
+        """For labels of several parts (a dict by output name, or a tuple: a
+        model with several outputs), each part's (key: its name, or its
+        position; its per-example `tf.TensorSpec`; its first values as
+        (None, label) examples, for `tfmulti.data.checks.one_hot_width`);
+        None for labels of one tensor."""
+        labels = _labels_spec(_spec_of(self.train))
+        if not isinstance(labels, (dict, tuple, list)):
+            return None
+        keys = list(labels) if isinstance(labels, dict) else list(range(len(labels)))
+        examples = [e for e in (self.samples or {}).get("training", [])
+                    if isinstance(e, tuple) and len(e) >= 2]
+        return [(key, labels[key], [(None, np.asarray(e[1][key])) for e in examples])
+                for key in keys]
 
     def one_hot_labels(self, output_shape=None) -> bool:
         """Whether a classifier's labels are one-hot rows: shaped per example
@@ -181,12 +198,26 @@ def _user_data(config: TrainConfig, data_dir: str) -> RunData:
     if task is None and isinstance(labels, tf.TensorSpec):
         # One-hot rows seen in the first examples (files not read: float labels
         # stay a regression's, unless the function says 'task').
-        one_hot = examples and checks.one_hot_width(labels, examples)
-        task = "classification" if labels.dtype.is_integer or one_hot else "regression"
+        task = _task_of(labels, examples)
+    elif task is None and isinstance(labels, (dict, tuple, list)):  # a task per output
+        parts = RunData(train, test, None, None, samples=samples).label_parts()
+        tasks = [_task_of(spec, part) for _, spec, part in parts]
+        task = ({key: t for (key, _, _), t in zip(parts, tasks)} if isinstance(labels, dict)
+                else tasks)
     if task == "classification" and num_classes is None:
         # the labels' width (class ids: counted if a model asks)
         num_classes = checks.one_hot_width(labels, examples)
     return RunData(train, test, _shape(features), task, num_classes, samples, validation)
+
+
+def _task_of(labels, examples) -> str | None:
+    """"classification" for integer labels or one-hot rows among `examples`
+    ((features, labels) pairs), "regression" for other numbers, None for
+    labels that are not one tensor."""
+    if not isinstance(labels, tf.TensorSpec):
+        return None
+    one_hot = examples and checks.one_hot_width(labels, examples)
+    return "classification" if labels.dtype.is_integer or one_hot else "regression"
 
 
 def load_data(config: TrainConfig) -> RunData:

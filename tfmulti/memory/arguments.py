@@ -189,7 +189,8 @@ def config_arguments(config: TrainConfig, *, num_devices: int | None = None,
         distribution = "mirrored" if count > 1 else "one_device"
     own = not (isinstance(config.model, str) and config.model in BUILTIN_MODELS)
     arguments = dict(model=config.model, distribution=distribution,
-                     global_batch_size=config.global_batch_size, optimizer=config.optimizer,
+                     global_batch_size=config.global_batch_size,
+                     optimizer=config.optimizer if config.optimizer is not None else "adam",
                      mixed_precision=config.mixed_precision, dropout=config.dropout,
                      task=config.task)
     if (own and given is None) or (given is not None and "dataset" in given):

@@ -158,7 +158,9 @@ def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
         raise ValueError(f"estimate-memory counts the slots of {sorted(footprint.OPTIMIZER_SLOTS)}"
                          f", not {optimizer!r}; estimate with the closest one.")
     if callable(model) or is_hook(model) or dataset is not None:
-        data = (data_config or TrainConfig()).replace(
+        # From Python, `optimizer` is the caller's; from a configuration, None
+        # there (not given) takes the optimizer the model function compiles with.
+        data = (data_config or TrainConfig(optimizer=optimizer)).replace(
             model=model, dataset="synthetic" if dataset is None else dataset, dropout=dropout,
             task=arguments["task"])
         return _estimate_any_model(
@@ -373,6 +375,15 @@ def _user_model(config: TrainConfig, data_given: bool):
     return build_model_for(config, run_data), run_data.input_shape, dtype
 
 
+def _compiled_optimizer(model) -> str | None:
+    """The name of the optimizer `model` was compiled with, where its slots
+    are counted (`footprint.OPTIMIZER_SLOTS`); None otherwise."""
+    optimizer = getattr(model, "optimizer", None) if getattr(model, "compiled", False) else None
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
+    name = type(inner).__name__.lower() if inner is not None else None
+    return name if name in footprint.OPTIMIZER_SLOTS else None
+
+
 def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, layout, slots,
                         global_batch_size, optimizer, mixed_precision, partition) -> dict:
     pipelined = distribution in MODEL_PARALLEL
@@ -387,6 +398,9 @@ def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, 
     }
     with models.mixed_precision_policy(_CPU_POLICY.get(mixed_precision, mixed_precision)):
         built, input_shape, input_dtype = _user_model(config, data_given)
+        compiled = _compiled_optimizer(built) if config.optimizer is None else None
+        if compiled is not None:  # the optimizer the model function compiled it with
+            summary["optimizer"], slots = compiled, footprint.OPTIMIZER_SLOTS[compiled]
         if not pipelined:
             row = footprint.model_footprint(built, input_shape, micro_batch=layout.micro_batch,
                                             optimizer_slots=slots, input_dtype=input_dtype)

@@ -20,13 +20,26 @@ import math
 import keras
 import tensorflow as tf
 
-from tfmulti.utils import checks
+from tfmulti.config.train_config import (
+    LR_SCALINGS,
+    MIXED_PRECISION,
+    MODEL_TASKS,
+    OPTIMIZERS,
+    TASKS,
+    resolve_steps_per_execution,
+)
 from tfmulti.models import accumulation, optimizers
-from tfmulti.config.train_config import (LR_SCALINGS, MIXED_PRECISION, MODEL_TASKS, OPTIMIZERS, TASKS, resolve_steps_per_execution)
+from tfmulti.models.heads import (
+    default_loss,
+    default_metrics,
+    output_head,
+    output_heads,
+)
+from tfmulti.utils import checks
 
 __all__ = ["INPUT_SHAPES", "WarmupSchedule", "build_model", "compile_model", "default_loss",
            "default_metrics", "make_optimizer", "mixed_precision_policy", "model_task",
-           "output_head", "scaled_learning_rate"]
+           "output_head", "output_heads", "scaled_learning_rate", "trains_by_own_step"]
 
 
 def _mlp(input_shape, num_classes, dropout):
@@ -156,81 +169,6 @@ def scaled_learning_rate(
     return learning_rate * factor
 
 
-def default_loss(task: str, model: keras.Model | None = None, *, one_hot: bool = False):
-    """The loss tfmulti uses for `task` when none is given, chosen from the
-    layer that makes `model`'s output (looked for inside nested models and a
-    `PipelineModel`'s stages, `output_head`): for "classification", the binary
-    cross-entropy on probabilities for a sigmoid output, else the categorical
-    cross-entropy for `one_hot` labels or the sparse one for class ids, on
-    probabilities after a softmax, else on logits. Mean squared error for
-    "regression"."""
-    checks.one_of("task", task, TASKS)
-    if task == "regression":
-        return keras.losses.MeanSquaredError()
-    activation = output_head(model)[0] if model is not None else None
-    if activation == "sigmoid":
-        return keras.losses.BinaryCrossentropy()
-    kind = keras.losses.CategoricalCrossentropy if one_hot else \
-        keras.losses.SparseCategoricalCrossentropy
-    return kind(from_logits=activation != "softmax")
-
-
-def default_metrics(task: str, model: keras.Model | None = None, *,
-                    one_hot: bool = False) -> list:
-    """Accuracy for "classification" (of the kind `default_loss` picks: binary,
-    one-hot or class ids), mean absolute error for "regression"."""
-    checks.one_of("task", task, TASKS)
-    if task == "regression":
-        return [keras.metrics.MeanAbsoluteError(name="mae")]
-    if model is not None and output_head(model)[0] == "sigmoid":
-        return [keras.metrics.BinaryAccuracy(name="accuracy")]
-    if one_hot:
-        return [keras.metrics.CategoricalAccuracy(name="accuracy")]
-    return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-
-
-_ACTIVATIONS = ("softmax", "sigmoid")
-
-
-def output_head(model) -> tuple[str | None, tuple | None]:
-    """The activation ("softmax", "sigmoid" or None) of the layer that makes
-    `model`'s one output, and that output's shape (None where unknown).
-
-    The layer is found where the output is made, inside nested models (a
-    `Sequential` of models, a `PipelineModel`'s last stage), so a model
-    ending in `Dense(..., activation="softmax")`, `keras.layers.Softmax()`,
-    `keras.layers.Activation("sigmoid")` or `keras.ops.softmax` says so
-    wherever it is trained. A subclassed model without symbolic outputs: its
-    last layer."""
-    op, shape = model, None
-    for _ in range(64):  # nesting depth; models do not contain themselves
-        if not isinstance(op, keras.Model):
-            break
-        found = None
-        try:
-            outputs = op.outputs
-        except (AttributeError, ValueError, TypeError, RuntimeError):
-            outputs = None
-        if outputs:
-            if len(outputs) != 1:
-                return None, None
-            shape = tuple(outputs[0].shape)
-            history = getattr(outputs[0], "_keras_history", None)
-            found = history[0] if history else None
-        if found is None:
-            layers = getattr(op, "layers", None)
-            found = layers[-1] if layers else None
-        if found is None or found is op:
-            break
-        op = found
-    if op is model:
-        return None, shape
-    kind = type(op).__name__.lower()  # keras.layers.Softmax, keras.ops.softmax's operation
-    name = kind if kind in _ACTIVATIONS else getattr(getattr(op, "activation", None),
-                                                        "__name__", None)
-    return (name if name in _ACTIVATIONS else None), shape
-
-
 def make_optimizer(optimizer="adam", learning_rate: float = 1e-3):
     """A Keras optimizer from its name: "adam" runs TensorFlow's fused update
     (`tfmulti.models.optimizers.fused_adam`), any other name is Keras' own
@@ -264,7 +202,7 @@ def _adopt_optimizer(opt, strategy):
         return opt.__class__.from_config(opt.get_config())
 
 
-def _own_train_step(model) -> bool:
+def trains_by_own_step(model) -> bool:
     """Whether `model` trains by a `train_step` of the user's (a VAE, a GAN),
     which computes its own loss: compiled without one, as its author does."""
     step = getattr(type(model), "train_step", None)
@@ -272,40 +210,68 @@ def _own_train_step(model) -> bool:
     return step is not None and not module.startswith(("keras.", "tfmulti."))
 
 
+def _leaves(value) -> list:
+    """The items of a per-output value (a dict's values, a list's items), or
+    the value itself."""
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
 def _loss(loss, task, model, one_hot):
     if loss is None:
-        if task is None and _own_train_step(model):
+        if task is None and trains_by_own_step(model):
             return None
         if task is None:
             raise ValueError("pass `task` ('classification' or 'regression') for tfmulti's "
                              "default loss and metrics, or your own `loss`.")
         return default_loss(task, model, one_hot=one_hot)
-    if isinstance(loss, str):
-        try:
-            keras.losses.get(loss)
-        except ValueError:
-            raise ValueError(f"`loss` {loss!r} is not a Keras loss name; use e.g. "
-                             "'sparse_categorical_crossentropy', 'mse', 'huber', or pass a "
-                             "loss object or function.") from None
-    return loss
+    for item in _leaves(loss):
+        if isinstance(item, str):
+            try:
+                keras.losses.get(item)
+            except ValueError:
+                raise ValueError(f"`loss` {item!r} is not a Keras loss name; use e.g. "
+                                 "'sparse_categorical_crossentropy', 'mse', 'huber', or pass a "
+                                 "loss object or function.") from None
+    return dict(loss) if isinstance(loss, dict) else list(loss) if isinstance(
+        loss, (list, tuple)) else loss
 
 
-def _metrics(metrics, task, model, one_hot):
+def _fresh(metric):
+    """A metric object of its own for another output (a name stays a name)."""
+    if isinstance(metric, keras.metrics.Metric):
+        return type(metric).from_config(metric.get_config())
+    return metric
+
+
+def _metrics(metrics, task, model, one_hot, name: str = "metrics"):
     if metrics is None:
         # None, not []: Keras fails a train_step of the user's ("Cannot get
         # result() since the metric has not yet been built") when given [].
         return default_metrics(task, model, one_hot=one_hot) if task is not None else None
     if isinstance(metrics, str):
-        raise ValueError(f"`metrics` must be a list, got the string {metrics!r}; e.g. "
+        raise ValueError(f"`{name}` must be a list, got the string {metrics!r}; e.g. "
                          f"[{metrics!r}].")
-    for metric in metrics:
+    for metric in _leaves(metrics):
         if isinstance(metric, str):
             try:
                 keras.metrics.get(metric)
             except ValueError:
                 if metric not in ("accuracy", "acc", "crossentropy", "ce"):
-                    raise ValueError(f"`metrics` lists {metric!r}, which is not a Keras metric "
+                    raise ValueError(f"`{name}` lists {metric!r}, which is not a Keras metric "
                                      "name; use e.g. 'accuracy', 'mae', 'auc'.") from None
+    if isinstance(metrics, dict):
+        return {key: list(value) if isinstance(value, (list, tuple)) else [value]
+                for key, value in metrics.items()}
+    if any(isinstance(m, (list, tuple)) for m in metrics):  # a list per output
+        return [list(m) if isinstance(m, (list, tuple)) else [m] for m in metrics]
+    found = output_heads(model)
+    if len(found) > 1:  # one list for a model of several outputs: each output's
+        return {head.key: [m if i == 0 else _fresh(m) for m in metrics]
+                for i, head in enumerate(found)}
     return list(metrics)
 
 
@@ -318,6 +284,8 @@ def compile_model(
     learning_rate: float | None = None,
     loss=None,
     metrics=None,
+    loss_weights=None,
+    weighted_metrics=None,
     lr_scaling: str = "none",
     global_batch_size: int | None = None,
     base_batch_size: int = 256,
@@ -336,7 +304,8 @@ def compile_model(
             `PipelineModel`).
         task: "classification" or "regression": picks the loss and metrics
             left unset (`default_loss`, `default_metrics`); optional when
-            `loss` is given.
+            `loss` is given. For a model with several outputs, also one per
+            output (a dict by output name, or a list).
         strategy: the strategy the model was built under; None: the current one.
         optimizer (str | keras.optimizers.Optimizer): a Keras optimizer name ("adam", the default,
             runs TensorFlow's fused update, `tfmulti.models.optimizers.fuse`; "sgd", "rmsprop",
@@ -344,12 +313,18 @@ def compile_model(
             re-made under `strategy` if it was made under another one).
         learning_rate: the rate tuned for `base_batch_size`, for an optimizer
             given by name (default 1e-3); an optimizer object brings its own.
-        loss (str | keras.losses.Loss | Callable | None): a Keras loss name, object or function
-            `loss(y_true, y_pred)`; default: `default_loss(task, model, one_hot=one_hot_labels)`,
-            chosen from the layer that makes the model's output.
-        metrics (Sequence[str | keras.metrics.Metric] | None): Keras metric names or objects;
-            default: `default_metrics(task, model, one_hot=one_hot_labels)` (none when `task` is not
-            given).
+        loss (str | keras.losses.Loss | Callable | dict | list | None): a Keras loss name,
+            object or function `loss(y_true, y_pred)`, or one per output (a dict by output name,
+            or a list); default: `default_loss(task, model, one_hot=one_hot_labels)`, chosen
+            from the layer that makes each output.
+        metrics (Sequence[str | keras.metrics.Metric] | dict | None): Keras metric names or
+            objects (for a model with several outputs: each output's), or a dict or list of
+            them per output; default: `default_metrics(task, model, one_hot=one_hot_labels)`
+            (none when `task` is not given).
+        loss_weights (dict | list | None): for several outputs, each loss's weight in the
+            total (by output name, or a list); default: 1 each.
+        weighted_metrics (Sequence | dict | None): metrics weighted by the sample weights,
+            in the form of `metrics`; default: none.
         lr_scaling: "none" (default), "linear" or "sqrt"; scales the rate by
             `global_batch_size / base_batch_size`.
         global_batch_size: needed unless `lr_scaling` is "none" (with
@@ -373,7 +348,8 @@ def compile_model(
             with 2+ replicas). 1 (the default) updates at every step.
         one_hot_labels: the labels are one-hot rows (as many columns as the
             model's outputs): the default loss and accuracy are the
-            categorical ones; False (the default): class ids.
+            categorical ones; False (the default): class ids. Per output
+            (a dict or list) for a model with several.
         **compile_kwargs (Any): passed to `model.compile` (e.g. `jit_compile`).
 
     Returns:
@@ -444,8 +420,12 @@ def compile_model(
             opt.learning_rate = rate
         compile_kwargs["metrics"] = _metrics(compile_kwargs.get("metrics", metrics), task, model,
                                              one_hot_labels)
+        if weighted_metrics is not None:
+            compile_kwargs["weighted_metrics"] = _metrics(weighted_metrics, None, model, False,
+                                                          "weighted_metrics")
         model.compile(optimizer=opt, loss=_loss(loss, task, model, one_hot_labels),
-                      steps_per_execution=steps_per_execution, **compile_kwargs)
+                      loss_weights=loss_weights, steps_per_execution=steps_per_execution,
+                      **compile_kwargs)
     accumulation.accumulate_gradients(model, accumulate_steps)
     return model
 

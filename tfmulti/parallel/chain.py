@@ -2,10 +2,15 @@
 
 A `keras.Sequential` or a list of layers is a chain of one-layer blocks. A
 functional model is cut where exactly one tensor crosses: its layers, in the
-order Keras runs them (a depth-first walk from the output, arguments in
+order Keras runs them (a depth-first walk from each output, arguments in
 order), are split at every point where a single tensor made before the point
 is used after it. Residual connections inside a transformer block keep the
 block whole; the residual stream between blocks is where it is cut.
+
+A model may have several outputs (a dict or list: a shared trunk and its
+heads). They all leave the model from the last block: no cut follows the
+first output computed (a stage hands on one tensor, not an output as well),
+so a head on an early layer ends the cuts there (`Chain.why_not` names it).
 
 Side inputs are not counted as crossing: the model's inputs (an attention
 mask, positions) and what is computed from them alone by layers without
@@ -16,8 +21,11 @@ stateless side computations itself. A layer with weights used at two places
 block, since its weights live on one stage.
 
 A stage is a run of whole blocks, built as a functional sub-model of the
-given layer objects (`Chain.stage_model`), whose inputs are the tensor that
-enters its first block (none for the first stage) and its side inputs.
+given layer objects (`Chain.stage_model`, a `StageModel`), whose inputs are
+the tensor that enters its first block (none for the first stage) and its
+side inputs. A mask a layer takes (an `LSTM`'s, from an
+`Embedding(mask_zero=True)`) is part of Keras' graph, computed from the
+token ids: a side computation, made again by the stage that needs it.
 
 Example:
     >>> import keras
@@ -36,9 +44,10 @@ import dataclasses
 import math
 
 import keras
+from keras.src.models.functional import Functional
 
-__all__ = ["Block", "Chain", "chain_of", "node_of", "per_example_elements", "stack_graph",
-           "stack_of"]
+__all__ = ["Block", "Chain", "StageModel", "chain_of", "node_of", "per_example_elements",
+           "stack_graph", "stack_of"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -53,7 +62,8 @@ class Block:
         free_nodes: stateless calls on side inputs alone that `nodes` use
             (recomputed by every stage that needs them).
         entry: the tensor entering the block (None for the first block).
-        exit: the tensor leaving it (the model's output for the last).
+        exit: the tensor leaving it; for the last block, the model's output
+            (its structure, a list or dict, for several outputs).
         side_keys: indices into the model's flat inputs that the block uses
             besides `entry`.
     """
@@ -123,21 +133,48 @@ class Chain:
         return tuple(sorted({k for b in self.blocks[start:stop] for k in b.side_keys}))
 
     def stage_model(self, start: int, stop: int, name: str) -> keras.Model:
-        """A functional sub-model running blocks[start:stop] with the given
-        layer objects. Its inputs, a list: the tensor entering
-        blocks[start] (none when start is 0), then the model inputs at
-        `stage_side_keys(start, stop)`; its output: the last block's exit."""
+        """A `StageModel` running blocks[start:stop] with the given layer
+        objects. Its inputs, a list: the tensor entering blocks[start] (none
+        when start is 0), then the model inputs at
+        `stage_side_keys(start, stop)`; its output: the last block's exit
+        (the model's outputs, as the model returns them, for the last)."""
         if self.inputs is None:
             raise RuntimeError("the chain's input shape is not known yet; build it first.")
         first = self.blocks[start]
         inputs = ([first.entry] if first.entry is not None else []) + [
             self.inputs[k] for k in self.stage_side_keys(start, stop)]
-        return keras.Model(inputs, self.blocks[stop - 1].exit, name=name)
+        # Given an intermediate tensor, Keras makes the sub-model from copies of
+        # the graph's nodes (`clone_graph_nodes`), and given a model input too,
+        # it keeps that input's tensor but points its history at its copied
+        # node: the model it came from then no longer writes its config
+        # ("Internal error: could not find node key"), so it would not save
+        # whole. Its inputs' histories are put back.
+        histories = [(t, t._keras_history) for t in self.inputs]  # pylint: disable=protected-access
+        try:
+            return StageModel(inputs, self.blocks[stop - 1].exit, name=name)
+        finally:
+            for tensor, history in histories:
+                tensor._keras_history = history  # pylint: disable=protected-access
 
     @property
     def unit(self) -> str:
         """What a block is, for messages: "layers" for a stack, else "blocks"."""
         return "layers" if self.stack is not None else "blocks"
+
+
+class StageModel(Functional):
+    """A functional sub-model of given layer objects (a pipeline stage, a
+    timed block) that returns the Keras masks its layers compute: the mask
+    its output carries (an `Embedding(mask_zero=True)`'s, which `Dense`
+    layers pass on to a sequence output) stays on it for the next stage and
+    the loss. Given a masked tensor, a plain functional model warns at every
+    call that it drops the mask (Keras' warning for a layer without
+    `compute_mask`), although its layers receive it."""
+
+    def compute_mask(self, inputs, previous_mask=None):
+        # The outputs keep the masks their own layers set; none is made up
+        # from the inputs' masks (a pooled output has no time steps to mask).
+        return None
 
 
 # ---------------------------------------------------------------------------
@@ -179,8 +216,9 @@ def chain_of(model, input_shape=None) -> Chain:
 
     Raises:
         ValueError: not a model or list of layers, a subclassed model, a
-            layer used twice in a stack, several model outputs, or a model
-            whose output does not depend on its inputs.
+            layer used twice in a stack, a model output that is one of its
+            inputs, or a model whose outputs are computed from its inputs by
+            stateless operations only.
     """
     if isinstance(model, keras.Model) and not isinstance(model, keras.Sequential):
         if not hasattr(model, "_inputs_struct") or not getattr(model, "outputs", None):
@@ -256,31 +294,34 @@ def node_of(tensor):
     return history.operation._inbound_nodes[history.node_index]
 
 
-def _nodes_in_order(input_ids: set, output) -> list:
-    """The graph's nodes from the inputs to `output` in the order Keras runs
-    them: a depth-first walk from the output, arguments in order."""
+def _nodes_in_order(input_ids: set, outputs) -> list:
+    """The graph's nodes from the inputs to `outputs` in the order Keras runs
+    them: a depth-first walk from each output in turn, arguments in order."""
     order, state = [], {}
-    start = node_of(output)
-    stack = [(start, iter(start.input_tensors))]
-    state[id(start)] = 1
-    while stack:
-        node, pending = stack[-1]
-        for tensor in pending:
-            if id(tensor) in input_ids:
-                continue
-            parent = node_of(tensor)
-            if parent is None or parent.is_input:
-                raise ValueError(
-                    f"tensor {tensor.name!r} used by {node.operation.name!r} is not computed "
-                    "from the model's inputs.")
-            if state.get(id(parent)) is None:
-                state[id(parent)] = 1
-                stack.append((parent, iter(parent.input_tensors)))
-                break
-        else:
-            stack.pop()
-            state[id(node)] = 2
-            order.append(node)
+    for output in outputs:
+        start = node_of(output)
+        if start is None or state.get(id(start)) is not None:
+            continue
+        stack = [(start, iter(start.input_tensors))]
+        state[id(start)] = 1
+        while stack:
+            node, pending = stack[-1]
+            for tensor in pending:
+                if id(tensor) in input_ids:
+                    continue
+                parent = node_of(tensor)
+                if parent is None or parent.is_input:
+                    raise ValueError(
+                        f"tensor {tensor.name!r} used by {node.operation.name!r} is not "
+                        "computed from the model's inputs.")
+                if state.get(id(parent)) is None:
+                    state[id(parent)] = 1
+                    stack.append((parent, iter(parent.input_tensors)))
+                    break
+            else:
+                stack.pop()
+                state[id(node)] = 2
+                order.append(node)
     return order
 
 
@@ -288,18 +329,30 @@ def _has_state(op) -> bool:
     return bool(getattr(op, "variables", None))
 
 
+def _output_labels(model, outputs) -> list[str]:
+    """How messages name each output: its layer, and its key in a dict of outputs."""
+    names = list(getattr(model, "output_names", None) or [t.name for t in outputs])
+    struct = getattr(model, "_outputs_struct", None)
+    keys = list(struct) if isinstance(struct, dict) else [None] * len(outputs)
+    return [f"output {key!r} (layer {name!r})" if key not in (None, name)
+            else f"output {name!r}" for key, name in zip(keys, names)]
+
+
 def _graph_chain(model, side_computations: bool = True) -> Chain:
     inputs = tuple(model.inputs)
     outputs = list(model.outputs)
-    if len(outputs) != 1:
-        raise ValueError(
-            f"model {model.name!r} has {len(outputs)} outputs; a pipeline needs a model with "
-            "one output tensor (return the others' loss from inside the model).")
-    output = outputs[0]
+    labels = _output_labels(model, outputs)
     input_index = {id(t): i for i, t in enumerate(inputs)}
-    if id(output) in input_index or node_of(output) is None:
-        raise ValueError(f"model {model.name!r} has no layers between its inputs and output.")
-    order = _nodes_in_order(set(input_index), output)
+    for output, label in zip(outputs, labels):
+        if id(output) in input_index or node_of(output) is None:
+            what = "output" if len(outputs) == 1 else label
+            raise ValueError(
+                f"model {model.name!r} has no layers between its inputs and {what}.")
+    # Outputs that need fewer layers first: a head on an early layer then
+    # comes right after it, where the message below names it.
+    needs = [len(_nodes_in_order(set(input_index), [t])) for t in outputs]
+    order = _nodes_in_order(set(input_index), [outputs[i] for i in sorted(
+        range(len(outputs)), key=needs.__getitem__)])
 
     # Free nodes: stateless computations on side inputs alone.
     free_tensors: set = set()
@@ -311,7 +364,7 @@ def _graph_chain(model, side_computations: bool = True) -> Chain:
             free_tensors.update(id(t) for t in node.outputs)
         else:
             placed.append(node)
-    if not placed or placed[-1] is not node_of(output):
+    if not placed:
         raise ValueError(
             f"model {model.name!r}: its output is computed from its inputs by stateless "
             "operations only; there is nothing to pipeline.")
@@ -355,15 +408,33 @@ def _graph_chain(model, side_computations: bool = True) -> Chain:
             else:
                 uses[id(op)] = (i, op)
 
-    cuts = [k for k in range(1, n) if valid[k]]
+    # Every output leaves the model from the last stage (a stage hands on one
+    # tensor): no cut after the first output a placed node makes.
+    index = {id(node): i for i, node in enumerate(placed)}
+    made_at = [(index[id(node_of(t))], label) for t, label in zip(outputs, labels)
+               if id(node_of(t)) in index]
+    first_output, early = min(made_at)
+    heads = {id(node_of(t)) for t in outputs}
+    carried = [(made[id(t)][0], last_use[id(t)]) for t in outputs if id(t) in last_use]
+    # The cuts an early output takes away: not those between heads on the
+    # same trunk, which would leave a stage of heads only.
+    lost = [k for k in range(first_output + 1, n) if valid[k] and (
+        any(id(node) not in heads for node in placed[k:])
+        or any(i < k <= j for i, j in carried))]
+    cuts = [k for k in range(1, min(first_output, n - 1) + 1) if valid[k]]
     bounds = [0, *cuts, n]
     free_of = {id(t): node for node in free for t in node.outputs}
     blocks = []
     for a, b in zip(bounds, bounds[1:]):
         nodes = placed[a:b]
         entry = None if a == 0 else _used_output(placed[a - 1], last_use)
-        exit_ = output if b == n else _used_output(placed[b - 1], last_use)
-        needed, sides = _side_parts(nodes, input_index, free_of, free)
+        if b < n:
+            exit_ = _used_output(placed[b - 1], last_use)
+        else:  # the model's outputs, as the model returns them
+            exit_ = outputs[0] if len(outputs) == 1 else model._outputs_struct
+        # The last block also computes outputs made from side inputs alone.
+        needed, sides = _side_parts(nodes, input_index, free_of, free,
+                                    extra=outputs if b == n else ())
         layers, seen = [], set()
         for node in nodes:
             if id(node.operation) not in seen:
@@ -372,7 +443,11 @@ def _graph_chain(model, side_computations: bool = True) -> Chain:
         blocks.append(Block(nodes=tuple(nodes), layers=tuple(layers), free_nodes=needed,
                             entry=entry, exit=exit_, side_keys=sides))
     why_not = None
-    if shared is not None:
+    if lost:
+        why_not = (f"{early[0].upper()}{early[1:]} is computed before layer "
+                   f"{placed[first_output + 1].operation.name!r}, and every output leaves "
+                   "the model from the last stage, so no stage can start after it.")
+    elif shared is not None:
         why_not = (f"Layer {shared[1]!r} is used at two places (shared or tied weights), "
                    "which stay in one block; untie them or use separate layers.")
     elif longest is not None and n > 1 and len(blocks) < n:
@@ -391,10 +466,11 @@ def _used_output(node, last_use):
     raise AssertionError("a cut's crossing tensor is missing")  # a valid cut has one
 
 
-def _side_parts(nodes, input_index, free_of, free):
-    """(free nodes the block's nodes need, in order; model input indices used)."""
+def _side_parts(nodes, input_index, free_of, free, extra=()):
+    """(free nodes the block's nodes need, in order; model input indices
+    used), for the block's nodes and the `extra` tensors it returns."""
     needed, seen, sides = [], set(), set()
-    pending = [t for node in nodes for t in node.input_tensors]
+    pending = [t for node in nodes for t in node.input_tensors] + list(extra)
     while pending:
         t = pending.pop()
         if id(t) in input_index:

@@ -45,7 +45,7 @@ import time
 from collections.abc import Sequence
 
 from tfmulti.config.train_config import PARTITIONS
-from tfmulti.utils import checks
+from tfmulti.utils import checks, human
 from tfmulti.utils.tables import format_table, human_bytes
 from tfmulti.utils.sizes import variables_bytes
 
@@ -115,9 +115,10 @@ def check_stage_count(num_stages, num_layers: int | None = None, *, chain=None,
     asked = (f"{num_stages} stages" if devices is None
              else f"{num_stages} stages per replica (`devices` lists {len(devices)})")
     cut = " (a cut needs a point crossed by a single tensor)" if unit == "blocks" else ""
-    fix = (f"use at most {num_units} stages" if devices is None
-           else f"pass at most {num_units} devices per replica")
-    raise ValueError(f"{what} cannot be cut into {asked}: it has {num_units} {unit}{cut}; "
+    fix = (f"use at most {human.count(num_units, 'stage')}" if devices is None
+           else f"pass at most {human.count(num_units, 'device')} per replica")
+    raise ValueError(f"{what} cannot be cut into {asked}: it has "
+                     f"{human.count(num_units, unit[:-1])}{cut}; "
                      f"{fix}.{' ' + reason if reason else ''}")
 
 
@@ -654,8 +655,8 @@ def plan_partition(layers, num_stages: int, method="params", input_shape=None,
 
     Raises:
         ValueError: If the model cannot be cut into `num_stages` stages (a
-            branch crossing every cut, several outputs, a subclassed model, a
-            layer used twice in a stack), layers are unbuilt and
+            branch crossing every cut, an output computed before the cuts, a
+            subclassed model, a layer used twice in a stack), layers are unbuilt and
             `input_shape` is missing, `method` is unknown, explicit sizes are
             invalid, or `num_stages` is invalid for the model.
     """

@@ -5,6 +5,10 @@ A stack of layers, or a functional model's chain of blocks (cut where a
 single tensor crosses, residuals inside blocks; `tfmulti.parallel.chain`),
 is cut into S contiguous stages, one per device; model inputs that later
 blocks use (an attention mask, positions) reach every stage that uses them.
+A model may have several outputs (a dict or list: a shared trunk and its
+heads), which all leave the last stage: a head on an earlier layer ends the
+cuts there, and more stages than the cuts before it allow are refused in one
+line naming that output, when the stages are cut.
 Every stage's variables, optimizer slots, forward ops and backward ops live
 on that stage's device. The stages run the layer objects the caller passed:
 unbuilt ones are built on their stage's device (`tfmulti.parallel.placement`),
@@ -18,10 +22,39 @@ stage's device): inside the step's `tf.function`, TensorFlow then runs stage
 s on micro-batch m+1 while stage s+1 works on micro-batch m, which a single
 tape over the whole forward does not allow.
 
+The loss is the compiled one (`compile(loss=..., loss_weights=...)`, a
+dict or list per output as Keras takes it), computed on the last stage for
+each share of the batch (the rows one replica takes in one accumulation
+round) on the outputs of its M micro-batches together, with the share's
+sample weights and the outputs' Keras masks: Keras' loss of those rows, so
+that the micro-batches change nothing, whatever the reduction, weighting or
+mask. Its gradient with respect to each micro-batch's outputs starts that
+micro-batch's backward. Metrics (`metrics`, `weighted_metrics`) see the
+batch's outputs, labels and sample weights, as on one device.
+
+Masks: the mask a layer takes (an `LSTM` after an
+`Embedding(mask_zero=True)`) is part of the model's Keras graph, computed
+from the token ids: a stage after the cut computes it again from them (a
+side input), so the padded steps are skipped as in the whole model. The
+mask the crossing tensor itself carries, which layers without a mask
+argument (`Dense`) pass on to a sequence output, goes with it to the next
+stage (also under remat); an output's mask reaches the loss and metrics.
+
 Hybrid: with `num_replicas=R`, R pipelines over R*S devices each take 1/R of
 the global batch; each stage's gradients are averaged over the replicas and
 every replica applies the same update, so the replicas stay identical
 (replica 0 holds the caller's layers, the others copies).
+
+Shares (replicas, accumulation rounds) combine as Keras' data-parallel
+replicas do: the step is the mean of their losses' steps. For Keras' default
+reduction ("sum_over_batch_size"), with or without sample weights, that is
+the whole batch's step (the weighted sum over the batch's rows divided by
+its rows). A loss that divides by what a share holds is averaged per share,
+as under `MirroredStrategy`: with a sequence output's mask (Keras divides by
+the share's unmasked entries) or reduction "mean_with_sample_weight" (by the
+share's sum of weights) the step is the batch's only where every share holds
+as many; reduction "sum" gives the mean of the shares' sums (1/(R*k) of the
+batch's sum). With R = k = 1 the step is the batch's in every case.
 
 Gradient accumulation: with `accumulate_steps=k` a batch of k x B rows is k
 sequential rounds of B rows (each a GPipe step's gradient), gradients of
@@ -69,6 +102,7 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
+from keras.src.backend import get_keras_mask, set_keras_mask
 from keras.src.trainers import data_adapters
 
 from tfmulti.utils import checks
@@ -174,6 +208,59 @@ def _split_all(flat: list, num: int) -> list[list]:
     return [[p[i] for p in parts] for i in range(num)]
 
 
+def _split_structure(value, num: int) -> list:
+    """`num` parts of targets or sample weights (a tensor, a list or dict of
+    them, or None), each part of the same structure."""
+    if value is None:
+        return [None] * num
+    flat = tf.nest.flatten(value)
+    return [tf.nest.pack_sequence_as(value, part) for part in _split_all(flat, num)]
+
+
+def _concat(parts: list):
+    """Outputs of consecutive slices of a batch (each the model's output
+    structure), joined along the batch axis, tensor by tensor; a Keras mask
+    (a sequence output's) is joined too, so that the loss and metrics skip
+    the masked steps of the whole batch."""
+    if len(parts) == 1:
+        return parts[0]
+
+    def join(*tensors):
+        joined = tf.concat(tensors, axis=0)
+        masks = [get_keras_mask(t) for t in tensors]
+        if all(m is not None for m in masks):
+            set_keras_mask(joined, tf.concat(masks, axis=0))
+        logits = [getattr(t, _LOGITS, None) for t in tensors]
+        if all(v is not None for v in logits):  # a sigmoid's or softmax's: see `_differentiable`
+            setattr(joined, _LOGITS, tf.concat(logits, axis=0))
+        return joined
+
+    return tf.nest.map_structure(join, *parts)
+
+
+def _stop_gradient(tensor):
+    """`tf.stop_gradient`, keeping the tensor's Keras mask for the next stage."""
+    out = tf.stop_gradient(tensor)
+    mask = get_keras_mask(tensor)
+    if mask is not None:
+        set_keras_mask(out, mask)
+    return out
+
+
+_LOGITS = "_keras_logits"
+"""The attribute by which Keras' TensorFlow `sigmoid` and `softmax` hand their
+input to the cross-entropies (keras/src/backend/tensorflow/nn.py): a loss of
+such an output is computed from these logits, not from the output."""
+
+
+def _differentiable(structure) -> list:
+    """The tensors of an output structure that its loss is computed from, in
+    flat order: each floating-point output, or the logits a sigmoid or softmax
+    output carries (the cross-entropies read those: the output itself is then
+    not on the loss's path, and its gradient would be zero)."""
+    return [getattr(t, _LOGITS, t) for t in tf.nest.flatten(structure) if t.dtype.is_floating]
+
+
 def _penalty(stage, num_microbatches: int):
     """The stage's regularization for one micro-batch, or None: its activity
     losses from its latest call (each a mean over the micro-batch) and its
@@ -204,9 +291,9 @@ class PipelineModel(keras.Model):
         layers (keras.Model | Sequence[keras.layers.Layer]): a `keras.Sequential`, a list of layers
             (a stack: each layer feeds the next) or a functional model that is a chain of blocks:
             cut where a single tensor crosses, residuals inside blocks, any number of inputs (a dict
-            or list: token ids, an attention mask, positions), one output (see
-            `tfmulti.parallel.chain`). Model inputs used by later blocks (side inputs) reach every
-            stage that uses them.
+            or list: token ids, an attention mask, positions), one output or several (a dict or
+            list, all computed on the last stage; see `tfmulti.parallel.chain`). Model inputs used
+            by later blocks (side inputs) reach every stage that uses them.
         input_shape (tuple[int, ...] | None): a stack's per-example input shape; optional: without
             it, a stack of unbuilt layers is built from the first batch (as
             `keras.Sequential` is).
@@ -242,8 +329,9 @@ class PipelineModel(keras.Model):
 
     Raises:
         ValueError: a model that cannot be cut into S stages (the error names
-            the layer whose branch crosses every cut), more stages than
-            layers, missing or unknown devices, a device count that is not
+            the layer whose branch crosses every cut, or the output computed
+            before the cuts it prevents), more stages than layers, missing or
+            unknown devices, a device count that is not
             R*S, M or k < 1, remat with random layers, or a hybrid (R > 1)
             of layers that cannot be rebuilt from their config (copied for
             replicas 1+; the error names the layer and the fix).
@@ -275,6 +363,10 @@ class PipelineModel(keras.Model):
         # Derived from `devices`: the message names them.
         partition_lib.check_stage_count(num_stages, devices=device_names, **cut)
         self._source = _Source(layers)
+        if functional:
+            # What compile() keys losses, loss weights and metrics by (the
+            # output layers' names), as for the given model.
+            self.output_names = list(layers.output_names)
         self._partition = partition
         self.num_stages = num_stages
         self.num_replicas = num_replicas
@@ -386,13 +478,15 @@ class PipelineModel(keras.Model):
 
     def call(self, inputs, training=False):
         """Forward pass: the batch splits over replicas, then micro-batches,
-        flowing stage to stage (placed); outputs are concatenated in order."""
+        flowing stage to stage (placed); returns the model's outputs (its
+        structure: a tensor, a list or dict of them), each concatenated over
+        the micro-batches and replicas in order, with its Keras mask."""
         shards = _split_all(self._flat_inputs(inputs), self.num_replicas)
         outputs = []
         for r, flat in enumerate(shards):
             outputs.extend(self._forward(r, flat, training))
         with tf.device(self.stage_devices[0][-1]):
-            return tf.concat(outputs, axis=0) if len(outputs) > 1 else outputs[0]
+            return _concat(outputs)
 
     @property
     def losses(self):
@@ -423,8 +517,6 @@ class PipelineModel(keras.Model):
 
     def train_step(self, data):
         x, y, sample_weight = data_adapters.data_adapter_utils.unpack_x_y_sample_weight(data)
-        if sample_weight is not None:
-            raise ValueError("PipelineModel does not support sample weights yet.")
         if self._chain is None:  # a stack's first batch (Keras builds in `call` only)
             self.build(tuple(keras.tree.flatten(x)[0].shape))
         R, S, M, K = (self.num_replicas, self.num_stages, self.num_microbatches,
@@ -444,8 +536,9 @@ class PipelineModel(keras.Model):
                 message=f"batch must be a multiple of accumulate_steps x num_replicas x "
                         f"num_microbatches = {parts}")
         xs = _split_all(flat, parts)
-        y_splits = [_split(t, parts) for t in tf.nest.flatten(y)]
-        y_parts = [tf.nest.pack_sequence_as(y, [p[i] for p in y_splits]) for i in range(parts)]
+        # A share: the rows one replica takes in one accumulation round (its M
+        # micro-batches), whose loss Keras computes as for any batch.
+        ys, weights = _split_structure(y, K * R), _split_structure(sample_weight, K * R)
         # sums[r][s][i]: replica r's gradient of stage s's variable i, summed
         # over the accumulation rounds (on that replica's stage device).
         sums = [None] * R
@@ -456,12 +549,12 @@ class PipelineModel(keras.Model):
             with tf.control_dependencies(previous):
                 round_grads = []
                 for r in range(R):
-                    first = (j * R + r) * M
-                    grads, loss, preds = self._pipeline_step(
-                        r, xs[first:first + M], y_parts[first:first + M])
+                    share = j * R + r
+                    grads, loss, y_pred = self._pipeline_step(
+                        r, xs[share * M:(share + 1) * M], ys[share], weights[share])
                     round_grads.append(grads)
                     losses.append(loss)
-                    predictions.extend(preds)
+                    predictions.append(y_pred)
             for r in range(R):
                 if sums[r] is None:
                     sums[r] = round_grads[r]
@@ -474,9 +567,9 @@ class PipelineModel(keras.Model):
         self._equalize_replica_state()
         with tf.device(self.stage_devices[0][-1]):
             loss = tf.add_n(losses) / (R * K)
-            y_pred = tf.concat(predictions, axis=0)
+            y_pred = _concat(predictions)
         self._loss_tracker.update_state(loss, sample_weight=tf.shape(flat[0])[0])
-        return self.compute_metrics(x, y, y_pred, sample_weight=None)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _averaged(self, sums):
         """(gradient, variable) pairs: each stage's gradients averaged over
@@ -516,26 +609,29 @@ class PipelineModel(keras.Model):
                     with tf.device(copy.value.device):
                         copy.assign(tf.identity(mean))
 
-    def _pipeline_step(self, r, micro_x, micro_y):
-        """GPipe on replica r: forward all micro-batches, then backward, with
-        one tape per (stage, micro-batch). Returns (grads per stage, mean loss,
-        predictions per micro-batch)."""
+    def _pipeline_step(self, r, micro_x, y, sample_weight):
+        """GPipe on replica r for one share of the batch (M micro-batches):
+        all forwards, one tape per (stage, micro-batch); the compiled loss of
+        the share's outputs, concatenated (Keras' loss of those rows: sample
+        weights, output masks and any reduction as for a batch of them); then
+        every backward, each micro-batch's from its part of the loss's
+        gradient. Returns (grads per stage, loss, the share's outputs)."""
         stages, devices = self.replicas[r], self.stage_devices[r]
         S, M = self.num_stages, self.num_microbatches
         tapes = [[None] * M for _ in range(S)]
-        # carries[s][m]: what stage s receives for micro-batch m (none for s=0).
+        # carries[s][m]: what stage s receives for micro-batch m (none for s=0);
+        # carries[S][m]: the model's outputs for micro-batch m.
         carries = [[None] * M for _ in range(S + 1)]
         # penalties[s][m]: stage s's regularization for micro-batch m (see
         # `_penalty`), part of the loss, differentiated on the stage's device.
         penalties = [[None] * M for _ in range(S)]
-        losses, scaled, predictions = [None] * M, [None] * M, [None] * M
         for m in range(M):
             for s in range(S):
                 with tf.device(devices[s]):
                     a = carries[s][m]
                     args = self._stage_args(s, a, micro_x[m])
                     if self.remat and s < S - 1:
-                        carries[s + 1][m] = tf.stop_gradient(stages[s](args, training=True))
+                        carries[s + 1][m] = _stop_gradient(stages[s](args, training=True))
                         continue
                     tape = tf.GradientTape()
                     with tape:
@@ -543,16 +639,24 @@ class PipelineModel(keras.Model):
                             tape.watch(a)
                         out = stages[s](args, training=True)
                         penalties[s][m] = _penalty(stages[s], M)
-                        if s == S - 1:
-                            loss = self._data_loss(micro_y[m], out)
-                            losses[m] = loss
-                            predictions[m] = out
-                            target = loss / M
-                            if penalties[s][m] is not None:
-                                target += penalties[s][m]
-                            scaled[m] = self.optimizer.scale_loss(target)
                     tapes[s][m] = tape
                     carries[s + 1][m] = out
+        # The loss of the share's rows, as the unpartitioned model computes it
+        # on them: one loss over the M micro-batches' outputs, not a mean of
+        # per-micro-batch losses (which differs where an output mask or a
+        # sample weight's reduction counts the valid entries).
+        outputs = [_differentiable(carries[S][m]) for m in range(M)]
+        with tf.device(devices[-1]):
+            loss_tape = tf.GradientTape()
+            with loss_tape:
+                loss_tape.watch([t for row in outputs for t in row])
+                y_pred = _concat(carries[S])
+                data_loss = self._data_loss(y, y_pred, sample_weight)
+                scaled = self.optimizer.scale_loss(data_loss)
+            output_grads = loss_tape.gradient(
+                scaled, outputs, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            # d(scaled penalty) / d(penalty): the loss scale (1 without loss scaling).
+            penalty_scale = self.optimizer.scale_loss(tf.ones([]))
         grads = [[None] * len(stage.trainable_variables) for stage in stages]
         for m in range(M):
             upstream = None
@@ -568,18 +672,16 @@ class PipelineModel(keras.Model):
                             out = stage(self._stage_args(s, carries[s][m], micro_x[m]),
                                         training=True)
                             penalties[s][m] = _penalty(stage, M)
-                        target, out_grads = out, upstream
+                        targets, out_grads = [out], [upstream]
                     elif s == S - 1:
-                        tape, target, out_grads = tapes[s][m], scaled[m], None
+                        tape, targets, out_grads = tapes[s][m], outputs[m], output_grads[m]
                     else:
-                        tape, target, out_grads = tapes[s][m], carries[s + 1][m], upstream
-                    if s < S - 1 and penalties[s][m] is not None:
-                        # d(scaled penalty) / d(penalty) = the loss scale (1
-                        # without loss scaling).
-                        target = [target, penalties[s][m]]
-                        out_grads = [out_grads, self.optimizer.scale_loss(tf.ones([]))]
+                        tape, targets, out_grads = tapes[s][m], [carries[s + 1][m]], [upstream]
+                    if penalties[s][m] is not None:
+                        targets = [*targets, penalties[s][m]]
+                        out_grads = [*out_grads, penalty_scale]
                     sources = list(variables) + ([carries[s][m]] if s > 0 else [])
-                    result = tape.gradient(target, sources, output_gradients=out_grads)
+                    result = tape.gradient(targets, sources, output_gradients=out_grads)
                     for i, g in enumerate(result[:len(variables)]):
                         if g is None:
                             g = tf.zeros_like(variables[i])
@@ -587,17 +689,17 @@ class PipelineModel(keras.Model):
                                                                             [grads[s][i], g])
                     upstream = result[-1] if s > 0 else None
         with tf.device(devices[-1]):
-            loss = tf.add_n(losses) / M
+            loss = data_loss
             regularization = [p for row in penalties for p in row if p is not None]
             if regularization:
                 loss += tf.add_n(regularization)
-        return grads, loss, predictions
+        return grads, loss, y_pred
 
-    def _data_loss(self, y, y_pred):
+    def _data_loss(self, y, y_pred, sample_weight=None):
         """The compiled loss alone: each stage adds its own regularization."""
         if self._compile_loss is None:
             raise ValueError("PipelineModel needs a loss: pass `loss=` to compile().")
-        return self._compile_loss(y, y_pred, None)
+        return self._compile_loss(y, y_pred, sample_weight)
 
     def accumulate_gradients(self, steps: int) -> "PipelineModel":
         """Sets `accumulate_steps` (`tfmulti.models.accumulation.accumulate_gradients`
@@ -810,4 +912,4 @@ def _copy_stage(source, group, name: str) -> keras.Model:
     for device, variables in placement.stage_placement(_own_layers(clone), group):
         placement.place(variables, device, deferred, values=[values.get(id(v)) for v in variables])
     placement.place(deferred.remaining(), group[0], deferred)  # random seeds' state
-    return keras.Model(clone._inputs_struct, clone._outputs_struct, name=name)
+    return blocks.StageModel(clone._inputs_struct, clone._outputs_struct, name=name)

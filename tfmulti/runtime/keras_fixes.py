@@ -17,6 +17,13 @@ Each fix is named by the symptom it cures and links its upstream issue:
   aggregation, as Keras 2 made them.
 * "convolutions on an empty batch under oneDNN" (tensorflow#30968): a patch
   of Keras' TensorFlow convolutions.
+* "a model without call under a strategy" (not reported yet; the symbolic
+  build that keras#20051 added): the same patch of Keras' symbolic build
+  builds nothing for a model that has no `call` (a GAN written around its
+  own `train_step`), as one device does.
+* "optimizers and layers built in the train step with 2+ replicas"
+  (keras#23085): a patch of Keras' TensorFlow variables, made under
+  `tf.init_scope()` where they are made inside a replica function.
 * "SlurmClusterResolver without GPUs" (tensorflow#56894):
   `slurm_cluster_resolver`.
 
@@ -99,6 +106,14 @@ _EMPTY_BATCH_CONV = _Fix(
     "convolutions on an empty batch under oneDNN", "tensorflow#30968",
     "https://github.com/tensorflow/tensorflow/pull/30968",
     tuple(_NN + name for name in _CONV_OPS))
+_MODEL_WITHOUT_CALL = _Fix(
+    "a model without call under a strategy", "keras#20051",
+    "https://github.com/keras-team/keras/pull/20051",
+    (_TRAINER + "TensorFlowTrainer._maybe_symbolic_build",))
+_BUILT_IN_THE_STEP = _Fix(
+    "optimizers and layers built in the train step with 2+ replicas", "keras#23085",
+    "https://github.com/keras-team/keras/issues/23085",
+    ("keras.src.backend.tensorflow.core:Variable._initialize",))
 
 # --------------------------------------------------------------------------
 # The guard: patch only the Keras functions the fixes were written for.
@@ -130,6 +145,8 @@ KERAS_ORIGINALS = {  # "module:qualified name" -> SHA-256 of its source in Keras
         "492c94d51f85389fa2d8aca5cf1b29b5dd3a7b1bf0548eef88dde2587852f0f0",
     _NN + "separable_conv":
         "d163319653f9a8465c41d90834941a4a2ceeafe9b049d81d1dc66e43c902b95e",
+    "keras.src.backend.tensorflow.core:Variable._initialize":
+        "ab759c22f87fb300c93b8283ea280ff99a52fc483376bd43d1edc26b0080601d",
 }
 """Each Keras function a fix replaces, with the SHA-256 of its source."""
 
@@ -209,9 +226,13 @@ def _needed(strategy) -> tuple[_Fix, ...]:
     """The patches `strategy` needs (None: all of them)."""
     if strategy is None or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return (_FIT_MULTI_WORKER, _UNEVEN_FIRST_BATCH, _SCALAR_LOGS_MULTI_WORKER,
-                _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV)
+                _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV,
+                _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP)
     if isinstance(strategy, tf.distribute.MirroredStrategy):
-        return (_UNEVEN_FIRST_BATCH, _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV)
+        return (_UNEVEN_FIRST_BATCH, _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV,
+                _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP)
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return (_MODEL_WITHOUT_CALL,)
     return ()
 
 
@@ -226,7 +247,9 @@ def active_fixes() -> list[str]:
         ...     "logged scalars under MultiWorkerMirroredStrategy",
         ...     "several steps per call with 2+ replicas",
         ...     "BatchNormalization statistics that differ between replicas",
-        ...     "convolutions on an empty batch under oneDNN"}
+        ...     "convolutions on an empty batch under oneDNN",
+        ...     "a model without call under a strategy",
+        ...     "optimizers and layers built in the train step with 2+ replicas"}
         True
     """
     return [fix.name for fix in _needed(None) if fix.name in _applied]
@@ -252,10 +275,16 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
       statistics that differ between replicas" (tensorflow#46488: each
       replica's moving mean and variance drift apart and the saved model
       keeps replica 0's; the fix needs the model built after it, as
-      `get_strategy` then building under its scope does) and "convolutions
+      `get_strategy` then building under its scope does), "convolutions
       on an empty batch under oneDNN" (tensorflow#30968, `evaluate` of a conv
-      model when a replica's share of the last batch is empty);
-    * any other strategy: none. None: all six (before the strategy exists).
+      model when a replica's share of the last batch is empty), "optimizers
+      and layers built in the train step with 2+ replicas" (keras#23085: a
+      `train_step` of one's own whose optimizers or layers are built on its
+      first call, as a GAN's two optimizers are) and the one below;
+    * a `OneDeviceStrategy` too: "a model without call under a strategy"
+      (the symbolic build that keras#20051 added: `fit` of a model without
+      `call`, such as a GAN written around its `train_step`);
+    * any other strategy: none. None: all eight (before the strategy exists).
 
     Calling it again does nothing more. The first call in a process that
     installs a fix prints one line to stderr naming the active fixes. A fix
@@ -277,7 +306,8 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
         >>> tfmulti.apply_keras_fixes(strategy)  # doctest: +NORMALIZE_WHITESPACE
         ['a first batch split unevenly over replicas', 'several steps per call with 2+ replicas',
          'BatchNormalization statistics that differ between replicas',
-         'convolutions on an empty batch under oneDNN']
+         'convolutions on an empty batch under oneDNN', 'a model without call under a strategy',
+         'optimizers and layers built in the train step with 2+ replicas']
     """
     global _announced
     patches = {_FIT_MULTI_WORKER: _patch_symbolic_build,
@@ -285,7 +315,9 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
                _SCALAR_LOGS_MULTI_WORKER: _patch_reduce_per_replica,
                _STEPS_PER_CALL: _patch_make_function,
                _BATCH_NORM_STATISTICS: _patch_batch_norm_statistics,
-               _EMPTY_BATCH_CONV: _patch_conv}
+               _EMPTY_BATCH_CONV: _patch_conv,
+               _MODEL_WITHOUT_CALL: _patch_symbolic_build,
+               _BUILT_IN_THE_STEP: _patch_variables_in_replicas}
     needed = _needed(strategy)
     with _lock:
         for fix in needed:
@@ -367,13 +399,35 @@ def mirrored_strategy(devices, cross_device_ops=None) -> tf.distribute.MirroredS
 # MultiWorkerMirroredStrategy; logs are scalars, so it fails with "Invalid
 # reduction dimension 0 for input with 0 dimensions". We reduce scalars with
 # `axis=None` (the mean over replicas, as Keras does for one worker), all of
-# them stacked in one collective per step instead of one per metric.
+# them in one collective per step instead of one per metric.
 # Upstream: https://github.com/tensorflow/tensorflow/issues/72388 (and
-# https://github.com/keras-team/keras/issues/20585).
+# https://github.com/keras-team/keras/issues/20585). A `train_step` of one's
+# own may log more than metrics: a tensor of fixed shape (Keras' `axis=0`
+# would average its elements into one number) is reduced the same way, in
+# the same collective, and keeps its shape, as for one worker; a Python number
+# (which Keras' reduction fails on) is logged as it is.
+#
+# A model without `call`. A model written around its own `train_step`
+# (keras-io's GAN: a `keras.Model` holding a generator, a discriminator and
+# two optimizers, with no `call`) trains on one device, where Keras builds
+# nothing ahead. Under any strategy, one device's included, Keras builds
+# ahead (since https://github.com/keras-team/keras/pull/20051, so that the
+# optimizer's variables are made outside the replicas) and calls the model
+# on a symbolic batch: "Unable to automatically build the model ... does not
+# have a `call()` method" (Keras 3.15 and its master; not reported yet). For
+# such a model the build does nothing, as on one device: its layers, metrics
+# and optimizers are built where its `train_step` first uses them (with 2+
+# replicas, inside the replica function: "optimizers and layers built in the
+# train step" below). So `self.optimizer`, the default "rmsprop" that its
+# `super().compile()` made, gets no slots for a `train_step` that never uses
+# it, as on one device (Keras' build would give it a copy of every trainable
+# variable, saved with the model); one that does use it builds it on its
+# first `apply`, for the variables it applies to.
 #
 # The scalar patch changes behaviour only under a multi-worker
 # MultiWorkerMirroredStrategy; the build's, under any strategy of 2+ replicas
-# (and there only where the build reads its shapes from).
+# (and there only where the build reads its shapes from), and for a model
+# without `call` under any strategy.
 # --------------------------------------------------------------------------
 
 def _is_multi_worker(strategy) -> bool:
@@ -392,6 +446,8 @@ def _patch_symbolic_build() -> None:
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy
+        if strategy is not None and not _has_call(self):
+            return  # nothing to call: built where its train_step uses it, as on one device
         if iterator is None or strategy is None or strategy.num_replicas_in_sync < 2:
             return original_build(self, iterator=iterator, data_batch=data_batch)
         data_batch = None  # nothing to build but the optimizer at most: no batch read
@@ -410,6 +466,14 @@ def _patch_symbolic_build() -> None:
 
     _maybe_symbolic_build.__wrapped__ = original_build
     tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+
+
+def _has_call(model) -> bool:
+    """Whether `model` has a `call` of its own (Keras' `Model.call` raises)."""
+    from keras.src.layers.layer import Layer
+    from keras.src.models.model import Model
+
+    return type(model).call not in (Model.call, Layer.call)
 
 
 def _build_needs_data(model) -> bool:
@@ -449,17 +513,22 @@ def _patch_reduce_per_replica() -> None:
             return original_reduce(values, strategy, reduction)
         flat = tree.flatten(values)
         local = [strategy.experimental_local_results(v)[0] for v in flat]
-        scalars = [i for i, v in enumerate(local) if v.shape.rank == 0]
-        # All scalar logs of one dtype in one collective: every collective
-        # is a barrier between the workers, and this runs every step.
-        for dtype in sorted({local[i].dtype for i in scalars}, key=str):
-            group = [i for i in scalars if local[i].dtype == dtype]
-            stacked = strategy.run(lambda *v: tf.stack(v), args=[flat[i] for i in group])
-            means = tf.unstack(strategy.reduce("MEAN", stacked, axis=None), len(group))
+        fixed = [i for i, v in enumerate(local) if tf.is_tensor(v) and v.shape.is_fully_defined()]
+        # All the logs of one dtype and a fixed shape in one collective:
+        # every collective is a barrier between the workers, and this runs
+        # every step.
+        for dtype in sorted({local[i].dtype for i in fixed}, key=str):
+            group = [i for i in fixed if local[i].dtype == dtype]
+            joined = strategy.run(lambda *v: tf.concat([tf.reshape(t, [-1]) for t in v], 0),
+                                  args=[flat[i] for i in group])
+            means = tf.split(strategy.reduce("MEAN", joined, axis=None),
+                             [local[i].shape.num_elements() for i in group])
             for i, mean in zip(group, means):
-                flat[i] = mean
+                flat[i] = tf.reshape(mean, local[i].shape)
         for i, v in enumerate(local):
-            if v.shape.rank != 0:
+            if not tf.is_tensor(v):  # a Python number: as one worker keeps it
+                flat[i] = v
+            elif i not in fixed:  # a dimension unknown: Keras' reduction
                 flat[i] = original_reduce(flat[i], strategy, reduction)
         return tree.pack_sequence_as(values, flat)
 
@@ -707,6 +776,55 @@ def _patch_batch_norm_statistics() -> None:
         return keras.layers.Layer.add_weight(self, *args, **kwargs)
 
     batch_normalization.BatchNormalization.add_weight = add_weight
+
+
+# --------------------------------------------------------------------------
+# Optimizers and layers built in the train step with 2+ replicas.
+#
+# A `train_step` of one's own builds what it uses on its first call: an
+# optimizer that `compile` did not build (a GAN's `d_optimizer` and
+# `g_optimizer`, on their first `apply`), a layer first called there. Under
+# a strategy of 2+ replicas that call is inside the replica function, and
+# the variables Keras 3 makes there (Adam's slots, a layer's kernel), their
+# initial values computed inside the traced step, fail it: "You must feed a
+# value for placeholder tensor '.../cond/Placeholder_1' with dtype int32".
+# Keras 2's optimizers built their slots under `tf.init_scope()`, outside the
+# traced step; Keras 3.15's build in place.
+# Upstream: https://github.com/keras-team/keras/issues/23085, fixed for
+# optimizer variables after Keras 3.15 by
+# https://github.com/keras-team/keras/pull/23087 (`TFOptimizer.add_variable`
+# under `tf.init_scope()`). We make every Keras variable that has an
+# initializer under `tf.init_scope()` where it is made inside a replica
+# function of a strategy of 2+ replicas, as Keras' deferred initialization
+# (`Variable._deferred_initialize`) makes its variables: the first replica
+# makes the strategy's variable, mirrored as if built before `fit`, and the
+# others find it built. An optimizer then holds slots for exactly the
+# variables it applies to, as on one device. Elsewhere (one replica, outside
+# a replica function, a variable given a tensor) Keras' code runs as it is.
+# --------------------------------------------------------------------------
+
+def _in_replica_function() -> bool:
+    """Whether this code is traced inside a replica function of a strategy
+    of 2+ replicas (`strategy.run` within a `tf.function`)."""
+    if not tf.inside_function() or not tf.distribute.has_strategy():
+        return False
+    context = tf.distribute.get_replica_context()  # None: cross-replica
+    return context is not None and context.num_replicas_in_sync > 1
+
+
+def _patch_variables_in_replicas() -> None:
+    from keras.src.backend.tensorflow import core
+
+    original = core.Variable._initialize  # pylint: disable=protected-access
+
+    def _initialize(self, value):
+        if callable(value) and _in_replica_function():  # an initializer, not a tensor
+            with tf.init_scope():
+                return original(self, value)
+        return original(self, value)
+
+    _initialize.__wrapped__ = original
+    core.Variable._initialize = _initialize  # pylint: disable=protected-access
 
 
 def _patch_conv() -> None:

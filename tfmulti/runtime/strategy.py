@@ -245,7 +245,9 @@ def get_strategy(
     The strategy comes with the upstream Keras fixes it needs installed
     (`tfmulti.apply_keras_fixes(strategy)`: `fit` under
     MultiWorkerMirroredStrategy, several steps per call with 2+ replicas,
-    convolutions on an empty batch); a "mirrored" one also has collective
+    convolutions on an empty batch, a model without `call` such as keras-io's
+    GAN, optimizers built in a train step of the user's; the docs' page of
+    upstream bugs lists them all); a "mirrored" one also has collective
     keys of its own, so several can live in one process. The first strategy
     that installs a fix prints one line to stderr naming them.
 

@@ -151,15 +151,22 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
         self._begin = batch
 
     def on_train_batch_end(self, batch, logs=None):
-        loss = (logs or {}).get("loss")
-        if loss is None:
+        logs = logs or {}
+        # Keras' "loss"; a train_step of the user's may log only losses of its
+        # own (a GAN's d_loss and g_loss): each is checked.
+        losses = [logs["loss"]] if "loss" in logs else [
+            value for name, value in sorted(logs.items()) if name.endswith("_loss")]
+        if not losses:
             return
         steps = batch - self._begin + 1
         iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
-        last = (int(keras.ops.convert_to_numpy(iterations)) if iterations is not None
-                else batch + 1)
-        check_loss(loss, first_step=last - steps + 1, last_step=last, epoch=self._epoch,
-                   backup_dir=self.backup_dir)
+        last = int(keras.ops.convert_to_numpy(iterations)) if iterations is not None else 0
+        if last < steps:  # an optimizer the model's own train_step does not use
+            last = batch + 1
+        for loss in losses:
+            if getattr(loss, "shape", ()) in ((), None):
+                check_loss(loss, first_step=last - steps + 1, last_step=last,
+                           epoch=self._epoch, backup_dir=self.backup_dir)
 
 
 def _global_step(model) -> int:

@@ -115,6 +115,24 @@ def _input_signature(model):
     return [keras.tree.map_structure(spec, structure)]
 
 
+def _check_serves(model) -> None:
+    """Refuses a model without a `call` of its own (a GAN written with its own
+    `train_step`): Keras' `call` raises, so there is nothing to serve.
+
+    Raises:
+        ValueError: naming the models it holds, which can be exported.
+    """
+    if type(model).call is not keras.Model.call:
+        return
+    held = [name for name, value in sorted(vars(model).items())
+            if isinstance(value, keras.Model) and not name.startswith("_")]
+    example = (f"; export a model it holds ({', '.join(held)}) from Python, e.g. "
+               f"tfmulti.training.export.saved_model(model.{held[0]}, OUTPUT)" if held else
+               "; give the model a call() to serve")
+    raise ValueError(f"model {model.name!r} ({type(model).__name__}) has no call() of its own, "
+                     f"so it has nothing to serve{example}.")
+
+
 def saved_model(model, path: str, *, overwrite: bool = False,
                 strategy: tf.distribute.Strategy | None = None) -> str | None:
     """Writes `model` to `path` as a SavedModel for serving, atomically.
@@ -135,8 +153,8 @@ def saved_model(model, path: str, *, overwrite: bool = False,
         `path` on the chief, None on other workers.
 
     Raises:
-        ValueError: `path` exists (and not `overwrite`) or is not writable, or the
-            model is not built.
+        ValueError: `path` exists (and not `overwrite`) or is not writable, the
+            model is not built, or it has no `call` of its own (nothing to serve).
         RuntimeError: called inside a strategy's scope (the copy would be made
             there); call it outside `strategy.scope()`.
     """
@@ -146,6 +164,7 @@ def saved_model(model, path: str, *, overwrite: bool = False,
     if tf.distribute.has_strategy():
         raise RuntimeError("export.saved_model copies the model onto one device; call it "
                            "outside `strategy.scope()`.")
+    _check_serves(model)
     if not model.built:
         raise ValueError(f"model {model.name!r} is not built; call it on a batch (or fit it) "
                          "before exporting.")
@@ -394,6 +413,7 @@ def rebuild(model_dir: str, spec: str, weights: str) -> keras.Model:
     if not isinstance(model, keras.Model):
         raise ValueError(f"--model {spec!r} returned {type(model).__name__}; expected a "
                          "keras.Model.")
+    _check_serves(model)
     if not model.built and input_shape is not None:
         model(_zeros(input_shape), training=False)
     try:

@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -65,10 +66,26 @@ OTHER_WORKER_LINE = "tfmulti: done; the chief reports the results and writes the
 """What a worker other than the chief prints instead of the results line."""
 
 
+def _main_metric(metrics: dict, output: str) -> str | None:
+    """The test figure the results line shows for `output` (one of several):
+    its accuracy, else its mean absolute error, else its first metric other
+    than its loss."""
+    prefix = f"test_{output}_"
+    for name in ("accuracy", "mae"):
+        if prefix + name in metrics:
+            return prefix + name
+    return next((k for k in sorted(metrics) if k.startswith(prefix) and k != prefix + "loss"),
+                None)
+
+
 def summary_line(metrics: dict) -> str:
     """The results line a run's chief prints (`tfmulti train`, recipes/train.py): the
     scores as `key=value` (four decimals), then the speed, the replicas, the
     distribution and the epochs in words. metrics.json keeps every figure whole.
+
+    A run of a model with several outputs (`outputs` lists them) shows each
+    output's main figure after the total loss: its accuracy, else its mean
+    absolute error, else its first metric.
 
     Example:
         >>> summary_line({"test_accuracy": 0.8125, "test_loss": 0.50118, "num_replicas": 4,
@@ -77,8 +94,12 @@ def summary_line(metrics: dict) -> str:
         'tfmulti: test_accuracy=0.8125, test_loss=0.5012, 25,656 examples/s, 4 replicas, \
 mirrored, 5 epochs'
     """
+    keys = [k for k in _SCORES[:3] if k in metrics]
+    keys += [k for k in map(functools.partial(_main_metric, metrics), metrics.get("outputs") or ())
+             if k is not None]
+    keys += [k for k in _SCORES[3:] if k in metrics]
     parts = [f"{k}={metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
-             for k in _SCORES if k in metrics]
+             for k in keys]
     if metrics.get("examples_per_second") is not None:
         parts.append(human.rate(metrics["examples_per_second"], "examples/s"))
     if "num_replicas" in metrics:

@@ -24,25 +24,25 @@ import keras
 import tensorflow as tf
 
 from tfmulti import data
+from tfmulti.config import keras_forms
 from tfmulti.config import train_config as config_lib
 from tfmulti.config import user_functions as hooks
 from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution
-from tfmulti.data.checks import check_model_fits
+from tfmulti.data import weights
+from tfmulti.data.checks import check_model_fits, one_hot_width
 from tfmulti.data.from_config import RunData, load_data
 from tfmulti.data.sources import FileSource
 from tfmulti.models import builders as models
 from tfmulti.models.from_config import build_model_for, transformer_sizes
-from tfmulti.runtime import devices
-from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.parallel.layouts import build_parallel_transformer
 from tfmulti.parallel.pipeline import PipelineModel
 from tfmulti.parallel.tensor_models import split_for_pipeline
+from tfmulti.runtime import devices
+from tfmulti.runtime import strategy as strategy_lib
+from tfmulti.training import compiling
 from tfmulti.utils import human
 
 __all__ = ["Run", "build_run"]
-
-_LEARNING_RATE_DEFAULT = TrainConfig().learning_rate
-
 
 @dataclasses.dataclass
 class Run:
@@ -159,8 +159,8 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
         tfmulti.data.DataNotFoundError: the dataset is not available offline.
     """
     config.validate()
-    named_optimizer = isinstance(config.optimizer, str)
-    if not named_optimizer and config.learning_rate != _LEARNING_RATE_DEFAULT:
+    if config.optimizer is not None and not isinstance(config.optimizer, str) \
+            and config.learning_rate is not None:
         raise ValueError(f"`learning_rate` ({config.learning_rate}) applies to an optimizer "
                          f"given by name; set the rate on your "
                          f"{type(config.optimizer).__name__} instead.")
@@ -168,6 +168,10 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
     if reuse is None:
         strategy = _strategy(config)
         run_data = load_data(config)
+        if config.class_weight is not None:  # each training example weighed by its class
+            given = (weights.balanced_class_weights(run_data.train)
+                     if config.class_weight == keras_forms.BALANCED else config.class_weight)
+            run_data.train = weights.with_class_weights(run_data.train, given)
     else:
         strategy = reuse.strategy
         run_data = RunData(reuse.train_data, reuse.test_data, reuse.info["input_shape"],
@@ -185,16 +189,11 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
     with models.mixed_precision_policy(config.mixed_precision):
         model = _model(config, strategy, run_data)
         output = models.output_head(model)[1]  # also a pipeline's (its last stage's)
-        models.compile_model(
-            model, task=run_data.task, strategy=None if config.model_parallel else strategy,
-            optimizer=config.optimizer,
-            learning_rate=config.learning_rate if named_optimizer else None,
-            loss=loss, metrics=list(config.metrics) if config.metrics else None,
-            lr_scaling=config.lr_scaling, global_batch_size=examples_per_step,
-            base_batch_size=config.base_batch_size, warmup_epochs=config.warmup_epochs,
-            steps_per_epoch=steps_per_epoch, steps_per_execution=steps_per_execution,
-            accumulate_steps=config.accumulate_steps, jit_compile=config.jit_compile,
-            one_hot_labels=run_data.one_hot_labels(output))
+        compiling.compile_for_run(
+            model, config, strategy=None if config.model_parallel else strategy, loss=loss,
+            task=run_data.task, one_hot_labels=_one_hot_labels(run_data, model, output),
+            global_batch_size=examples_per_step, steps_per_epoch=steps_per_epoch,
+            steps_per_execution=steps_per_execution)
     # labels and inputs the model takes, before the first epoch
     check_model_fits(run_data, model, output_shape=output)
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
@@ -214,12 +213,30 @@ def _evaluation_input(source, strategy, config: TrainConfig):
 
 
 def _loss(config: TrainConfig):
-    """The loss: a Keras name, the user's function (resolved from its hook and
-    checked to take `(y_true, y_pred)`), or a loss object."""
-    loss = hooks.resolve(config.loss, "loss") if config_lib.is_hook(config.loss) else config.loss
-    if callable(loss) and not isinstance(loss, (str, keras.losses.Loss)):
-        hooks.check_takes(loss, ("y_true", "y_pred"), "loss")
-    return loss
+    """The loss (None: not given): a Keras name, the user's function (resolved
+    from its hook and checked to take `(y_true, y_pred)`), or a loss object;
+    or a dict or list of them, one per output."""
+    def one(loss):
+        loss = hooks.resolve(loss, "loss") if config_lib.is_hook(loss) else loss
+        if callable(loss) and not isinstance(loss, (str, keras.losses.Loss)):
+            hooks.check_takes(loss, ("y_true", "y_pred"), "loss")
+        return loss
+
+    if isinstance(config.loss, dict):
+        return {key: one(value) for key, value in config.loss.items()}
+    if isinstance(config.loss, list):
+        return [one(value) for value in config.loss]
+    return one(config.loss)
+
+
+def _one_hot_labels(run_data: RunData, model, output_shape):
+    """Whether the labels are one-hot rows: for one output (`RunData.one_hot_labels`),
+    or for each part of labels of several parts, by its key."""
+    parts = run_data.label_parts()
+    if parts is None:
+        return run_data.one_hot_labels(output_shape)
+    found = {key: one_hot_width(spec, examples) is not None for key, spec, examples in parts}
+    return found if isinstance(parts[0][0], str) else list(found.values())
 
 
 def _if_unknown_size(source, steps):

@@ -32,24 +32,24 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tfmulti.utils.failpoints import failpoint
-from tfmulti.training import backup
-from tfmulti.memory import footprint
-from tfmulti.models import builders as models
-from tfmulti.parallel import tensor_models
-from tfmulti.runtime import roles
-from tfmulti.training import outputs
-from tfmulti.training import run as runs
-from tfmulti.models import rebuild
-from tfmulti.runtime import strategy as strategy_lib
-from tfmulti.training.outputs import MODEL_FILES, OUTPUTS
-from tfmulti.utils.atomic import write_json_atomic
+from tfmulti.config import keras_forms
 from tfmulti.config import user_functions as hooks
 from tfmulti.config.train_config import TrainConfig, parse_profile_steps
-from tfmulti.training.callbacks import EpochTimer, ProfileSteps, StopOnNonFiniteLoss
 from tfmulti.data import checks as data_checks
 from tfmulti.data.from_config import dataset_metrics
 from tfmulti.memory import estimate as memory
+from tfmulti.memory import footprint
+from tfmulti.models import builders as models
+from tfmulti.models import rebuild
+from tfmulti.parallel import tensor_models
+from tfmulti.runtime import roles
+from tfmulti.runtime import strategy as strategy_lib
+from tfmulti.training import backup, outputs
+from tfmulti.training import run as runs
+from tfmulti.training.callbacks import EpochTimer, ProfileSteps, StopOnNonFiniteLoss
+from tfmulti.training.outputs import MODEL_FILES, OUTPUTS
+from tfmulti.utils.atomic import write_json_atomic
+from tfmulti.utils.failpoints import failpoint
 
 __all__ = ["OUTPUTS", "train"]
 
@@ -63,20 +63,11 @@ _RESUMABLE_CHANGES = ("verbose", "overwrite", "keep_backup", "discard_unreadable
                       "tensorboard", "profile_steps")
 
 
-def _plain(value):
-    if isinstance(value, (int, float, str, bool, type(None))):
-        return value
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    return f"{module}:{name}" if module and name else type(value).__name__
-
-
 def _identity(config: TrainConfig) -> dict:
     """The configuration as JSON, without the fields a rerun may change (and
     `callbacks` only when set: the run file of a run without them, also one
     an earlier tfmulti wrote, stays the same)."""
-    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)
+    return {f.name: keras_forms.plain(getattr(config, f.name)) for f in dataclasses.fields(config)
             if f.name not in _RESUMABLE_CHANGES
             and not (f.name == "callbacks" and config.callbacks is None)}
 
@@ -164,6 +155,7 @@ def _write_outputs(config: TrainConfig, model, metrics: dict) -> str:
     one line naming the cause, the file and how to reload it. Returns the
     model's file name."""
     unpartitioned = _unpartitioned(config, model)
+    _mark_built_by_its_layers(unpartitioned)
     problem = rebuild.rebuild_problem(unpartitioned)
     why = f"{MODEL_FILE} would not load back"
 
@@ -193,6 +185,16 @@ def _write_outputs(config: TrainConfig, model, metrics: dict) -> str:
           f"to reload them, build the model with the run's model function "
           f"({config.model_name}), then call model.load_weights({path!r})", flush=True)
     return WEIGHTS_FILE
+
+
+def _mark_built_by_its_layers(model) -> None:
+    """A model whose own `train_step` trains its parts and never calls it (a
+    GAN without `call`) is never marked built, though all its layers are:
+    Keras then refuses to save its weights. It is marked built, as its
+    author does by hand (`model.built = True`) to save it."""
+    layers = getattr(model, "layers", None)
+    if not model.built and layers and all(layer.built for layer in layers):
+        model.built = True
 
 
 class _NotSaved(Exception):
@@ -347,12 +349,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     if writes:
         _say_if_weights_only(config, model)
     if config.model_parallel:
-        # Stages split over T devices are counted per device by the estimate
-        # (the placed pipeline's report counts one device per stage).
-        rows = (memory.estimate_for_config(config)["devices"]
-                if getattr(model, "tensor_parallel", 1) > 1
-                else footprint.pipeline_footprint(model, config.global_batch_size))
-        print(f"{model.plan.table()}\n{footprint.format_footprint(rows)}", flush=True)
+        print(_stage_table(config, model), flush=True)
     with _damaged_data_named(run):
         history, resumed_step, last_epoch, results, backed_up = _fit_and_evaluate(
             config, run, role, all_callbacks, verbose)
@@ -374,6 +371,24 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         backed_up.delete_backup()
     failpoint("train.done")
     return metrics
+
+
+def _stage_table(config: TrainConfig, model) -> str:
+    """The pipeline's stages and the bytes each device holds (without the
+    bytes where a dimension of the activations is known only from the data,
+    such as a sequence length the model leaves open: one line says so)."""
+    try:
+        # Stages split over T devices are counted per device by the estimate
+        # (the placed pipeline's report counts one device per stage).
+        rows = (memory.estimate_for_config(config)["devices"]
+                if getattr(model, "tensor_parallel", 1) > 1
+                else footprint.pipeline_footprint(model, config.global_batch_size))
+    except ValueError as e:
+        if "fully known shapes" not in str(e):
+            raise
+        return (f"{model.plan.table()}\ntfmulti: no memory table: the model leaves a "
+                f"dimension of its activations open ({str(e).split(';')[0]})")
+    return f"{model.plan.table()}\n{footprint.format_footprint(rows)}"
 
 
 def _fit_and_evaluate(config: TrainConfig, run: runs.Run, role, all_callbacks, verbose):
@@ -460,7 +475,7 @@ def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[fl
         "accumulate_steps": config.accumulate_steps,
         "per_replica_batch_size": run.per_replica_batch_size,
         "learning_rate": _learning_rate(model),
-        "epochs_completed": resumed_step // run.steps_per_epoch + len(history.get("loss", [])),
+        "epochs_completed": resumed_step // run.steps_per_epoch + _epochs_trained(history),
         "resumed_from_step": resumed_step,
         "steps_per_epoch": run.steps_per_epoch,
         "steps_per_execution": run.steps_per_execution,
@@ -475,17 +490,26 @@ def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[fl
     for name, values in history.items():  # the last epoch's: loss -> train_loss, val_loss
         metrics[name if name.startswith("val_") else f"train_{name}"] = (
             values[-1] if values else None)
-    if "loss" not in history:  # nothing trained here: the last epoch's totals from the backup
+    if not _epochs_trained(history):  # nothing trained here: the last epoch's, from the backup
         metrics.update({name if name.startswith("val_") else f"train_{name}": value
                         for name, value in last_epoch.items()} or {"train_loss": None})
     for name, value in results.items():
         metrics[f"test_{name}"] = value
+    found = models.output_heads(model)
+    if len(found) > 1:  # the results line shows each output's main figure
+        metrics["outputs"] = [head.key for head in found]
     if config.model_parallel:
         metrics.update(num_stages=model.num_stages, num_microbatches=model.num_microbatches,
                        partition_sizes=list(model.plan.sizes),
                        partition_balance=model.plan.balance)
     return {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, str, list))
                 else v) for k, v in metrics.items()}
+
+
+def _epochs_trained(history: dict) -> int:
+    """The epochs `fit`'s history holds (its logs: Keras' "loss", or those of
+    a train_step of the user's, a GAN's "d_loss" and "g_loss")."""
+    return max((len(values) for values in history.values()), default=0)
 
 
 def _learning_rate(model) -> float | None:
