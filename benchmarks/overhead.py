@@ -23,7 +23,7 @@ import time
 
 from tfmulti.utils import checks
 from benchmarks import _harness
-from tfmulti.config.train_config import TrainConfig
+from tfmulti.config.train_config import DEFAULT_LEARNING_RATE, TrainConfig
 
 __all__ = ["SETTINGS", "TOY", "check", "plot", "run", "summarize", "worker"]
 
@@ -64,7 +64,7 @@ def worker(repeats: int, global_batch_size: int, steps_per_execution: int,
     run = runs.build_run(config)
     reference = runs.build_run(config, reuse=run).model  # the same initial weights
     with run.strategy.scope():  # the optimizer compile_model gives fit: same work
-        optimizer = optimizers.fused_adam(config.learning_rate)
+        optimizer = optimizers.fused_adam(DEFAULT_LEARNING_RATE)
     loop = CustomLoop(reference, run.strategy, optimizer, global_batch_size, k)
     iterator = iter(run.train_input.dataset)
     loop.train(iterator, calls_per_block)  # traces, fills the pipeline

@@ -213,3 +213,33 @@ def test_tfmulti_train_of_a_compiled_two_output_model(distribution, tmp_path, ca
     assert metrics["test_loss"] == pytest.approx(evaluated["loss"], rel=0.01)
     assert out.splitlines()[-1] == outputs.summary_line(metrics)
     assert "training the model as your model function compiled it (RMSprop" in out
+
+
+def test_estimate_memory_of_a_compiled_two_output_model_counts_its_own_optimizer(capsys):
+    """`tfmulti estimate-memory` of the model function that compiles with RMSprop
+    (one slot a weight): its slots, not Adam's two; Adam's where given."""
+    flags = ["estimate-memory", "--model=tests.two_outputs:build",
+             "--dataset=tests.two_outputs:data", "--global_batch_size=64", "--json"]
+    code, err, out = cli_main([*flags, "--distribution=pipeline", "--num_stages=2"], capsys)
+    assert code == 0, err
+    estimate = json.loads(out)
+    assert estimate["optimizer"] == "rmsprop"
+    first, last = estimate["devices"]
+    assert last["optimizer_slots"] == last["parameters"] > 0  # one slot a weight
+    code, err, out = cli_main([*flags, "--optimizer=adam", "--distribution=mirrored",
+                               "--num_virtual_devices=2"], capsys)
+    assert code == 0, err
+    row = json.loads(out)["devices"][0]
+    assert row["optimizer_slots"] == 2 * row["parameters"]
+
+
+def test_the_default_metrics_are_made_under_the_strategys_scope():
+    """Their variables are the strategy's, so that the replicas' (and the
+    workers') counts are summed; made outside, each worker logged its own."""
+    import tensorflow as tf
+
+    run = build_run(TrainConfig(**{**TWO, "model": two_outputs.build_plain}, **MIRRORED))
+    metrics = run.model._compile_config.config["metrics"]
+    for metric in (m for per_output in metrics.values() for m in per_output):
+        assert metric.variables and all(
+            isinstance(v.value, tf.distribute.DistributedValues) for v in metric.variables)

@@ -36,8 +36,8 @@ from tfmulti.config import keras_forms
 from tfmulti.utils import checks
 from tfmulti.utils import human
 
-__all__ = ["AUTO_STEPS_PER_EXECUTION", "BUILTIN_MODELS", "COUNT_LIMITS", "DIAGNOSE_DISTRIBUTIONS",
-           "DISTRIBUTIONS", "HOOK_PATTERN", "MAX_COUNT", "MAX_DEVICES", "MAX_SEED",
+__all__ = ["AUTO_STEPS_PER_EXECUTION", "BUILTIN_MODELS", "COUNT_LIMITS", "DEFAULT_LEARNING_RATE",
+           "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "HOOK_PATTERN", "MAX_COUNT", "MAX_DEVICES", "MAX_SEED",
            "MAX_SYNTHETIC_EXAMPLES", "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS",
            "TRANSFORMER", "TRANSFORMER_LIMITS", "TrainConfig", "check_directory", "check_limits",
            "check_posix_path", "check_transformer_sizes", "is_hook", "largest_divisor",
@@ -59,6 +59,9 @@ TRANSFORMER = "transformer"
 BUILTIN_MODELS = {**MODEL_TASKS, TRANSFORMER: "classification"}
 """Every built-in model name and its task (the transformer predicts the next byte)."""
 TASKS = ("classification", "regression")
+DEFAULT_LEARNING_RATE = 1e-3
+"""The learning rate of an optimizer given by name when none is given (and the model
+function compiled no optimizer of its own)."""
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "adafactor",
               "nadam", "ftrl", "lion", "muon", "schedulefreeadamw")
 """The optimizer names Keras builds (`keras.optimizers.get`; a test keeps the two in step)."""

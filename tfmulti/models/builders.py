@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from tfmulti.config.train_config import (
+    DEFAULT_LEARNING_RATE,
     LR_SCALINGS,
     MIXED_PRECISION,
     MODEL_TASKS,
@@ -370,7 +371,7 @@ def compile_model(
     named = isinstance(optimizer, str)
     if named:
         checks.one_of("optimizer", optimizer.lower(), OPTIMIZERS)
-        learning_rate = 1e-3 if learning_rate is None else learning_rate
+        learning_rate = DEFAULT_LEARNING_RATE if learning_rate is None else learning_rate
         checks.positive_number("learning_rate", learning_rate)
     elif learning_rate is not None:
         raise ValueError(f"`learning_rate` ({learning_rate}) applies to an optimizer given by "

@@ -217,6 +217,12 @@ def _split_structure(value, num: int) -> list:
     return [tf.nest.pack_sequence_as(value, part) for part in _split_all(flat, num)]
 
 
+_LOGITS = "_keras_logits"
+"""The attribute by which Keras' TensorFlow `sigmoid` and `softmax` hand their
+input to the cross-entropies (keras/src/backend/tensorflow/nn.py): a loss of
+such an output is computed from these logits, not from the output."""
+
+
 def _concat(parts: list):
     """Outputs of consecutive slices of a batch (each the model's output
     structure), joined along the batch axis, tensor by tensor; a Keras mask
@@ -245,12 +251,6 @@ def _stop_gradient(tensor):
     if mask is not None:
         set_keras_mask(out, mask)
     return out
-
-
-_LOGITS = "_keras_logits"
-"""The attribute by which Keras' TensorFlow `sigmoid` and `softmax` hand their
-input to the cross-entropies (keras/src/backend/tensorflow/nn.py): a loss of
-such an output is computed from these logits, not from the output."""
 
 
 def _differentiable(structure) -> list:

@@ -92,11 +92,14 @@ def compile_for_run(model, config: TrainConfig, *, strategy, loss, task, one_hot
         loss = authored.loss
     metrics = config.metrics if config.metrics is not None else (
         authored.metrics if authored is not None else None)
-    # tfmulti's defaults where neither the configuration nor the author gave them.
-    if loss is None and task is not None and not models.trains_by_own_step(model):
-        loss = heads.default_loss(task, model, one_hot=one_hot_labels)
-    if metrics is None and authored is None and task is not None:
-        metrics = heads.default_metrics(task, model, one_hot=one_hot_labels)
+    # tfmulti's defaults where neither the configuration nor the author gave them,
+    # made under the strategy's scope (a metric's variables are the replicas' and
+    # workers' to aggregate only if made there).
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        if loss is None and task is not None and not models.trains_by_own_step(model):
+            loss = heads.default_loss(task, model, one_hot=one_hot_labels)
+        if metrics is None and authored is None and task is not None:
+            metrics = heads.default_metrics(task, model, one_hot=one_hot_labels)
     chosen = _by_output(model, {
         "loss": loss, "metrics": metrics,
         "weighted_metrics": _first(config.weighted_metrics, authored, "weighted_metrics"),
