@@ -110,6 +110,31 @@ def test_several_outputs_fit_evaluate_and_predict_as_keras(replicas, micro, accu
                              loaded.predict(x[:13], verbose=0), predicted[1])
 
 
+def test_a_model_compiled_by_its_author_saves_with_the_pipelines_optimizer_state(tmp_path):
+    # The model compiled by its author (its own optimizer), trained as a hybrid
+    # whose optimizer holds both replicas' variables in the stages' order: the
+    # saved model's optimizer holds replica 0's state in the model's own order,
+    # so that Keras loads it (by position) without "Skipping variable loading".
+    model = _triage()
+    model.compile(optimizer=keras.optimizers.RMSprop(1e-2, momentum=0.9), loss="mse")
+    pipeline = PipelineModel(model, num_stages=2, num_microbatches=2, num_replicas=2)
+    pipeline.compile(optimizer=keras.optimizers.RMSprop(1e-2, momentum=0.9), loss="mse")
+    x, y, _ = _triage_data()
+    pipeline.fit(x, {"priority": y["priority"], "department": keras.ops.one_hot(
+        y["department"], 4)}, batch_size=BATCH, epochs=2, verbose=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pipeline.save(tmp_path / "model.keras")
+        loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert not [w for w in caught if "Skipping variable loading" in str(w.message)]
+    trained = {v.name: np.asarray(v.value) for v in pipeline.optimizer.variables}
+    assert int(loaded.optimizer.iterations) == 2
+    for variable in loaded.optimizer.variables:
+        np.testing.assert_allclose(np.asarray(variable.value), trained[variable.name])
+    assert sum(np.abs(np.asarray(v.value)).sum() > 0 for v in loaded.optimizer.variables[2:]) \
+        == 2 * len(model.trainable_variables)  # momentum and velocity of each weight
+
+
 def test_the_heads_are_cut_with_the_last_stage_and_counted_there():
     # The last block returns the model's outputs as the model does (a dict);
     # the memory model counts both heads' outputs on the last stage.

@@ -793,9 +793,34 @@ class PipelineModel(keras.Model):
 
     def save(self, filepath, overwrite=True, zipped=None, **kwargs):
         """Saves the unpartitioned model, `to_model()` (the user's own, with
-        its trained weights), as `keras.Model.save` would save it: a file
+        its trained weights, and its own optimizer's state where it has one:
+        `give_optimizer_state`), as `keras.Model.save` would save it: a file
         anyone loads without tfmulti (Keras' `ModelCheckpoint` calls this)."""
-        return self.to_model().save(filepath, overwrite=overwrite, zipped=zipped, **kwargs)
+        model = self.to_model()
+        self.give_optimizer_state(model)
+        return model.save(filepath, overwrite=overwrite, zipped=zipped, **kwargs)
+
+    def give_optimizer_state(self, model) -> None:
+        """Gives `model` (`to_model()`), compiled with an optimizer of its own
+        (its author's compile), this pipeline's optimizer state for its
+        variables: the pipeline's optimizer holds its stages' variables (a
+        hybrid's replica copies too) in the stages' order, and Keras loads a
+        saved optimizer's variables by position, in the model's own order.
+        Each of the model's optimizer variables takes the value of the
+        pipeline's of the same name (Keras names a slot after its variable's
+        path: replica 0's are the model's own), so that the saved model
+        resumes training as trained. Nothing for a model without an
+        optimizer of its own."""
+        own, trained = getattr(model, "optimizer", None), getattr(self, "optimizer", None)
+        if own is None or trained is None or own is trained:
+            return
+        if not own.built:
+            own.build(model.trainable_variables)
+        by_name = {v.name: v for v in trained.variables}
+        for variable in own.variables:
+            source = by_name.get(variable.name)
+            if source is not None and tuple(source.shape) == tuple(variable.shape):
+                variable.assign(source.value)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
         """Saves the unpartitioned model's weights (`to_model().save_weights`):

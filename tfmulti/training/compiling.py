@@ -84,9 +84,10 @@ def compile_for_run(model, config: TrainConfig, *, strategy, loss, task, one_hot
     optimizer, learning_rate = _optimizer(config, authored, strategy)
     if authored is not None and optimizer is authored.optimizer and _source(model) is not model:
         # A pipeline's optimizer holds its stages' variables (a hybrid's replicas'
-        # copies too), in the stages' order; the user's model, which the run saves,
-        # keeps the author's optimizer unbuilt, so that its model.keras loads back
-        # (Keras builds a loaded model's optimizer over the model's own variables).
+        # copies too), in the stages' order: it is a copy, and the user's model,
+        # which the run saves, keeps the author's, given the trained state for its
+        # own variables in its own order when saved (`give_optimizer_state`), as
+        # Keras loads it back.
         optimizer = type(optimizer).from_config(optimizer.get_config())
     if loss is None and authored is not None:
         loss = authored.loss

@@ -130,6 +130,7 @@ def _unpartitioned(config: TrainConfig, model):
     if not config.model_parallel:
         return model
     unpartitioned = model.to_model(name=config.model if config.builtin_model else None)
+    model.give_optimizer_state(unpartitioned)  # a model compiled by its model function
     if config.tensor_parallel > 1 and not config.builtin_model:
         # The user's model split by `split_layers`: saved joined, so that its
         # weights load into the model the user's function builds.
