@@ -15,7 +15,6 @@ import pytest
 from absl import flags
 
 from tfmulti.config import flags as config_flags
-from tfmulti.config import keras_forms
 from tfmulti.config.train_config import TrainConfig, _field
 
 FIELD_NAMES = [f.name for f in dataclasses.fields(TrainConfig)]
@@ -47,6 +46,15 @@ SAMPLE = TrainConfig(
     verbose=2, tensorboard=False, profile_steps="2,3", callbacks="tests.own_model:callbacks")
 
 
+def _form_text(value) -> str:
+    """A tuple or dict of Keras' per-output forms as flag text (`keras_forms.parse`'s
+    inverse): a dict's items NAME=VALUE, several values of one name repeated."""
+    if isinstance(value, dict):
+        return ",".join(f"{k}={item}" for k, v in value.items()
+                        for item in (v if isinstance(v, (list, tuple)) else (v,)))
+    return ",".join(map(str, value))
+
+
 def _flags_for(config, *, absl_bools: bool) -> list[str]:
     """`config`'s non-default fields as `--name=value` flags."""
     out = []
@@ -58,7 +66,7 @@ def _flags_for(config, *, absl_bools: bool) -> list[str]:
             out.append(f"--{'' if value else 'no'}{f.name}" if absl_bools
                        else f"--{f.name}={str(value).lower()}")
         elif isinstance(value, (tuple, dict)):
-            out.append(f"--{f.name}={keras_forms.describe(value)}")
+            out.append(f"--{f.name}={_form_text(value)}")
         else:
             out.append(f"--{f.name}={value}")
     return out

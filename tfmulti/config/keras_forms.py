@@ -40,7 +40,7 @@ import math
 import numbers
 import re
 
-__all__ = ["BALANCED", "FORMS", "check", "describe", "parse", "plain"]
+__all__ = ["BALANCED", "FORMS", "check", "parse", "plain"]
 
 FORMS = ("loss", "metrics", "loss_weights", "class_weight")
 """The fields that take Keras' per-output (or per-class) forms; `weighted_metrics`
@@ -231,18 +231,3 @@ def plain(value):
     if module and getattr(value, "__qualname__", None):
         return f"{module}:{qualname}"
     return type(value).__name__
-
-
-def describe(value) -> str:
-    """`value` in its flag form, for messages.
-
-    Example:
-        >>> describe({"priority": ("accuracy", "auc"), "department": "mse"})
-        'priority=accuracy,priority=auc,department=mse'
-    """
-    if isinstance(value, dict):
-        return ",".join(f"{k}={describe(item)}" for k, v in value.items()
-                        for item in (v if isinstance(v, (list, tuple)) else (v,)))
-    if isinstance(value, (list, tuple)):
-        return ",".join(describe(v) for v in value)
-    return str(plain(value))

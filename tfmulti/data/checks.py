@@ -522,7 +522,8 @@ def _outputs_to_check(run_data, model, output_shape):
             loss[position] if position < len(loss) else None)
         part_task = task.get(key) if isinstance(task, dict) else (
             task[position] if isinstance(task, list) and position < len(task) else task)
-        label_key = key if isinstance(task, dict) or not isinstance(task, list) else position
+        # Labels of several parts are a dict by output name or a tuple by position.
+        label_key = position if isinstance(task, list) else key
         found.append((label_key, _name_of(part_loss), tuple(out.shape), part_task))
     return found
 

@@ -87,14 +87,7 @@ class RunData:
         position; its per-example `tf.TensorSpec`; its first values as
         (None, label) examples, for `tfmulti.data.checks.one_hot_width`);
         None for labels of one tensor."""
-        labels = _labels_spec(_spec_of(self.train))
-        if not isinstance(labels, (dict, tuple, list)):
-            return None
-        keys = list(labels) if isinstance(labels, dict) else list(range(len(labels)))
-        examples = [e for e in (self.samples or {}).get("training", [])
-                    if isinstance(e, tuple) and len(e) >= 2]
-        return [(key, labels[key], [(None, np.asarray(e[1][key])) for e in examples])
-                for key in keys]
+        return _label_parts(self.train, (self.samples or {}).get("training", []))
 
     def one_hot_labels(self, output_shape=None) -> bool:
         """Whether a classifier's labels are one-hot rows: shaped per example
@@ -200,7 +193,7 @@ def _user_data(config: TrainConfig, data_dir: str) -> RunData:
         # stay a regression's, unless the function says 'task').
         task = _task_of(labels, examples)
     elif task is None and isinstance(labels, (dict, tuple, list)):  # a task per output
-        parts = RunData(train, test, None, None, samples=samples).label_parts()
+        parts = _label_parts(train, examples or [])
         tasks = [_task_of(spec, part) for _, spec, part in parts]
         task = ({key: t for (key, _, _), t in zip(parts, tasks)} if isinstance(labels, dict)
                 else tasks)
@@ -208,6 +201,17 @@ def _user_data(config: TrainConfig, data_dir: str) -> RunData:
         # the labels' width (class ids: counted if a model asks)
         num_classes = checks.one_hot_width(labels, examples)
     return RunData(train, test, _shape(features), task, num_classes, samples, validation)
+
+
+def _label_parts(train, examples: list) -> list[tuple] | None:
+    """`RunData.label_parts` of the training split `train`, from its first
+    `examples`."""
+    labels = _labels_spec(_spec_of(train))
+    if not isinstance(labels, (dict, tuple, list)):
+        return None
+    keys = list(labels) if isinstance(labels, dict) else list(range(len(labels)))
+    pairs = [e for e in examples if isinstance(e, tuple) and len(e) >= 2]
+    return [(key, labels[key], [(None, np.asarray(e[1][key])) for e in pairs]) for key in keys]
 
 
 def _task_of(labels, examples) -> str | None:

@@ -39,10 +39,6 @@ from tfmulti.data.sources import FileSource
 __all__ = ["balanced_class_weights", "check_class_weights", "with_class_weights"]
 
 
-def _spec(source):
-    return source.element_spec
-
-
 def check_class_weights(source, what: str = "training") -> None:
     """Refuses data that class weights cannot weigh, before anything is built.
 
@@ -51,7 +47,7 @@ def check_class_weights(source, what: str = "training") -> None:
             model with several outputs), labels that are not numbers, or
             examples that carry sample weights already.
     """
-    spec = _spec(source)
+    spec = source.element_spec
     if not isinstance(spec, tuple) or len(spec) < 2:
         raise ValueError(f"`class_weight` weighs examples by their labels, and the {what} "
                          "split has none; give (features, labels) examples, or leave "

@@ -144,23 +144,27 @@ def output_head(model) -> tuple[str | None, tuple | None]:
     return found[0].activation, found[0].shape
 
 
-def per_output(value, heads: list[Head]) -> list:
+def per_output(value, heads: list[Head], name: str = "value") -> list:
     """`value` (one for all outputs, a dict by key, or a list by position)
     as a list in the order of `heads`.
 
     Raises:
-        ValueError: a dict naming no output of these, or a list of another length.
+        ValueError: a dict naming what is no output of these, or a list of
+            another length (the message names the argument `name`).
     """
+    keys = [h.key for h in heads]
     if isinstance(value, dict):
-        unknown = sorted(set(value) - {h.key for h in heads})
+        unknown = sorted(set(value) - set(keys))
         if unknown:
-            raise ValueError(f"{unknown} name no output of the model; its outputs are "
-                             f"{[h.key for h in heads]}.")
-        return [value.get(h.key) for h in heads]
-    if isinstance(value, (list, tuple)) and len(heads) > 1:
+            verb = "is" if len(unknown) == 1 else "are"
+            raise ValueError(f"`{name}` names {unknown}, which {verb} no output of the model; "
+                             f"its outputs are {keys}.")
+        return [value.get(key) for key in keys]
+    if isinstance(value, (list, tuple)):
         if len(value) != len(heads):
-            raise ValueError(f"{len(value)} values for the model's {len(heads)} outputs "
-                             f"{[h.key for h in heads]}; give one each, or a dict by name.")
+            raise ValueError(f"`{name}` gives {len(value)} values for the model's {len(heads)} "
+                             f"output{'s' if len(heads) > 1 else ''} {keys}; give one each (in "
+                             "their order), or a dict by output name.")
         return list(value)
     return [value] * len(heads)
 
@@ -208,7 +212,7 @@ def default_loss(task, model: keras.Model | None = None, *, one_hot=False):
     a dict of losses by output key.
     """
     found = output_heads(model) if model is not None else [Head(None, None, None)]
-    tasks, hots = per_output(task, found), per_output(one_hot, found)
+    tasks, hots = per_output(task, found, "task"), per_output(one_hot, found, "one_hot")
     return _structured([_one_loss(t, h, o) for t, h, o in zip(tasks, found, hots)], found)
 
 
@@ -218,7 +222,7 @@ def default_metrics(task, model: keras.Model | None = None, *, one_hot=False):
     for a model with several outputs a dict of lists by output key (`task`
     and `one_hot` as `default_loss` takes them)."""
     found = output_heads(model) if model is not None else [Head(None, None, None)]
-    tasks, hots = per_output(task, found), per_output(one_hot, found)
+    tasks, hots = per_output(task, found, "task"), per_output(one_hot, found, "one_hot")
     return _structured([_one_metrics(t, h, o) for t, h, o in zip(tasks, found, hots)], found)
 
 

@@ -130,31 +130,22 @@ def _listed(names: list[str], quote: str = "`") -> str:
 
 
 def _by_output(model, values: dict) -> dict:
-    """The per-output values given as dicts, checked against the model's
-    outputs; loss weights given for some outputs only: 1 for the others.
+    """The per-output values checked against the model's outputs (a dict's
+    names; a list of losses or loss weights, one per output); loss weights
+    given for some outputs only: 1 for the others.
 
     Raises:
-        ValueError: a name that is no output of the model.
+        ValueError: a name that is no output of the model, or a list of
+            another length.
     """
     found = heads.output_heads(model)
-    keys = [h.key for h in found]
     for name, value in values.items():
-        if isinstance(value, list) and name in ("loss", "loss_weights") and \
-                len(value) != len(found):
-            raise ValueError(f"`{name}` gives {len(value)} values for the model's "
-                             f"{len(found)} output{'s' if len(found) > 1 else ''} {keys}; give "
-                             "one each (in their order), or a dict by output name.")
-        if not isinstance(value, dict):
-            continue
-        unknown = sorted(set(value) - set(keys))
-        if unknown or len(found) == 1:
-            outputs = (f"its outputs are {keys}" if len(found) > 1 else
-                       "it has one output: give one value, not a dict")
-            raise ValueError(f"`{name}` names {unknown or sorted(value)}, which "
-                             f"{'is' if len(unknown or value) == 1 else 'are'} no output of "
-                             f"the model; {outputs}.")
-        if name == "loss_weights":
-            values[name] = {key: value.get(key, 1.0) for key in keys}
+        # (A plain list of metrics is every output's, not one per output.)
+        if isinstance(value, dict) or (isinstance(value, list) and
+                                       name in ("loss", "loss_weights")):
+            given = heads.per_output(value, found, name)
+            if name == "loss_weights" and isinstance(value, dict):
+                values[name] = {h.key: 1.0 if w is None else w for h, w in zip(found, given)}
     return values
 
 
