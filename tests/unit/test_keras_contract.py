@@ -95,6 +95,20 @@ def test_the_forms_of_keras_compile_in_the_configuration():
     assert compiled["weighted_metrics"] == {"priority": ["auc"]}
 
 
+def test_one_output_compiled_with_a_loss_dict_by_its_name_is_taken(capsys):
+    """Keras takes a dict by the output's name for a model of one output."""
+    def build():
+        x = keras.Input((4,))
+        model = keras.Model(x, keras.layers.Dense(1, name="score")(x))
+        model.compile(optimizer="sgd", loss={"score": "mse"}, metrics={"score": ["mae"]})
+        return model
+
+    run = build_run(TrainConfig(model=build, dataset=two_outputs.rare_data,
+                                global_batch_size=64))
+    assert run.model.loss == {"score": "mse"}
+    assert "as your model function compiled it (SGD, loss {score: mse}" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(loss_weights={"prio": 1.0}), r"^`loss_weights` names \['prio'\], which is no output "
                                        r"of the model; its outputs are \['department', "
