@@ -4,7 +4,8 @@ model can learn in a few steps. Each module offers tfmulti's hooks
 (`build`, the model function; `data`, the dataset function) and what plain
 Keras needs to run it as published (`COMPILE`, `FIT`; `TFMULTI`: the flags a
 user passes tfmulti for it, where there are any; `CHAIN`: whether its model
-is a chain of layers a pipeline can cut), so that
+is a chain of layers a pipeline can cut; `COMPARE_TRAIN_LOSS`, where set:
+its comparison takes the training loss too, as the harness says), so that
 `tests/integration/test_corpus.py` can train it through every path and
 compare with plain Keras on one device.
 
@@ -43,10 +44,14 @@ Programs (module: what it exercises):
   passes the mask on, an LSTM that skips the padded steps; zero-padded
   sequences of varying length; a chain the pipeline cuts with the mask;
 - `built_in_methods_add_loss`: an MLP with a layer that calls `add_loss`
-  (0.1 x the sum of its inputs over the batch), a loss from logits.
+  (0.1 x the sum of its inputs over the batch), a loss from logits;
+- `oxford_pets_segmentation`: a U-Net (residual blocks, BatchNormalization)
+  with a per-pixel softmax, trained from the source's `keras.utils.PyDataset`,
+  which decodes image and mask files in Python and flips them together; the
+  test split is a PyDataset too.
 """
 
 PROGRAMS = ("mnist_convnet", "timeseries_classification", "text_transformer",
             "structured_data", "vae", "denoising_autoencoder", "gan",
             "functional_api_multi_io", "imbalanced_classification", "masking_and_padding",
-            "built_in_methods_add_loss")
+            "built_in_methods_add_loss", "oxford_pets_segmentation")

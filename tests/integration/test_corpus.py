@@ -19,7 +19,9 @@ Tolerances (reasoned in `tests/corpus/harness.py`): the test loss within
 0.15 + 30% of the reference's, the test accuracy within 0.15 of it and at
 least 0.1 above chance (the majority class's share); they differ at all by
 the batch order, per-replica BatchNormalization statistics and Dropout masks.
-The programs take 1-2 epochs of a few hundred examples each.
+The programs take 1-2 epochs of a few hundred examples each, as their
+dataset functions return them: arrays, datasets, or (the segmentation) a
+`keras.utils.PyDataset` that plain Keras' `fit` takes as it is.
 """
 
 from __future__ import annotations

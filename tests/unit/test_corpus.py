@@ -5,13 +5,15 @@ layers take no `**kwargs`, the convnet's labels are one-hot, the VAE is
 subclassed with its own `train_step`, the GAN has no `call` and its own
 `compile`, the ticket model's two outputs are compiled with a dict of losses
 and loss weights, the fraud model's class weights are the source's, the
-masked LSTM skips the padding, the MLP adds a loss of its own); and the
-harness compares what each shape of program reports. The training is in
-`tests/integration/test_corpus.py`."""
+masked LSTM skips the padding, the MLP adds a loss of its own, the
+segmentation's loader is a PyDataset that decodes files and flips image and
+mask together); and the harness compares what each shape of program
+reports. The training is in `tests/integration/test_corpus.py`."""
 
 from __future__ import annotations
 
 import inspect
+import os
 
 import keras
 import numpy as np
@@ -25,11 +27,9 @@ from tests.corpus.harness import PROGRAMS
 def _built(name):
     module = harness.load(name)
     wanted = hooks.parameters(module.build)
-    train = module.data(seed=0)
-    train = train["train"] if isinstance(train, dict) else train[0]
     offered = {"seed": 0}
     if "input_shape" in wanted:
-        offered["input_shape"] = train[0].shape[1:]
+        offered["input_shape"] = harness.input_shape(harness.splits(name)[0])
     return hooks.call(module.build, offered, "model"), module
 
 
@@ -81,8 +81,8 @@ def test_a_program_without_compile_arguments_builds_its_model_compiled(name):
 def test_model_takes_its_data(name):
     """The model's output fits the labels' shape (each output its labels'),
     on a few examples."""
-    model, module = _built(name)
-    (x, y), (x_test, y_test) = module.data(seed=0)
+    model, _ = _built(name)
+    (x, y), (x_test, y_test) = (harness.as_arrays(split) for split in harness.splits(name))
     assert _shapes(x) == _shapes(x_test) and _shapes(y) == _shapes(y_test)
     out = model(_head(x, 4), training=False)
     if isinstance(y, dict):  # several outputs, by name
@@ -242,6 +242,33 @@ def test_the_masked_lstm_skips_the_padding():
     assert not np.allclose(model(few), model(unmasked), atol=1e-6)
 
 
+def test_the_segmentation_s_py_dataset_decodes_files_and_flips_image_and_mask_together():
+    """The source's loader, a PyDataset that decodes image and trimap files in
+    Python: masks of the classes 0, 1, 2 (the trimaps' 1, 2, 3 less one), the
+    pet bright over a dark background; the training loader flips some images
+    with their masks and leaves the others, the test loader reads the files as
+    they are, the same every time."""
+    module = harness.load("oxford_pets_segmentation")
+    train, test = harness.splits("oxford_pets_segmentation")
+    assert type(train) is type(test) is module.OxfordPets
+    assert isinstance(train, keras.utils.PyDataset) and (len(train), len(test)) == (16, 4)
+    assert os.path.exists(train.input_img_paths[0]) and train.target_img_paths[0].endswith(".png")
+    x, y = train[0]
+    assert x.shape == (32, *module.img_size, 3) and y.shape == (32, *module.img_size, 1)
+    pet, background = x[y[..., 0] == 0], x[y[..., 0] == 1]
+    assert set(np.unique(y)) == {0, 1, 2} and pet.mean() > 3 * background.mean()
+    plain = module.OxfordPets(train.batch_size, train.img_size, train.input_img_paths,
+                              train.target_img_paths)
+    x_kept, y_kept = plain[0]
+    same = [np.array_equal(x[j], x_kept[j]) and np.array_equal(y[j], y_kept[j])
+            for j in range(32)]
+    mirrored = [np.array_equal(x[j], x_kept[j, :, ::-1]) and
+                np.array_equal(y[j], y_kept[j, :, ::-1]) for j in range(32)]
+    assert all(a or b for a, b in zip(same, mirrored)) and not all(same) and not all(mirrored)
+    first, again = test[1], test[1]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+
+
 def test_the_mlp_adds_the_activity_loss_of_its_own_layer():
     """The guide's pass-through layer adds 0.1 x the sum of dense_1's
     activations over the whole batch to the model's losses."""
@@ -282,6 +309,31 @@ def test_class_weights_are_checked_on_the_weighted_training_loss_and_recall():
     with pytest.raises(AssertionError, match="recall 0.700 vs 1.000"):
         harness.assert_close("imbalanced_classification", {**run, "test_recall": 0.7}, ref,
                              "here")
+
+
+def test_the_chance_loss_is_the_entropy_of_the_class_shares():
+    assert harness.chance_loss("mnist_convnet") == pytest.approx(np.log(10), abs=0.05)
+    _, masks = harness.held_out("oxford_pets_segmentation")  # per pixel
+    shares = np.bincount(masks.reshape(-1)) / masks.size
+    assert harness.chance_loss("oxford_pets_segmentation") == pytest.approx(
+        -(shares * np.log(shares)).sum())
+
+
+def test_a_program_comparing_its_training_loss_must_have_learned_in_training():
+    """The segmentation's inference-mode test loss lags its training: its
+    training loss is also compared, and must be below the chance loss."""
+    name = "oxford_pets_segmentation"
+    floor = harness.chance_loss(name)
+    ref = {"test_loss": 0.7, "history": {"loss": [2.9, 0.5]}}
+    line = harness.assert_close(name, {"test_loss": 0.75, "train_loss": 0.55}, ref, "here")
+    assert line == (f"{name} here: test_loss 0.7500 vs plain Keras 0.7000, "
+                    f"train_loss 0.5500 vs 0.5000 (chance {floor:.4f})")
+    with pytest.raises(AssertionError, match="train_loss 0.9000 vs 0.5000"):
+        harness.assert_close(name, {"test_loss": 0.75, "train_loss": 0.9}, ref, "here")
+    near_chance = {"test_loss": 0.7, "history": {"loss": [2.9, floor - 0.1]}}
+    with pytest.raises(AssertionError, match=rf"train_loss {floor + 0.01:.4f} vs "):
+        harness.assert_close(name, {"test_loss": 0.75, "train_loss": floor + 0.01},
+                             near_chance, "here")
 
 
 def test_without_a_loss_in_the_logs_each_of_them_must_be_there_and_finite():

@@ -68,7 +68,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax"
 HOOK_PATTERN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 """`package.module:function`: a user's model or dataset function."""
 LR_SCALINGS = ("none", "linear", "sqrt")
-SHARDINGS = ("auto", "examples", "files")
+SHARDINGS = ("auto", "examples", "files", "batches")
 """How several workers split the input (`tfmulti.data.distribute`)."""
 CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
 """How a multi-worker strategy finds its cluster (`tfmulti.get_strategy(cluster_resolver=...)`)."""
@@ -335,8 +335,11 @@ class TrainConfig:
     input_sharding: str = _field(
         "auto", "How several workers split the training input: examples (every worker reads "
         "everything and keeps its share of each global batch: exact), files (each worker reads "
-        "only its own files: 1/N of the bytes), or auto (files for a dataset function that "
-        "returns tfmulti.data.from_files with at least one file per worker).",
+        "only its own files: 1/N of the bytes), batches (each worker reads only its own "
+        "batches of a PyDataset, or the generator the dataset function made for it), or auto "
+        "(files for tfmulti.data.from_files with at least one file per worker, batches for a "
+        "PyDataset of at least one batch per worker or a dataset function taking "
+        "worker_index).",
         choices=SHARDINGS)
     cluster_resolver: str = _field(
         "auto", "Where multi_worker finds its cluster: auto (TF_CONFIG when set, else SLURM "

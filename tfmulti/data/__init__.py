@@ -5,6 +5,8 @@
 * `sources`: data in the forms users have: NumPy arrays, dicts of arrays,
   pandas DataFrames (`as_dataset`), and files bigger than memory
   (`from_files`);
+* `loaders`: Python loaders as Keras' `fit` takes them: a
+  `keras.utils.PyDataset`, generators and other iterables (`from_loader`);
 * `streaming`: global batches sharded over workers and streamed to every
   replica ahead of the step (`distribute`).
 * `text`: `tfmulti_text`, byte-level language modelling prepared offline from
@@ -32,12 +34,13 @@ from tfmulti.data.catalog import (DataNotFoundError, check_prepared_files, datas
                                   prepare_fashion_mnist, read_idx, synthetic,
                                   synthetic_regression)
 from tfmulti.data.sources import FileSource, as_dataset, from_files
+from tfmulti.data.loaders import LoaderSource, as_source as from_loader
 from tfmulti.data import text  # registers tfmulti_text with `load`
 from tfmulti.data.streaming import (DistributedInput, distribute, input_pipeline,
                                     per_replica_batch_size, steps_per_epoch)
 
-__all__ = ["DataNotFoundError", "DistributedInput", "FileSource", "as_dataset",
+__all__ = ["DataNotFoundError", "DistributedInput", "FileSource", "LoaderSource", "as_dataset",
            "check_prepared_files", "dataset_info", "default_data_dir", "distribute",
-           "find_fashion_mnist_idx", "from_files", "input_pipeline", "load",
+           "find_fashion_mnist_idx", "from_files", "from_loader", "input_pipeline", "load",
            "per_replica_batch_size", "prepare_fashion_mnist", "read_idx", "steps_per_epoch",
            "synthetic", "synthetic_regression", "text"]

@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmulti.data import tfrecord
+from tfmulti.data.loaders import LoaderSource
 from tfmulti.data.sources import FileSource
 from tfmulti.runtime import roles
 
@@ -324,7 +325,9 @@ def check_splits(train, test=None, *, samples: dict | None = None, role=None) ->
     for split, source in (("training", train), ("test", test)):
         if source is None or split in samples:
             continue
-        if not isinstance(source, FileSource):
+        if isinstance(source, LoaderSource):  # from what it read to learn its spec
+            samples[split] = source.first_examples(SAMPLE)
+        elif not isinstance(source, FileSource):
             samples[split] = first_examples(source, split)
         elif (files := _files_to_sample(source, role)) is not None:
             samples[split] = first_examples(source, split, files=files)

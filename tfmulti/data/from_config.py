@@ -19,9 +19,10 @@ import tensorflow as tf
 
 from tfmulti.config import user_functions as hooks
 from tfmulti.config.train_config import TRANSFORMER, TrainConfig
-from tfmulti.data import catalog, checks, text
+from tfmulti.data import catalog, checks, loaders, text
 from tfmulti.data.sources import FileSource, as_dataset
 from tfmulti.data.validation import hold_out
+from tfmulti.runtime import roles
 
 __all__ = ["RunData", "dataset_metrics", "features_spec", "is_text_dataset", "load_data"]
 
@@ -145,21 +146,38 @@ def _count_classes(source) -> int:
     return int(top) + 1
 
 
-def _as_source(value, what: str):
+def _as_source(value, what: str, role: roles.ClusterRole | None = None,
+               per_worker: bool = False):
+    """A dataset function's split as a source: datasets and file sources as
+    they are, Python loaders as `LoaderSource`s (`per_worker`: made for this
+    worker), in-memory data as a dataset."""
     if isinstance(value, tf.data.Dataset):
         checks.check_tfrecord_files(value, f"the dataset function's {what} data")
+    if isinstance(value, loaders.LoaderSource):  # tfmulti.data.from_loader(...)
+        return value.for_worker(role or roles.ClusterRole(), per_worker)
     if value is None or isinstance(value, (tf.data.Dataset, FileSource)):
         return value
     try:
+        if loaders.is_loader(value):
+            source = loaders.as_source(value, own_share=per_worker, role=role,
+                                       what=f"the dataset function's {what} data")
+            if what == "validation" and source.kind == "generator":
+                raise ValueError(f"{source.describe()} is read once, and the validation "
+                                 "split is read every epoch; return the generator function "
+                                 "(not its generator) or a PyDataset.")
+            return source
         return as_dataset(value)
     except ValueError as e:
         raise ValueError(f"the dataset function's {what} data: {e}") from None
 
 
-def _user_data(config: TrainConfig, data_dir: str) -> RunData:
+def _user_data(config: TrainConfig, data_dir: str, role: roles.ClusterRole) -> RunData:
     fn = hooks.resolve(config.dataset, "dataset")
+    per_worker = "worker_index" in (hooks.parameters(fn) or ())
     result = hooks.call(fn, {"seed": config.seed, "data_dir": data_dir,
-                             "num_examples": config.num_examples}, "dataset")
+                             "num_examples": config.num_examples,
+                             "worker_index": role.worker_index,
+                             "num_workers": role.num_workers}, "dataset")
     name = config.dataset_name
     if isinstance(result, dict):
         unknown = set(result) - {"train", "test", "validation", "num_classes", "task"}
@@ -168,7 +186,7 @@ def _user_data(config: TrainConfig, data_dir: str) -> RunData:
                 f"the dataset function {name} returned a dict with keys {sorted(result)}; "
                 "expected 'train' and optionally 'test', 'validation', 'num_classes', 'task'.")
         train, test = result["train"], result.get("test")
-        validation = _as_source(result.get("validation"), "validation")
+        validation = _as_source(result.get("validation"), "validation", role)
         num_classes, task = result.get("num_classes"), result.get("task")
     elif isinstance(result, tuple) and len(result) == 2:
         (train, test), num_classes, task, validation = result, None, None, None
@@ -176,11 +194,19 @@ def _user_data(config: TrainConfig, data_dir: str) -> RunData:
         raise ValueError(
             f"the dataset function {name} returned {type(result).__name__}"
             + (f" of {len(result)}" if isinstance(result, tuple) else "")
-            + "; expected (train, test) (each a tf.data.Dataset, (features, labels) arrays, or "
-            "tfmulti.data.from_files(...); test may be None) or a dict with 'train' and 'test'.")
-    train, test = _as_source(train, "train"), _as_source(test, "test")
+            + "; expected (train, test) (each a tf.data.Dataset, (features, labels) arrays, "
+            "tfmulti.data.from_files(...), a keras.utils.PyDataset or a generator; test may be "
+            "None) or a dict with 'train' and 'test'.")
+    given = type(train).__name__
+    train, test = _as_source(train, "train", role, per_worker), _as_source(test, "test", role)
     if train is None:
         raise ValueError(f"the dataset function {name} returned no training data.")
+    if per_worker and not isinstance(train, loaders.LoaderSource):
+        raise ValueError(
+            f"the dataset function {name} takes worker_index, so its training data is taken as "
+            f"that worker's share, which tfmulti reads from a generator or a PyDataset only, and "
+            f"it returned a {given}; return the whole data (tfmulti gives each worker its "
+            "share) without the worker_index parameter, or a generator of the worker's share.")
     spec = _spec_of(train)
     features = spec[0] if isinstance(spec, tuple) else spec
     labels = _labels_spec(spec)
@@ -224,9 +250,15 @@ def _task_of(labels, examples) -> str | None:
     return "classification" if labels.dtype.is_integer or one_hot else "regression"
 
 
-def load_data(config: TrainConfig) -> RunData:
+def load_data(config: TrainConfig, role: roles.ClusterRole | None = None) -> RunData:
     """The run's train and test data: a named dataset (TFDS, synthetic), or
     what the user's dataset function returns.
+
+    Args:
+        config: the run.
+        role: this process's place in its cluster, offered to a dataset
+            function as `worker_index` and `num_workers` (default: a lone
+            process).
 
     Raises:
         ValueError: a dataset function that cannot be found or returns
@@ -244,7 +276,7 @@ def load_data(config: TrainConfig) -> RunData:
             f"models images or features; use model='transformer' with "
             f"dataset={text.NAME!r}, or another pair.")
     if not isinstance(config.dataset, str) or ":" in config.dataset:
-        run_data = _user_data(config, data_dir)
+        run_data = _user_data(config, data_dir, role or roles.ClusterRole())
     elif is_text:
         train, test = (text.load(config.dataset, split, data_dir, download=config.download,
                                       sequence_length=config.seq_len)

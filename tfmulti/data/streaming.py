@@ -13,7 +13,7 @@ evaluation (`training=False`) every example is used once; the last global
 batch may be partial, and replicas beyond its end get empty batches, which
 Keras' metrics count correctly.
 
-Several workers (`MultiWorkerMirroredStrategy`) split the input one of two
+Several workers (`MultiWorkerMirroredStrategy`) split the input one of three
 ways (`sharding`):
 
 * "examples": every worker reads all the data, shuffles it with the same
@@ -31,8 +31,13 @@ ways (`sharding`):
   of steps: the smallest share's, so with uneven files the larger shares
   leave examples out of an epoch (different ones each epoch).
 
+* "batches": as "files", for a Python loader (`tfmulti.data.loaders`): each
+  worker reads its own batches of a PyDataset (a contiguous range of its
+  indices), or the generator a dataset function made for it.
+
 "auto" (the default) reads files by worker when the data is a set of at
-least as many files as workers, else by examples.
+least as many files as workers, batches by worker for a PyDataset of at least
+as many batches as workers or a loader made per worker, else by examples.
 
 Data of unknown size (files, a filtered dataset): the epoch length is
 `steps_per_epoch` when given, else counted once by reading the data (each
@@ -59,6 +64,7 @@ from tfmulti.utils import checks
 from tfmulti.utils import human
 from tfmulti.runtime import roles
 from tfmulti.config.train_config import SHARDINGS
+from tfmulti.data.loaders import LoaderSource, as_source, is_loader
 from tfmulti.data.sources import FileSource, as_dataset
 
 __all__ = ["CACHE_LIMIT_BYTES", "DistributedInput", "SHARDINGS", "distribute",
@@ -71,6 +77,8 @@ _SHUFFLE_BUFFER_BYTES = 256 << 20
 _SHUFFLE_BUFFER_MAX = 60000
 _SHUFFLE_BUFFER_UNKNOWN = 10000
 _COUNT_TIMEOUT_S = 3600.0
+_OWN = ("files", "batches")
+"""Shardings where each input pipeline reads its own share (its files, its batches)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,16 +186,24 @@ def input_pipeline(
     pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
     share = global_batch_size // pipelines
     per_replica = ctx.get_per_replica_batch_size(global_batch_size)
-    by_files = sharding == "files" and pipelines > 1
+    by_files = sharding in _OWN and pipelines > 1
     if pipelines > 1 and seed is None and not by_files:
         seed = 0  # all workers must shuffle alike, or examples repeat or go missing
-    if isinstance(source, FileSource):
-        files = source.shard(pipeline_id, pipelines) if by_files else None
-        dataset = source.dataset(files, shuffle=training, seed=seed)
-    else:
-        dataset = source()
-    if map_fn is not None:
-        dataset = dataset.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    def read() -> tf.data.Dataset:
+        if isinstance(source, FileSource):
+            files = source.shard(pipeline_id, pipelines) if by_files else None
+            read = source.dataset(files, shuffle=training, seed=seed)
+        else:
+            read = source()
+        if map_fn is not None:
+            read = read.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+        return read
+
+    # Files (and a loader's batches) are read in an order drawn anew every
+    # epoch: read inside `one_iteration` below, that order restarts with every
+    # iterator too, as the examples' shuffle does.
+    per_iterator = training and isinstance(source, FileSource) and not cache
+    dataset = None if per_iterator else read()
     if cache:
         dataset = dataset.cache()
 
@@ -223,7 +239,8 @@ def input_pipeline(
             # restarts: the same seed gives the same epochs however many
             # iterators were made before (Keras peeks at one to build). A
             # resumed run skips the global batches already trained.
-            out = source_ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+            out = (read() if per_iterator else source_ds).shuffle(
+                shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
             out = out.batch(batch, drop_remainder=True)
             if epoch_steps is not None:
                 out = out.take(epoch_steps)
@@ -273,7 +290,13 @@ def steps_per_epoch(dataset: tf.data.Dataset, global_batch_size: int,
 
 def _choose_sharding(sharding: str, source, workers: int) -> str:
     checks.one_of("sharding", sharding, SHARDINGS)
+    if isinstance(source, LoaderSource):
+        return _loader_sharding(sharding, source, workers)
     files = len(source.files) if isinstance(source, FileSource) else 0
+    if sharding == "batches":
+        raise ValueError("`sharding` 'batches' gives each worker its own batches of a Python "
+                         "loader (a PyDataset, a generator); use 'examples' or 'files' for "
+                         "other data.")
     if sharding == "files":
         if not isinstance(source, FileSource):
             raise ValueError("`sharding` 'files' needs data from tfmulti.data.from_files(...); "
@@ -295,10 +318,43 @@ def _choose_sharding(sharding: str, source, workers: int) -> str:
     return "examples"
 
 
+def _loader_sharding(sharding: str, source: LoaderSource, workers: int) -> str:
+    """A Python loader's sharding: "batches" (each worker its own: a
+    PyDataset's index range, a stream made for the worker) where it can be
+    made, else "examples" (every worker reads it all, keeping its share of
+    each global batch: exact where it yields the same in every worker)."""
+    if sharding == "files":
+        raise ValueError(f"`sharding` 'files' needs data from tfmulti.data.from_files(...); "
+                         f"for {source.describe()} use 'batches' or 'examples'.")
+    if source.per_worker:
+        if sharding == "examples" and workers > 1:
+            raise ValueError(f"`sharding` 'examples' has every worker read all the data, but "
+                             f"{source.describe()} yields each worker's own share; use "
+                             "sharding='batches' or 'auto'.")
+        return "batches"
+    can = source.kind == "PyDataset" and len(source.files) >= workers
+    if sharding == "batches" and workers > 1 and not can:
+        raise ValueError(
+            f"`sharding` 'batches' gives each of the {workers} workers its own batches, but "
+            + (f"{source.describe()} has {len(source.files)}; use sharding='examples'"
+               if source.kind == "PyDataset" else
+               f"{source.describe()} is one stream; give the dataset function parameters "
+               "worker_index and num_workers and yield that worker's share, or use "
+               "sharding='examples'") + ".")
+    if workers > 1 and sharding != "examples" and not can:
+        print(f"tfmulti: every worker reads all of {source.describe()} and keeps its share of "
+              "each global batch (sharding='examples'; exact when it yields the same examples "
+              "in every worker); to read 1/N each, "
+              + ("give it at least as many batches as workers" if source.kind == "PyDataset"
+                 else "give the dataset function parameters worker_index and num_workers and "
+                 "yield that worker's share"), flush=True)
+    return "batches" if can and sharding != "examples" and workers > 1 else "examples"
+
+
 def _count(source, make, sharding: str, role: roles.ClusterRole) -> int:
     """The examples of one pass: all of them, or (by files) this worker's."""
     if isinstance(source, FileSource):
-        files = (source.shard(role.worker_index, role.num_workers) if sharding == "files"
+        files = (source.shard(role.worker_index, role.num_workers) if sharding in _OWN
                  else None)
         return source.count(files)
     data = make()
@@ -314,7 +370,7 @@ def _agreed_steps(source, make, sharding: str, role: roles.ClusterRole,
     """Global steps per epoch that every worker can run: by examples, whole
     global batches of the data; by files, the smallest worker's whole shares."""
     count = _count(source, make, sharding, role)
-    if sharding != "files":
+    if sharding not in _OWN:
         return count // global_batch_size
     share = global_batch_size // role.num_workers
     counts = [int(c) for c in roles.all_gather_text(
@@ -360,7 +416,10 @@ def distribute(
         dataset (tf.data.Dataset | tuple | numpy.ndarray | dict | Callable): the data, unbatched: a
             `tf.data.Dataset` (or a function returning one), in-memory data (`(features, labels)`
             arrays, dicts of arrays, a pandas DataFrame with `label`; see
-            `tfmulti.data.sources.as_dataset`), or files (`tfmulti.data.from_files`).
+            `tfmulti.data.sources.as_dataset`), files (`tfmulti.data.from_files`), or a
+            Python loader as `fit` takes it: a `keras.utils.PyDataset`, a generator
+            function or re-iterable object, a generator read once (see
+            `tfmulti.data.loaders`; `tfmulti.data.from_loader` to say more).
         strategy: the strategy whose replicas consume the data.
         global_batch_size: examples per step across all replicas.
         training: shuffle and drop the last partial global batch (see module doc).
@@ -423,6 +482,10 @@ def distribute(
                          hint="a number of examples")
     checks.positive_int("steps_per_epoch", steps_per_epoch, none_ok=True)
     role = roles.cluster_role(strategy)
+    if is_loader(dataset):
+        dataset = as_source(dataset, role=role)
+    elif isinstance(dataset, LoaderSource):
+        dataset = dataset.for_worker(role)
     if isinstance(dataset, FileSource):
         source, make = dataset, None
         if label is not None:
@@ -434,6 +497,13 @@ def distribute(
         converted = as_dataset(dataset, label=label)
         source = make = (lambda: converted)
     sharding = _choose_sharding(sharding, source, role.num_workers)
+    if isinstance(source, LoaderSource):
+        if shuffle_buffer is None:
+            # A PyDataset's batches come in a new order every epoch already (mixed
+            # here with their neighbours); a stream's order is its own, as in Keras.
+            shuffle_buffer = global_batch_size if source.num_batches else 1
+        if training and not skip_steps:
+            print(f"tfmulti: {source.reading(global_batch_size, per_replica)}", flush=True)
     size = None if make is None else int(make().cardinality())
     if size == tf.data.INFINITE_CARDINALITY:
         raise ValueError("the dataset repeats forever, so an epoch has no end; pass it "

@@ -23,12 +23,13 @@ import math
 
 import tensorflow as tf
 
+from tfmulti.data.loaders import LoaderSource
 from tfmulti.data.sources import FileSource, as_dataset
 
 __all__ = ["hold_out"]
 
 _INSTEAD = ("return a 'validation' split from the dataset function instead (e.g. "
-            "tfmulti.data.from_files(other files))")
+            "tfmulti.data.from_files(other files), or a PyDataset of other examples)")
 
 
 def hold_out(source, fraction: float) -> tuple[tf.data.Dataset, tf.data.Dataset]:
@@ -45,6 +46,11 @@ def hold_out(source, fraction: float) -> tuple[tf.data.Dataset, tf.data.Dataset]
         ValueError: files or data of unknown size (saying why), or a split
             that leaves either part empty.
     """
+    if isinstance(source, LoaderSource):
+        raise ValueError(
+            f"`validation_split` ({fraction}) holds out the last examples of the training "
+            f"data, but the training data is {source.describe()}, read batch by batch (Keras "
+            f"takes validation_split for arrays only); {_INSTEAD}.")
     if isinstance(source, FileSource):
         raise ValueError(
             f"`validation_split` ({fraction}) holds out the last examples of the training "

@@ -99,9 +99,10 @@ def with_class_weights(source, class_weight: dict):
                           tf.gather(table, tf.minimum(index, tf.size(table) - 1)), 1.0)
         return x, y, weight
 
-    if isinstance(source, FileSource):
+    if isinstance(source, FileSource):  # files, or a Python loader's examples (parse_fn None)
         parse = source.parse_fn
-        return dataclasses.replace(source, parse_fn=lambda record: add(*parse(record)))
+        return dataclasses.replace(
+            source, parse_fn=lambda *record: add(*(parse(*record) if parse else record)))
     return source.map(add, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 

@@ -24,6 +24,7 @@ import platform
 import statistics
 import time
 
+from tfmulti.data.loaders import LoaderSource
 from tfmulti.utils import checks
 from tfmulti.utils import human
 from tfmulti.training import run as runs
@@ -519,12 +520,20 @@ class _Diagnoser:
                 f"without the per-batch map the input takes {plain * 1e3:.2f} ms per step "
                 f"(measured); random augmentation must stay after the cache",
                 how="map_fn= instead of batch_map_fn="))
+        loader = self.first.train_data
+        if isinstance(loader, LoaderSource) and loader.kind == "PyDataset":
+            how = (f"more of the PyDataset's own workers (now workers={loader.loader.workers}"
+                   f"{', in processes' if loader.loader.use_multiprocessing else ''}): "
+                   "workers=N, with use_multiprocessing=True where its Python work holds the "
+                   "GIL (decoding, augmentation in NumPy or PIL), or vectorized work per batch")
+        else:
+            how = ("a cheaper or vectorized map (batch first, then map), more cores for tf.data, "
+                   "or tf.data service")
         advice.append(Advice(
             "more input parallelism", {}, ceiling, False,
             f"the input needs {t.input_s * 1e3:.2f} ms per step and the step "
             f"{t.compute_s * 1e3:.2f} ms: hiding the input entirely gains at most this",
-            how="a cheaper or vectorized map (batch first, then map), more cores for tf.data, "
-                "or tf.data service"))
+            how=how))
 
 
 def profile_fit(model, dist, profile_dir: str, steps: int | None = None) -> None:

@@ -167,7 +167,7 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
     loss = _loss(config)
     if reuse is None:
         strategy = _strategy(config)
-        run_data = load_data(config)
+        run_data = load_data(config, strategy_lib.cluster_role(strategy))
         if config.class_weight is not None:  # each training example weighed by its class
             given = (weights.balanced_class_weights(run_data.train)
                      if config.class_weight == keras_forms.BALANCED else config.class_weight)

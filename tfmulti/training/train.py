@@ -36,6 +36,7 @@ from tfmulti.config import keras_forms
 from tfmulti.config import user_functions as hooks
 from tfmulti.config.train_config import TrainConfig, parse_profile_steps
 from tfmulti.data import checks as data_checks
+from tfmulti.data import loaders
 from tfmulti.data.from_config import dataset_metrics
 from tfmulti.memory import estimate as memory
 from tfmulti.memory import footprint
@@ -258,8 +259,11 @@ def train(config: TrainConfig, callbacks=()) -> dict:
     held = (backup.lock(config.backup_dir, run.strategy) if config.backup_dir
             else contextlib.nullcontext())
     writes = bool(config.model_dir) and role.is_chief  # only the chief writes
-    with held, (outputs.lock(config.model_dir) if writes else contextlib.nullcontext()):
-        return _train(config, run, role, callbacks)
+    try:
+        with held, (outputs.lock(config.model_dir) if writes else contextlib.nullcontext()):
+            return _train(config, run, role, callbacks)
+    finally:
+        loaders.close_pools()  # a PyDataset's worker processes end with the run
 
 
 def _check_profile_steps(config: TrainConfig, run: runs.Run) -> None:
@@ -315,7 +319,7 @@ def _fingerprint(run: runs.Run, role) -> dict:
                    "global_batch_size": c.global_batch_size,
                    "accumulate_steps": c.accumulate_steps,
                    "input_sharding": run.train_input.sharding}
-    if run.train_input.sharding == "files":  # each worker's files: its share of every step
+    if run.train_input.sharding in ("files", "batches"):  # each worker's own share per step
         fingerprint["num_workers"] = role.num_workers
     return fingerprint
 
