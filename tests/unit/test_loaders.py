@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 
 import keras
 import numpy as np
@@ -143,6 +144,24 @@ def test_a_generator_s_elements_are_examples_or_batches_as_their_shapes_say():
     assert loaders.as_source(iter(sequences)).element_spec[0].shape == (2,)
 
 
+def test_an_output_signature_given_sets_the_types_and_is_checked():
+    def pairs():
+        for i in range(8):
+            yield np.full(3, i), i  # int64 features
+
+    given = (tf.TensorSpec((3,), tf.float32), tf.TensorSpec((), tf.int32))
+    source = loaders.as_source(pairs, output_signature=given)
+    assert source.element_spec == given
+    x, y = next(source.dataset().as_numpy_iterator())
+    assert x.dtype == np.float32 and y.dtype == np.int32 and x.tolist() == [0.0] * 3
+    with pytest.raises(ValueError, match=r"element 0 of the generator function pairs has "
+                                         r"examples of shape \(3,\) where output_signature "
+                                         r"has \(4,\)"):
+        loaders.as_source(pairs, output_signature=(tf.TensorSpec((4,)), given[1]))
+    with pytest.raises(ValueError, match="output_signature gives .* every dimension"):
+        loaders.as_source(pairs, output_signature=(tf.TensorSpec((None,)), given[1]))
+
+
 def test_a_generator_function_and_an_iterable_are_read_afresh_every_epoch():
     class Numbers:  # re-iterable: a new iterator each time
         def __iter__(self):
@@ -187,6 +206,28 @@ def test_a_generator_function_taking_the_worker_gets_it_and_yields_that_share():
     assert source.own_share and source.shard(1, 2) == source.files
     assert sorted(float(x) for x, _ in source.dataset().as_numpy_iterator()) == list(
         range(1, 40, 2))
+
+
+def test_processes_under_several_workers_need_a_pydataset_that_pickles():
+    role = roles.ClusterRole("worker", 0, 0, 2, True)
+
+    class Locked(Ids):  # defined in a function: no module can find it
+        def __init__(self):
+            super().__init__(workers=2, use_multiprocessing=True)
+            self.lock = threading.Lock()
+
+    with pytest.raises(ValueError, match=r"the data: under several workers the PyDataset "
+                                         r"Locked's processes \(use_multiprocessing=True\) "
+                                         r"are started by a fork server.*but it cannot be "
+                                         r"pickled"):
+        loaders.as_source(Locked(), role=role)
+    Locked.__module__ = "__main__"
+    with pytest.raises(ValueError, match="its class is defined in the main script"):
+        loaders.as_source(Locked(), role=role)
+    # one process: forked, nothing pickled
+    source = loaders.as_source(Locked())
+    assert len(list(source.dataset().as_numpy_iterator())) == 50
+    loaders.close_pools()
 
 
 def test_class_weights_weigh_a_pydataset_s_examples():

@@ -16,7 +16,8 @@ A loader's elements are batches (Keras' form) or single examples: a PyDataset's
 are batches; an iterable's are examples when a part of its first element is a
 scalar or the parts' first dimensions differ, else batches (`batched` says it
 where that guess would be wrong). The element spec comes from the first
-elements (float64 read as float32, as Keras computes); an empty loader, and one
+elements (float64 read as float32, as Keras computes), or is given
+(`output_signature`); an empty loader, and one
 whose elements change shape between batches, are refused in one line.
 
 Example:
@@ -42,6 +43,7 @@ import dataclasses
 import inspect
 import itertools
 import multiprocessing
+import pickle
 import threading
 import types
 import weakref
@@ -104,7 +106,7 @@ def _num_batches(py_dataset) -> int | None:
     return None if count is None else int(count)
 
 
-def _standard(element, what: str) -> tuple | dict:
+def _standard(element, what: str) -> tuple:
     """An element in Keras' forms: a tuple (features[, labels[, weights]]),
     or features alone (a dict or an array) as a 1-tuple."""
     if isinstance(element, list):
@@ -157,16 +159,28 @@ def _guess_batched(element) -> bool:
     return len({leaf.shape[0] for leaf in leaves}) == 1
 
 
-def _check_alike(spec, other, what: str, first: str) -> None:
-    """Refuses `other` (a spec) whose structure or per-example shapes differ from `spec`."""
+def _given(signature, what: str):
+    """The `output_signature` given, checked: every dimension known."""
+    signature = tuple(signature) if isinstance(signature, list) else signature
+    for s in tf.nest.flatten(signature):
+        if not isinstance(s, tf.TensorSpec) or not s.shape.is_fully_defined():
+            raise ValueError(f"{what}: output_signature gives {s!r}; give one example's "
+                             "tf.TensorSpec per part with every dimension (tfmulti groups "
+                             "examples into batches of one shape).")
+    return signature
+
+
+def _check_alike(spec, other, what: str, first: str, convert: bool = False) -> None:
+    """Refuses `other` (a spec) whose structure or per-example shapes differ
+    from `spec` (and types, unless `convert`: they are converted)."""
     try:
         tf.nest.assert_same_structure(spec, other)
     except (ValueError, TypeError):
         raise ValueError(f"{what} has other parts than {first}; every batch must have the "
                          "same structure (features, labels, weights).") from None
-    for path_a, b in zip(tf.nest.flatten(spec), tf.nest.flatten(other)):
-        a = path_a
-        if a.dtype != b.dtype and not (a.dtype.is_integer and b.dtype.is_integer):
+    for a, b in zip(tf.nest.flatten(spec), tf.nest.flatten(other)):
+        if a.dtype != b.dtype and not convert and not (a.dtype.is_integer
+                                                      and b.dtype.is_integer):
             raise ValueError(f"{what} holds {b.dtype.name} where {first} holds "
                              f"{a.dtype.name}; give every batch the same types.")
         if a.shape.rank != b.shape.rank or any(
@@ -325,13 +339,16 @@ class LoaderSource(FileSource):
     def _epoch_hooks(self):
         """Runs as a pass starts (the pass before has been read whole: the
         stream repeats after it): the PyDataset's `on_epoch_end` of the pass
-        before, its `on_epoch_begin`."""
+        before, its `on_epoch_begin`; processes of a fork server are started
+        anew (`_pool`)."""
         state = self._state
         with state.setdefault("lock", threading.Lock()):
             if state.get("passes", 0):
                 self.loader.on_epoch_end()
             state["passes"] = state.get("passes", 0) + 1
             self.loader.on_epoch_begin()
+            if "payload" in state:  # processes of a fork server: anew, with the changes
+                _close_pool(state)
         return iter(())
 
     # --------------------------------------------------------------------------- reading
@@ -358,7 +375,7 @@ class LoaderSource(FileSource):
         batch = self._get(index)
         what = f"batch {index} of {self.describe()}"
         batch = _standard(batch, what)
-        _check_alike(self.spec, _spec(batch, True), what, "batch 0")
+        _check_alike(self.spec, _spec(batch, True), what, "batch 0", convert=True)
         rows = _rows(batch)
         full = self.batch_sizes[1] if index == self.num_batches - 1 else self.batch_sizes[0]
         if rows != full:
@@ -384,7 +401,8 @@ class LoaderSource(FileSource):
             element = _standard(element, f"element {number} of {self.describe()}")
             if number < _PEEK:  # later ones are checked by tf.data against the spec
                 _check_alike(self.spec, _spec(element, self.batched),
-                             f"element {number} of {self.describe()}", "element 0")
+                             f"element {number} of {self.describe()}", "element 0",
+                             convert=True)
             yield _flat(_cast(element, self.spec))
 
     def _elements(self):
@@ -414,31 +432,64 @@ _SERVED = None
 
 def _serve(py_dataset) -> None:
     global _SERVED
-    _SERVED = py_dataset
+    _SERVED = pickle.loads(py_dataset) if isinstance(py_dataset, bytes) else py_dataset
 
 
 def _get_served(index: int):
     return _SERVED[index]
 
 
+def _pickled(py_dataset, what: str) -> bytes:
+    """`py_dataset` pickled for processes of a fork server, or a ValueError
+    saying why it cannot be."""
+    name = type(py_dataset).__name__
+    why = None
+    if type(py_dataset).__module__ == "__main__":
+        why = "its class is defined in the main script, which they do not run"
+    else:
+        try:
+            return pickle.dumps(py_dataset)
+        except Exception as e:  # pickling raises many kinds  # pylint: disable=broad-except
+            why = f"it cannot be pickled ({type(e).__name__}: {e})"
+    raise ValueError(
+        f"{what}: under several workers the PyDataset {name}'s processes "
+        "(use_multiprocessing=True) are started by a fork server, not forked from the training "
+        f"process (whose TensorFlow a fork copies mid-call), and get it pickled, but {why}; "
+        "define it in a module (the dataset function's), keep what cannot be pickled (open "
+        "files, locks, clients) out of its attributes, or use_multiprocessing=False.")
+
+
 def _pool(state: dict, py_dataset):
-    """The processes reading `py_dataset`, forked (as Keras forks them, so it
-    need not be pickled) once, before the first pass: forked while training,
-    a process copies TensorFlow mid-call (a collective in flight under several
-    workers), and pools forked at every pass, as Keras forks them, hung 4 runs
-    in 7 on 2 workers here. So they keep the PyDataset as it was then: what
-    its `on_epoch_end` changes later (in this process) does not reach them."""
+    """The processes reading `py_dataset`.
+
+    One process: forked (as Keras forks them, so it need not be pickled) once,
+    before the first pass, and kept: what its `on_epoch_end` changes later does
+    not reach them. Several workers: a fork copies TensorFlow mid-call (a
+    collective in flight), and pools forked from the training process hung
+    there (on 2 workers here, forked every pass: 4 runs in 7; forked once,
+    before training: 1 in 12, under the test suite's load), so they come from
+    a fork server, anew every pass, with the PyDataset
+    pickled as it is then (`state["payload"]` says so), as Keras' own every
+    epoch; its module is imported once, in the server."""
     with state.setdefault("lock", threading.Lock()):
         if state.get("pool") is None:
-            context = multiprocessing.get_context("fork")
+            if "payload" in state:
+                context = multiprocessing.get_context("forkserver")
+                context.set_forkserver_preload([type(py_dataset).__module__])
+                payload = pickle.dumps(py_dataset)
+                _SERVER["started"] = True
+            else:
+                context, payload = multiprocessing.get_context("fork"), py_dataset
             state["pool"] = context.Pool(py_dataset.workers, initializer=_serve,
-                                         initargs=(py_dataset,))
+                                         initargs=(payload,))
             # ended by `close_pools` (a run's end), with the PyDataset, or at exit
             state["finalizer"] = weakref.finalize(py_dataset, _terminate, state["pool"])
             _OPEN[id(state)] = state
         return state["pool"]
 
 
+_SERVER = {"started": False}
+"""Whether this process started the fork server of the loaders' processes."""
 _OPEN: dict[int, dict] = {}
 """The loaders' states holding a process pool, by id."""
 
@@ -457,10 +508,15 @@ def _terminate(pool) -> None:
 
 
 def close_pools() -> None:
-    """Ends the processes of every PyDataset read in this process (a run's
-    end: they end with it)."""
+    """Ends the processes of every PyDataset read in this process, and their
+    fork server (a run's end: they end with it)."""
     for state in list(_OPEN.values()):
         _close_pool(state)
+    if _SERVER["started"]:  # it would wait, idle, for this process to end
+        from multiprocessing import forkserver  # pylint: disable=import-outside-toplevel
+
+        forkserver._forkserver._stop()  # pylint: disable=protected-access
+        _SERVER["started"] = False
 
 
 def _peek(iterator, what: str) -> list:
@@ -470,18 +526,25 @@ def _peek(iterator, what: str) -> list:
     return head
 
 
-def as_source(loader, *, batched: bool | None = None, own_share: bool = False,
-              role: roles.ClusterRole | None = None, what: str = "the data") -> LoaderSource:
+def as_source(loader, *, batched: bool | None = None, output_signature=None,
+              own_share: bool = False, role: roles.ClusterRole | None = None,
+              what: str = "the data") -> LoaderSource:
     """`loader` as a `LoaderSource` (see the module doc).
 
     Args:
-        loader: a `keras.utils.PyDataset`; a generator function (called anew
+        loader (keras.utils.PyDataset | Callable | Iterable): a
+            `keras.utils.PyDataset`; a generator function (called anew
             every epoch: with no arguments, or with `worker_index` and
             `num_workers` where it takes them, when it yields that worker's
             share); a re-iterable object (`iter` anew every epoch); a generator
             or other iterator, read once.
         batched: whether a stream's elements are batches; default: guessed
             from the first element (a PyDataset's are always batches).
+        output_signature (tf.TensorSpec | tuple | dict | None): one
+            example's spec (`tf.TensorSpec`s in the
+            elements' structure: features, labels, weights), every dimension
+            given; default: read from the first element. The elements are
+            converted to its types.
         own_share: the loader yields this worker's own share.
         role: this process's place in its cluster: an endless PyDataset is
             read by stride (worker k reads batches k, k + N, ...).
@@ -525,15 +588,21 @@ def as_source(loader, *, batched: bool | None = None, own_share: bool = False,
         if batched is None:
             batched = _guess_batched(head[0])
         names, sizes, num_batches, stride, cycle = ("stream",), (), None, (0, 1), 1
-    spec = _spec(head[0], batched)
+    spec, first = _spec(head[0], batched), 1
+    if output_signature is not None:
+        spec, first = _given(output_signature, what), 0
     name = type(loader).__name__ if kind == "PyDataset" else getattr(loader, "__name__", "")
-    for i, element in enumerate(head[1:], 1):
+    for i, element in enumerate(head[first:], first):
         where = (f"batch {indices[i]} of the PyDataset {name}" if kind == "PyDataset"
                  else f"element {i} of the {kind} {name}".rstrip())
         _check_alike(spec, _spec(element, batched), f"{what}: {where}",
-                     "batch 0" if batched else "element 0")
+                     "output_signature" if first == 0 else "batch 0" if batched
+                     else "element 0", convert=first == 0)
     if kind == "PyDataset" and loader.use_multiprocessing and loader.workers > 0:
-        _pool(state, loader)  # now, before anything trains
+        if role.num_workers > 1:  # from a fork server, every pass: it must pickle
+            state["payload"] = _pickled(loader, what)
+        else:
+            _pool(state, loader)  # forked now, before anything trains
     return LoaderSource(files=names, cycle_length=cycle, loader=loader, kind=kind, spec=spec,
                         batched=batched, batch_sizes=sizes, num_batches=num_batches,
                         own_share=own_share, stride=stride, head=head, _state=state)
