@@ -56,6 +56,10 @@ COMPILE = dict(optimizer="rmsprop", loss="sparse_categorical_crossentropy")
 FIT = dict(batch_size=batch_size, epochs=2)
 TFMULTI = dict(optimizer="rmsprop")
 CHAIN = True  # one tensor crosses between blocks: the residual is the block's output
+HEAVY = True
+"""Each compile traces the U-Net for 4.5-5 s on the suite's 2-core CPU (a step then runs in
+0.06 s): the corpus' 2-worker cluster and the pipeline's export leave it out (its PyDataset on
+2 workers: tests/integration/test_loaders.py; its pipeline and its export: the other tests)."""
 # Its BatchNormalization layers' moving statistics lag the training for hundreds of steps,
 # so after 2 short epochs the test loss says little: the training loss is compared too
 # (tests/corpus/harness.py).

@@ -51,6 +51,9 @@ text transformer 90 s) for the same cross-replica checks: split batches, summed
 gradients, per-replica BatchNormalization statistics and Dropout masks."""
 CHAINS = [name for name in PROGRAMS if harness.load(name).CHAIN]
 NOT_CHAINS = [name for name in PROGRAMS if not harness.load(name).CHAIN]
+LIGHT = [name for name in PROGRAMS if not getattr(harness.load(name), "HEAVY", False)]
+"""The programs of the 2-worker cluster and of the pipeline's exports (a heavy program's
+compile costs seconds on every path: it takes the others)."""
 # Why a program cannot take the pipeline: words its refusal must contain.
 PIPELINE_REFUSALS = {"vae": r"(?i)subclassed", "gan": r"(?i)subclassed"}
 # Why a program cannot be exported: words its refusal must contain.
@@ -235,7 +238,8 @@ def _added_loss(module, folder: str, features, labels) -> float | None:
     return float(evaluated) - float(_loss(module, folder, labels, predicted))
 
 
-EXPORTS = [(name, "mirrored") for name in PROGRAMS] + [(name, "pipeline") for name in CHAINS]
+EXPORTS = ([(name, "mirrored") for name in PROGRAMS]
+           + [(name, "pipeline") for name in CHAINS if name in LIGHT])
 
 
 @pytest.mark.slow
@@ -288,13 +292,13 @@ def test_export_serves_the_trained_model(name, distribution, runs, tmp_path, cap
 def two_workers(tmp_path_factory):
     """Every program trained on 2 workers, one cluster for the whole corpus."""
     out = tmp_path_factory.mktemp("two-workers")
-    code, output = cluster_python_warm([str(WORKERS / "corpus.py"), str(out), *PROGRAMS])
+    code, output = cluster_python_warm([str(WORKERS / "corpus.py"), str(out), *LIGHT])
     return code, output, out
 
 
 @pytest.mark.cluster
 @pytest.mark.timeout(600)  # the first one launches the cluster that trains all six
-@pytest.mark.parametrize("name", PROGRAMS)
+@pytest.mark.parametrize("name", LIGHT)
 def test_two_workers_match_plain_keras(name, two_workers, references):
     code, output, out = two_workers
     # A worker that dies takes the other one down with it ("tasks stopped sending

@@ -296,6 +296,9 @@ def test_what_a_loader_cannot_do_is_refused_in_one_line(tmp_path, monkeypatch):
     ("tests.loader_data:endless_examples", {"steps_per_epoch": 16}),
     pytest.param("tests.loader_data:pydataset", {"distribution": "pipeline", "num_stages": 2},
                  id="pipeline"),
+    pytest.param("tests.loader_data:pydataset", {"distribution": "hybrid", "num_replicas": 2,
+                                                 "num_stages": 2, "num_virtual_devices": 4},
+                 id="hybrid"),
 ])
 def test_a_loader_trains_as_its_examples_given_as_arrays(dataset, options, capsys):
     common = dict(global_batch_size=64, epochs=4, seed=0, learning_rate=0.01, verbose=0)

@@ -449,7 +449,7 @@ def _pickled(py_dataset, what: str) -> bytes:
     else:
         try:
             return pickle.dumps(py_dataset)
-        except Exception as e:  # pickling raises many kinds  # pylint: disable=broad-except
+        except Exception as e:  # pylint: disable=broad-except  (pickling raises many kinds)
             why = f"it cannot be pickled ({type(e).__name__}: {e})"
     raise ValueError(
         f"{what}: under several workers the PyDataset {name}'s processes "

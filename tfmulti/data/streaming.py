@@ -189,15 +189,16 @@ def input_pipeline(
     by_files = sharding in _OWN and pipelines > 1
     if pipelines > 1 and seed is None and not by_files:
         seed = 0  # all workers must shuffle alike, or examples repeat or go missing
+
     def read() -> tf.data.Dataset:
         if isinstance(source, FileSource):
             files = source.shard(pipeline_id, pipelines) if by_files else None
-            read = source.dataset(files, shuffle=training, seed=seed)
+            examples = source.dataset(files, shuffle=training, seed=seed)
         else:
-            read = source()
+            examples = source()
         if map_fn is not None:
-            read = read.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
-        return read
+            examples = examples.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+        return examples
 
     # Files (and a loader's batches) are read in an order drawn anew every
     # epoch: read inside `one_iteration` below, that order restarts with every
