@@ -89,6 +89,7 @@ PYTEST := $(PY) -m pytest -q
 TEST_WORKERS := $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
 FAST := -m "not cluster and not notebook and not slow"
 SLOW_FIRST := $(wildcard benchmarks/tests/test_end_to_end.py tests/integration/test_corpus.py \
+  tests/integration/test_corpus_heavy.py \
   tests/integration/test_notebooks.py tests/integration/test_backup.py \
   tests/integration/test_docs.py benchmarks/tests/test_chaos.py \
   benchmarks/tests/test_bench.py tests/integration/test_recipes.py \

@@ -52,8 +52,10 @@ gradients, per-replica BatchNormalization statistics and Dropout masks."""
 CHAINS = [name for name in PROGRAMS if harness.load(name).CHAIN]
 NOT_CHAINS = [name for name in PROGRAMS if not harness.load(name).CHAIN]
 LIGHT = [name for name in PROGRAMS if not getattr(harness.load(name), "HEAVY", False)]
-"""The programs of the 2-worker cluster and of the pipeline's exports (a heavy program's
-compile costs seconds on every path: it takes the others)."""
+"""The programs this module trains. A heavy program's compile costs seconds on every path:
+tests/integration/test_corpus_heavy.py runs it through these tests (beside this module: the
+suite gives each module to one test process), except the 2-worker cluster and the
+pipeline's export."""
 # Why a program cannot take the pipeline: words its refusal must contain.
 PIPELINE_REFUSALS = {"vae": r"(?i)subclassed", "gan": r"(?i)subclassed"}
 # Why a program cannot be exported: words its refusal must contain.
@@ -104,7 +106,7 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", PROGRAMS)
+@pytest.mark.parametrize("name", LIGHT)
 def test_mirrored_matches_plain_keras(name, runs, references):
     metrics, folder = runs(name, "mirrored")
     assert metrics["num_replicas"] == len(MIRRORED)
@@ -134,7 +136,7 @@ def test_callbacks_watching_val_loss_work(runs, references):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", CHAINS)
+@pytest.mark.parametrize("name", [name for name in CHAINS if name in LIGHT])
 def test_pipeline_matches_plain_keras(name, runs, references):
     metrics, folder = runs(name, "pipeline", num_stages=2)
     assert metrics["distribution"] == "pipeline"
@@ -238,7 +240,7 @@ def _added_loss(module, folder: str, features, labels) -> float | None:
     return float(evaluated) - float(_loss(module, folder, labels, predicted))
 
 
-EXPORTS = ([(name, "mirrored") for name in PROGRAMS]
+EXPORTS = ([(name, "mirrored") for name in LIGHT]
            + [(name, "pipeline") for name in CHAINS if name in LIGHT])
 
 

@@ -327,3 +327,20 @@ def _is_my_child(pid: str) -> bool:
             return f"PPid:\t{os.getpid()}\n" in status.read()
     except OSError:  # not a process, or one that ended
         return False
+
+
+def test_diagnose_advises_the_pydataset_s_own_workers_when_the_input_is_the_bottleneck():
+    from types import SimpleNamespace
+
+    from tfmulti.insight import diagnose
+
+    times = SimpleNamespace(fit_s=0.005, compute_s=0.001, input_s=0.005)
+    for loader, how in ((Ids(), "more of the PyDataset's own workers (now workers=1): "
+                                "workers=N, with use_multiprocessing=True"),
+                        (None, "a cheaper or vectorized map")):
+        train = loaders.as_source(loader) if loader is not None else tf.data.Dataset.range(4)
+        stub = SimpleNamespace(pipeline={"batch_map_fn": None},
+                               first=SimpleNamespace(train_data=train))
+        advice = []
+        diagnose._Diagnoser.advise_input(stub, SimpleNamespace(times=times), advice, False)
+        assert advice[-1].how.startswith(how) and advice[-1].expected_gain == pytest.approx(5)
