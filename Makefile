@@ -13,6 +13,11 @@ STAMP := $(VENV)/.installed
 FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 DEMO_DIR ?= runs/demo
 
+# keras-hub's task models, which tests/integration/test_keras_hub.py trains through every
+# path: without its dependencies (its kagglehub downloads presets, which the tests
+# never use), with those its models and tokenizers import.
+KERAS_HUB := "keras-hub==0.32.*" regex tokenizers sentencepiece "tensorflow-text==2.21.*"
+
 .PHONY: demo test test-fast test-compat gpu-check install data network slurm browser docs clean
 
 install: $(STAMP)
@@ -21,6 +26,7 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test,notebooks,docs]"
+	$(PY) -m pip install --quiet --no-deps $(KERAS_HUB)
 	touch $(STAMP)
 
 # Fashion-MNIST offline: the Debian package ships the original IDX files;
@@ -89,7 +95,7 @@ PYTEST := $(PY) -m pytest -q
 TEST_WORKERS := $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
 FAST := -m "not cluster and not notebook and not slow"
 SLOW_FIRST := $(wildcard benchmarks/tests/test_end_to_end.py tests/integration/test_corpus.py \
-  tests/integration/test_corpus_heavy.py \
+  tests/integration/test_corpus_heavy.py tests/integration/test_keras_hub.py \
   tests/integration/test_notebooks.py tests/integration/test_backup.py \
   tests/integration/test_docs.py benchmarks/tests/test_chaos.py \
   benchmarks/tests/test_bench.py tests/integration/test_recipes.py \

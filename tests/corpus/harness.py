@@ -137,7 +137,7 @@ def as_arrays(split):
         return np.concatenate(features), np.concatenate(labels)
     if isinstance(split, tf.data.Dataset):
         rows = list(split.as_numpy_iterator())
-        if isinstance(rows[0], dict):
+        if not isinstance(rows[0], tuple):  # features alone (a dict, images, texts)
             return _stack(rows), None
         features, labels = zip(*rows)
         return _stack(features), _stack(labels)

@@ -115,6 +115,21 @@ _SINGLE_PROCESS = textwrap.dedent("""
         return evaluate_unpatched(lambda: keras.Sequential([
             keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]), 240, 256)
 
+    # keras-hub's BERT classifier (tests/corpus/hub_bert_token_ids.py: a boolean
+    # padding mask among its inputs) trained by keras-hub's own fit under 2
+    # mirrored replicas.
+    def fit_bert(strategy):
+        from tests.corpus import hub_bert_token_ids as bert
+        (x, y), _ = bert.data()
+        with strategy.scope():
+            model = bert.build()
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        return "fit ok"
+
+    @part
+    def boolean_input_upstream():
+        return fit_bert(keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"]))  # not patched yet
+
     # BatchNormalization's moving statistics under 2 replicas whose halves of
     # every batch differ (plain MirroredStrategy): the largest difference
     # between the replicas' copies of the moving mean after 4 steps.
@@ -212,6 +227,10 @@ _SINGLE_PROCESS = textwrap.dedent("""
         single.set_weights(model.get_weights())
         r["one_device"] = single.evaluate(test_data.batch(64), return_dict=True, verbose=0)
         return r
+
+    @part
+    def boolean_input_fix():
+        return fit_bert(tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"]))
 
     @part
     def conv_layers_fix():
@@ -422,6 +441,17 @@ def test_upstream_bug_symbolic_build_of_a_first_batch_split_unevenly(upstream):
     part = upstream["uneven_first_batch_upstream"]
     assert part["result"] is None, part  # no "evaluate ok"
     assert "must have the same size and shape" in part["error"], part
+
+
+@pytest.mark.slow
+def test_upstream_bug_symbolic_build_of_a_boolean_input(upstream):
+    # The same reduction of the first batch (keras-team/keras#20585's build) over
+    # a boolean input: keras-hub's padding mask, an AddN of booleans. The fix of
+    # the build takes the shapes from the dataset's spec and reduces nothing.
+    part = upstream["boolean_input_upstream"]
+    assert part["result"] is None, part  # no "fit ok"
+    assert "Value for attr 'T' of bool is not in the list of allowed values" in part["error"], part
+    assert upstream["boolean_input_fix"] == {"result": "fit ok", "error": None}
 
 
 @pytest.mark.slow

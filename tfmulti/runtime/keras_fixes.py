@@ -391,8 +391,10 @@ def mirrored_strategy(devices, cross_device_ops=None) -> tf.distribute.MirroredS
 # The same reduction fails under MirroredStrategy when the first batch gives
 # the replicas different numbers of rows (`evaluate` of a test split smaller
 # than the global batch: "Inputs to operation AddN ... must have the same size
-# and shape. Input 0: [128,28,28,1] != input 1: [112,28,28,1]"); the same
-# patch cures it, for every strategy of 2+ replicas.
+# and shape. Input 0: [128,28,28,1] != input 1: [112,28,28,1]"), and where
+# the batch holds booleans (keras-hub's padding mask: "Value for attr 'T' of
+# bool is not in the list of allowed values", an AddN); the same patch cures
+# both, for every strategy of 2+ replicas.
 #
 # The logged scalars. `reduce_per_replica(..., reduction="mean")` reduces
 # every logged value with `strategy.reduce("MEAN", v, axis=0)` under

@@ -43,14 +43,14 @@ from tfmulti.config.train_config import TrainConfig
 from tfmulti.models import builders as models
 from tfmulti.models import heads
 
-__all__ = ["REPLACEABLE", "compile_for_run"]
+__all__ = ["REPLACEABLE", "compile_for_run", "source_model"]
 
 REPLACEABLE = ("optimizer", "learning_rate", "loss", "metrics", "weighted_metrics",
                "loss_weights")
 """The configuration fields that replace what the model's author compiled it with."""
 
 
-def _source(model):
+def source_model(model):
     """The user's model: a pipeline's is the model it was made from."""
     given = getattr(model, "given", None)
     return given if isinstance(given, keras.Model) else model
@@ -77,12 +77,13 @@ def compile_for_run(model, config: TrainConfig, *, strategy, loss, task, one_hot
             any setting that needs compiling it again), or what
             `tfmulti.models.builders.compile_model` refuses.
     """
-    authored = None if config.builtin_model else heads.authored_compile(_source(model))
+    authored = None if config.builtin_model else heads.authored_compile(source_model(model))
     if authored is not None and authored.own_compile:
         _keep_own_compile(model, config, authored, steps_per_execution)
         return
     optimizer, learning_rate = _optimizer(config, authored, strategy)
-    if authored is not None and optimizer is authored.optimizer and _source(model) is not model:
+    if (authored is not None and optimizer is authored.optimizer
+            and source_model(model) is not model):
         # A pipeline's optimizer holds its stages' variables (a hybrid's replicas'
         # copies too), in the stages' order: it is a copy, and the user's model,
         # which the run saves, keeps the author's, given the trained state for its
@@ -177,13 +178,13 @@ def _keep_own_compile(model, config: TrainConfig, authored, steps_per_execution:
                                            ("accumulate_steps", 1))
                 if getattr(config, name) != default]
     if refused:
-        kind = type(_source(model)).__name__
+        kind = type(source_model(model)).__name__
         raise ValueError(
             f"your model {kind} is compiled by its own compile() (its optimizers and loss are "
             f"its own), which tfmulti keeps as it is and cannot compile again; leave out "
             f"{_listed(refused)}, or set them in your model function's compile call.")
     print(f"tfmulti: training the model as your model function compiled it (its own "
-          f"{type(_source(model)).__name__}.compile())", flush=True)
+          f"{type(source_model(model)).__name__}.compile())", flush=True)
     model.steps_per_execution = steps_per_execution
     if config.jit_compile:
         model.jit_compile = True

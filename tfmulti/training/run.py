@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import keras
 import tensorflow as tf
@@ -33,6 +34,7 @@ from tfmulti.data.checks import check_model_fits, one_hot_width
 from tfmulti.data.from_config import RunData, load_data
 from tfmulti.data.sources import FileSource
 from tfmulti.models import builders as models
+from tfmulti.models import own_fit
 from tfmulti.models.from_config import build_model_for, transformer_sizes
 from tfmulti.parallel.layouts import build_parallel_transformer
 from tfmulti.parallel.pipeline import PipelineModel
@@ -63,6 +65,8 @@ class Run:
         validation_input: the validation split (`validation_split`, or the
             dataset function's "validation") distributed as the test split
             is; None without one.
+        preprocess: the model's own preparation of a batch, mapped over every
+            input's batches (`tfmulti.models.own_fit`); None for most models.
     """
 
     config: TrainConfig
@@ -76,6 +80,7 @@ class Run:
     steps_per_execution: int
     model: keras.Model
     validation_input: data.DistributedInput | None = None
+    preprocess: Callable | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -100,6 +105,7 @@ class Run:
         return data.distribute(
             self.train_data, self.strategy, self.examples_per_step, training=True,
             seed=c.seed, skip_steps=step, sharding=self.train_input.sharding,
+            batch_map_fn=self.preprocess,
             steps_per_epoch=(self.train_input.steps_per_epoch
                              if self.train_input.num_examples is None else None)).dataset
 
@@ -176,18 +182,23 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
         strategy = reuse.strategy
         run_data = RunData(reuse.train_data, reuse.test_data, reuse.info["input_shape"],
                            reuse.info["task"], reuse.info["num_classes"])
+    with models.mixed_precision_policy(config.mixed_precision):
+        model = _model(config, strategy, run_data)
+    # A model whose fit prepares its own input (keras-hub's tasks): prepared here.
+    preprocess = own_fit.preprocessing(compiling.source_model(model))
+    options = dict(input_options or {})
+    options["batch_map_fn"] = _then(preprocess, options.get("batch_map_fn"))
     examples_per_step = config.global_batch_size * config.accumulate_steps
     train_input = data.distribute(
         run_data.train, strategy, examples_per_step, training=True, seed=config.seed,
-        sharding=config.input_sharding, **(input_options or {}),
+        sharding=config.input_sharding, **options,
         steps_per_epoch=_if_unknown_size(run_data.train, config.steps_per_epoch))
-    test_input = _evaluation_input(run_data.test, strategy, config)
-    validation_input = _evaluation_input(run_data.validation, strategy, config)
+    test_input = _evaluation_input(run_data.test, strategy, config, preprocess)
+    validation_input = _evaluation_input(run_data.validation, strategy, config, preprocess)
     steps_per_epoch = config.steps_per_epoch or train_input.steps_per_epoch
     steps_per_execution = resolve_steps_per_execution(
         config.steps_per_execution, steps_per_epoch, config.backup_every_steps)
     with models.mixed_precision_policy(config.mixed_precision):
-        model = _model(config, strategy, run_data)
         output = models.output_head(model)[1]  # also a pipeline's (its last stage's)
         compiling.compile_for_run(
             model, config, strategy=None if config.model_parallel else strategy, loss=loss,
@@ -195,21 +206,33 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
             global_batch_size=examples_per_step, steps_per_epoch=steps_per_epoch,
             steps_per_execution=steps_per_execution)
     # labels and inputs the model takes, before the first epoch
-    check_model_fits(run_data, model, output_shape=output)
+    if preprocess is None:  # else the data is the preprocessor's to check
+        check_model_fits(run_data, model, output_shape=output)
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
                test_input, steps_per_epoch, steps_per_execution, model,
-               validation_input)
+               validation_input, preprocess)
 
 
-def _evaluation_input(source, strategy, config: TrainConfig):
+def _evaluation_input(source, strategy, config: TrainConfig, preprocess):
     """A test or validation split distributed for evaluation (None for no
     split): `input_sharding` is about the training input, so evaluated data
     that is not files is read by examples (files: as the training files)."""
     if source is None:
         return None
     return data.distribute(
-        source, strategy, config.global_batch_size, training=False,
+        source, strategy, config.global_batch_size, training=False, batch_map_fn=preprocess,
         sharding=config.input_sharding if isinstance(source, FileSource) else "examples")
+
+
+def _then(first, second):
+    """`first`, then `second`, over a batch (either may be None)."""
+    if first is None or second is None:
+        return first or second
+    return lambda *batch: second(*_as_args(first(*batch)))
+
+
+def _as_args(batch) -> tuple:
+    return batch if isinstance(batch, tuple) else (batch,)
 
 
 def _loss(config: TrainConfig):

@@ -41,11 +41,11 @@ from tfmulti.data.from_config import dataset_metrics
 from tfmulti.memory import estimate as memory
 from tfmulti.memory import footprint
 from tfmulti.models import builders as models
-from tfmulti.models import rebuild
+from tfmulti.models import own_fit, rebuild
 from tfmulti.parallel import tensor_models
 from tfmulti.runtime import roles
 from tfmulti.runtime import strategy as strategy_lib
-from tfmulti.training import backup, outputs
+from tfmulti.training import backup, compiling, outputs
 from tfmulti.training import run as runs
 from tfmulti.training.callbacks import EpochTimer, ProfileSteps, StopOnNonFiniteLoss
 from tfmulti.training.outputs import MODEL_FILES, OUTPUTS
@@ -355,7 +355,11 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         _say_if_weights_only(config, model)
     if config.model_parallel:
         print(_stage_table(config, model), flush=True)
-    with _damaged_data_named(run):
+    trainer = "the pipeline's stages" if config.model_parallel else None
+    own = own_fit.describe(compiling.source_model(model), trainer)
+    if own:
+        print(f"tfmulti: {own}", flush=True)
+    with _damaged_data_named(run), own_fit.keras_own_methods(model):
         history, resumed_step, last_epoch, results, backed_up = _fit_and_evaluate(
             config, run, role, all_callbacks, verbose)
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
