@@ -114,6 +114,9 @@ def test_a_classifier_on_token_ids_trains_as_plain_keras(distribution, reference
     out = capsys.readouterr().out
     assert "BertTextClassifier overrides fit to prepare its own input: it has no preprocessor" \
         in out, out[-2000:]
+    if distribution == "pipeline":  # its sequence length, open in the model, from the data
+        assert ("leaves a dimension of its activations open: counted at the training data's "
+                "input shapes, padding_mask (32,), segment_ids (32,), token_ids (32,)") in out
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["distribution"] == REPORTED[distribution]
     _assert_matches(name, metrics, references(name), distribution)
@@ -135,6 +138,28 @@ def test_a_classifier_with_its_preprocessor_trains_from_raw_strings(references, 
 def test_a_causal_lm_trains_from_raw_text_and_generates_after_reload(references, tmp_path):
     folder = _mirrored("hub_gpt2_causal_lm", tmp_path, references)
     assert _generates(folder).startswith(CONTINUATION)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("distribution", ["mirrored", "pipeline"])
+def test_estimate_memory_sizes_what_the_preprocessor_makes(distribution, capsys):
+    """The classifier takes raw strings: its memory is estimated on the token
+    ids its preprocessor makes of the first examples (16 per sentence), which
+    the pipeline's table also needs for the sequence length its model leaves
+    open."""
+    name = "hub_bert_text"
+    args = ["estimate-memory", f"--distribution={distribution}", "--num_virtual_devices=2",
+            f"--model=tests.corpus.{name}:build", f"--dataset=tests.corpus.{name}:data",
+            "--global_batch_size=32", "--json"]
+    if distribution == "pipeline":
+        args.append("--num_stages=2")
+    assert cli.main(args) == 0
+    estimate = json.loads(capsys.readouterr().out)
+    assert [row["device"] for row in estimate["devices"]] == [0, 1]
+    assert all(row["activations"] > 0 for row in estimate["devices"]), estimate["devices"]
+    if distribution == "pipeline":
+        assert estimate["input_shapes_from_data"] == {
+            "token_ids": [16], "segment_ids": [16], "padding_mask": [16]}
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tfmulti
+from tfmulti.data import checks
 from tfmulti.models import own_fit
 
 BUILT: list = []  # the models the model functions below made, newest last
@@ -93,3 +94,20 @@ def test_a_fit_override_of_another_kind_is_called_as_it_is():
     tfmulti.train(tfmulti.TrainConfig(model=build_counting, dataset=numbers, epochs=1,
                                       global_batch_size=64, verbose=0))
     assert CountsItsFits.calls == 1
+
+
+def test_the_first_inputs_are_what_the_model_makes_of_the_first_examples():
+    (x, y), _ = numbers()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    prepared = checks.first_inputs(dataset, own_fit.preprocessing(build_squares()))
+    np.testing.assert_allclose(prepared, np.concatenate([x[:2], x[:2] ** 2], axis=1))
+    np.testing.assert_array_equal(checks.first_inputs(dataset), x[:2])  # no preparation
+
+
+def test_first_inputs_of_differing_shapes_are_refused_naming_them():
+    ragged = tf.data.Dataset.from_generator(
+        lambda: iter([np.zeros(3, "int32"), np.zeros(5, "int32")]),
+        output_signature=tf.TensorSpec((None,), tf.int32))
+    with pytest.raises(ValueError, match=r"the training split's features differ in shape "
+                                         r"between examples \(\(3,\), \(5,\)\)"):
+        checks.first_inputs(ragged)

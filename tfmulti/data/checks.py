@@ -43,7 +43,8 @@ from tfmulti.data.sources import FileSource
 from tfmulti.runtime import roles
 
 __all__ = ["SAMPLE", "check_model_fits", "check_splits", "check_tfrecord_files",
-           "data_loss_error", "first_examples", "one_hot_width", "tfrecord_files"]
+           "data_loss_error", "first_examples", "first_inputs", "one_hot_width",
+           "tfrecord_files"]
 
 SAMPLE = 256
 """Examples read from the start of each split by the checks."""
@@ -248,6 +249,36 @@ def first_examples(source, split: str, count: int = SAMPLE, files=None) -> list:
         raise ValueError(f"reading the first examples of the {split} split failed: "
                          f"{reason}; check the data (and its parse function) before "
                          "training.") from None
+
+
+def first_inputs(source, preprocess=None, count: int = 2):
+    """The model's inputs for the first `count` training examples of `source`
+    (a dataset, a file source or a loader), as one batch: their features, or
+    what `preprocess` (a model's own preparation of a batch,
+    `tfmulti.models.own_fit`) makes of the examples.
+
+    Raises:
+        ValueError: reading them failed (see `first_examples`), or the
+            examples' features differ in shape, naming the part and the shapes.
+    """
+    if isinstance(source, LoaderSource):
+        examples = source.first_examples(count)
+    else:
+        examples = first_examples(source, "training", count)
+    parts = [e if isinstance(e, tuple) else (e,) for e in examples]
+    for name, shapes in _shapes([(p[0],) for p in parts]).items():
+        if len(shapes) > 1:
+            raise ValueError(f"the training split's {name} differ in shape between examples "
+                             f"({', '.join(map(str, sorted(shapes)))}); the sizes of a model that "
+                             "leaves them open are taken from the data, so give the examples "
+                             "one shape (pad them), or give the model's inputs concrete sizes.")
+    batch = tuple(tf.nest.map_structure(lambda *column: np.stack(column), *[
+        p[i] for p in parts]) for i in range(len(parts[0])))
+    if preprocess is None:
+        return batch[0]
+    import keras
+
+    return keras.utils.unpack_x_y_sample_weight(preprocess(*batch))[0]
 
 
 def _fixed_shapes(spec) -> bool:

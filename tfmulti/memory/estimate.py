@@ -29,7 +29,9 @@ from tfmulti.utils import checks
 from tfmulti.utils import human
 from tfmulti.memory import footprint
 from tfmulti.config import user_functions as hooks
+from tfmulti.data import checks as data_checks
 from tfmulti.models import builders as models
+from tfmulti.models import own_fit
 from tfmulti.models import transformer
 from tfmulti.data.from_config import features_spec, load_data
 from tfmulti.models.from_config import build_model_for
@@ -351,9 +353,12 @@ def check_config(config: TrainConfig) -> None:
 
 
 def _user_model(config: TrainConfig, data_given: bool):
-    """(the built model, its input shape, its input dtype) for any model and
-    data (`config`'s; without `data_given`, the model function must take no
-    `input_shape`)."""
+    """(the built model, its input shape, its input dtype, a function giving
+    the model's inputs for the first training examples (None without data))
+    for any model and data (`config`'s; without `data_given`, the model
+    function must take no `input_shape`). A model that prepares its own input
+    (`tfmulti.models.own_fit`: keras-hub's tasks) takes the shapes and dtypes
+    of what it makes of the first examples."""
     model, dropout = config.model, config.dropout
     if not data_given and not config.builtin_model:
         fn = hooks.resolve(model, "model")
@@ -367,12 +372,22 @@ def _user_model(config: TrainConfig, data_given: bool):
             raise ValueError(f"the model function {config.model_name} returned a model without "
                              "inputs (not built); pass `dataset` so that it can be built.")
         shapes = [tuple(t.shape[1:]) for t in built.inputs]
-        return built, shapes[0] if len(shapes) == 1 else shapes, None
+        return built, shapes[0] if len(shapes) == 1 else shapes, None, None
     run_data = load_data(config)
+    built = build_model_for(config, run_data)
+    preprocess = own_fit.preprocessing(built)
+
+    def inputs():
+        return data_checks.first_inputs(run_data.train, preprocess)
+
+    if preprocess is not None:
+        prepared = inputs()
+        return (built, keras.tree.map_structure(lambda t: tuple(t.shape[1:]), prepared),
+                keras.tree.map_structure(lambda t: t.dtype, prepared), lambda: prepared)
     spec = features_spec(run_data.train)
     dtype = ({k: v.dtype for k, v in spec.items()} if isinstance(spec, dict)
              else spec.dtype)
-    return build_model_for(config, run_data), run_data.input_shape, dtype
+    return built, run_data.input_shape, dtype, inputs
 
 
 def _compiled_optimizer(model) -> str | None:
@@ -397,7 +412,7 @@ def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, 
         "mixed_precision": mixed_precision,
     }
     with models.mixed_precision_policy(_CPU_POLICY.get(mixed_precision, mixed_precision)):
-        built, input_shape, input_dtype = _user_model(config, data_given)
+        built, input_shape, input_dtype, inputs = _user_model(config, data_given)
         compiled = _compiled_optimizer(built) if config.optimizer is None else None
         if compiled is not None:  # the optimizer the model function compiled it with
             summary["optimizer"], slots = compiled, footprint.OPTIMIZER_SLOTS[compiled]
@@ -412,7 +427,15 @@ def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, 
                                 else input_shape)
         if summary["remat"]:
             check_remat(chain.layers)
-        rows = _chain_rows(chain, layout, summary, slots, partition)
+        open_inputs = [t for t in getattr(built, "inputs", None) or [] if None in t.shape[1:]]
+        if not open_inputs or inputs is None:
+            rows = _chain_rows(chain, layout, summary, slots, partition)
+        else:  # a sequence length the model leaves open: the data's
+            example = inputs()
+            with footprint.measured_on(built, example):
+                rows = _chain_rows(chain, layout, summary, slots, partition)
+            summary["input_shapes_from_data"] = keras.tree.map_structure(
+                lambda t: list(t.shape[1:]), example)
     return {**summary, "devices": rows}
 
 
@@ -431,5 +454,10 @@ def format_memory_estimate(estimate: dict) -> str:
              f"{human.count(estimate['num_devices'], 'device')}, global batch "
              f"{estimate['global_batch_size']}, {estimate['optimizer']}, activations in "
              f"{_COMPUTE_DTYPES[estimate['mixed_precision']]} (variables float32)")
+    shapes = estimate.get("input_shapes_from_data")
+    if shapes is not None:  # open dimensions of the model, sized by the data
+        what += (", at the training data's input shapes ("
+                 + (", ".join(f"{k} {tuple(v)}" for k, v in sorted(shapes.items()))
+                    if isinstance(shapes, dict) else str(shapes)) + ")")
     return (footprint.format_footprint(estimate["devices"], title=title)
             + f"\nactivations: a {what} per device.")

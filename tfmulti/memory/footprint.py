@@ -38,13 +38,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 from tfmulti.utils.sizes import dtype_bytes, variables_bytes
 
-__all__ = ["COLUMNS", "OPTIMIZER_SLOTS", "format_footprint", "layer_outputs", "model_footprint",
-           "output_bytes", "output_elements", "pipeline_footprint", "slot_bytes_by_device",
-           "stack_footprint", "stage_footprint", "tensor_bytes"]
+__all__ = ["COLUMNS", "OPTIMIZER_SLOTS", "format_footprint", "layer_outputs", "measured_on",
+           "model_footprint", "output_bytes", "output_elements", "pipeline_footprint",
+           "slot_bytes_by_device", "stack_footprint", "stage_footprint", "tensor_bytes"]
 
 OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "lion": 1, "rmsprop": 1,
                    "adagrad": 1, "adadelta": 2, "ftrl": 2, "sgd": 0}
@@ -86,11 +88,64 @@ def tensor_bytes(tensor) -> int:
     dtype = getattr(tensor.dtype, "name", None) or str(tensor.dtype)
     if dtype == "string":
         return 0
+    measured = _MEASURED.get()
+    if measured is not None and id(tensor) in measured and None in tuple(tensor.shape[1:]):
+        return measured[id(tensor)]
     node = node_of(tensor)
     compute = getattr(node.operation, "compute_dtype", None) if node is not None else None
     if "float" in dtype and "float" in str(compute):  # not a lookup's: a string "compute" dtype
         dtype = compute
     return per_example_elements(tensor) * dtype_bytes(dtype)
+
+
+_MEASURED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("measured", default=None)
+"""Bytes per example of the tensors of a graph whose shapes are open (`measured_on`)."""
+
+
+@contextlib.contextmanager
+def measured_on(model, inputs):
+    """Within: `tensor_bytes` of a tensor of `model`'s graph that has a
+    dimension the model leaves open (a sequence length, an image size) is
+    that tensor's bytes per example in one pass of `inputs` (a batch of the
+    model's inputs from the data: `tfmulti.data.checks.first_inputs`) through
+    the graph's layers; every other tensor is counted from its shape as
+    before.
+
+    Example:
+        >>> import keras, numpy as np
+        >>> tokens = keras.Input((None,), dtype="int32")
+        >>> model = keras.Model(tokens, keras.layers.Embedding(10, 4)(tokens))
+        >>> with measured_on(model, np.zeros((2, 16), "int32")):
+        ...     tensor_bytes(model.outputs[0])
+        256
+    """
+    token = _MEASURED.set(_graph_bytes(model, inputs))
+    try:
+        yield
+    finally:
+        _MEASURED.reset(token)
+
+
+def _graph_bytes(model, inputs) -> dict[int, int]:
+    """id of each tensor of the functional `model`'s graph -> its bytes per
+    example when `inputs` run through it, node by node as Keras runs them
+    (`Function._run_through_graph`), eagerly, in inference mode."""
+    import tensorflow as tf
+    from keras import tree
+
+    values = {id(x): tf.convert_to_tensor(y)
+              for x, y in zip(tree.flatten(model._inputs_struct), tree.flatten(inputs))}  # pylint: disable=protected-access
+    for depth in sorted(model._nodes_by_depth, reverse=True):  # pylint: disable=protected-access
+        for node in model._nodes_by_depth[depth]:  # pylint: disable=protected-access
+            if not node.operation or node.is_input:
+                continue
+            if any(id(x) not in values for x in node.input_tensors):
+                continue
+            args, kwargs = node.arguments.fill_in(values)
+            for x, y in zip(node.outputs, tree.flatten(node.operation(*args, **kwargs))):
+                values[id(x)] = y
+    return {key: math.prod(int(d) for d in value.shape[1:]) * dtype_bytes(value.dtype)
+            for key, value in values.items() if hasattr(value, "shape") and value.shape}
 
 
 def output_bytes(node) -> int:

@@ -354,7 +354,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     if writes:
         _say_if_weights_only(config, model)
     if config.model_parallel:
-        print(_stage_table(config, model), flush=True)
+        print(_stage_table(config, run), flush=True)
     trainer = "the pipeline's stages" if config.model_parallel else None
     own = own_fit.describe(compiling.source_model(model), trainer)
     if own:
@@ -382,22 +382,42 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     return metrics
 
 
-def _stage_table(config: TrainConfig, model) -> str:
-    """The pipeline's stages and the bytes each device holds (without the
-    bytes where a dimension of the activations is known only from the data,
-    such as a sequence length the model leaves open: one line says so)."""
-    try:
+def _stage_table(config: TrainConfig, run: runs.Run) -> str:
+    """The pipeline's stages and the bytes each device holds. Where the model
+    leaves a dimension of its activations open (a sequence length), the bytes
+    are those of the training data's first examples, said in one line (or,
+    where those differ in shape, one line says why there is no table)."""
+    model = run.model
+    if getattr(model, "tensor_parallel", 1) > 1:
         # Stages split over T devices are counted per device by the estimate
         # (the placed pipeline's report counts one device per stage).
-        rows = (memory.estimate_for_config(config)["devices"]
-                if getattr(model, "tensor_parallel", 1) > 1
-                else footprint.pipeline_footprint(model, config.global_batch_size))
+        rows = memory.estimate_for_config(config)["devices"]
+        return f"{model.plan.table()}\n{footprint.format_footprint(rows)}"
+    try:
+        return (f"{model.plan.table()}\n"
+                + footprint.format_footprint(footprint.pipeline_footprint(
+                    model, config.global_batch_size)))
     except ValueError as e:
         if "fully known shapes" not in str(e):
             raise
+    try:
+        inputs = data_checks.first_inputs(run.train_data, run.preprocess)
+    except ValueError as e:
         return (f"{model.plan.table()}\ntfmulti: no memory table: the model leaves a "
-                f"dimension of its activations open ({str(e).split(';')[0]})")
-    return f"{model.plan.table()}\n{footprint.format_footprint(rows)}"
+                f"dimension of its activations open, and {e}")
+    with footprint.measured_on(compiling.source_model(model), inputs):
+        rows = footprint.pipeline_footprint(model, config.global_batch_size)
+    return (f"{model.plan.table()}\n{footprint.format_footprint(rows)}\ntfmulti: the model "
+            f"leaves a dimension of its activations open: counted at the training data's "
+            f"input shapes, {_shapes(inputs)}")
+
+
+def _shapes(inputs) -> str:
+    """Per-example input shapes, by name where the inputs are a dict."""
+    if isinstance(inputs, dict):
+        return ", ".join(f"{name} {tuple(value.shape[1:])}" for name, value in
+                         sorted(inputs.items()))
+    return ", ".join(str(tuple(value.shape[1:])) for value in tf.nest.flatten(inputs))
 
 
 def _fit_and_evaluate(config: TrainConfig, run: runs.Run, role, all_callbacks, verbose):
