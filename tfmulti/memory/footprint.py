@@ -133,8 +133,16 @@ def _graph_bytes(model, inputs) -> dict[int, int]:
     import tensorflow as tf
     from keras import tree
 
-    values = {id(x): tf.convert_to_tensor(y)
-              for x, y in zip(tree.flatten(model._inputs_struct), tree.flatten(inputs))}  # pylint: disable=protected-access
+    graph_inputs = tree.flatten(model._inputs_struct)  # pylint: disable=protected-access
+    if isinstance(inputs, dict) and not isinstance(model._inputs_struct, dict):  # pylint: disable=protected-access
+        missing = sorted({x.name for x in graph_inputs} - set(inputs))
+        if missing:
+            raise ValueError(f"the data has no input named {', '.join(missing)} (it has "
+                             f"{', '.join(sorted(inputs))})")
+        given = [inputs[x.name] for x in graph_inputs]  # by name, as Keras feeds a dict
+    else:
+        given = tree.flatten(inputs)
+    values = {id(x): tf.convert_to_tensor(y) for x, y in zip(graph_inputs, given)}
     for depth in sorted(model._nodes_by_depth, reverse=True):  # pylint: disable=protected-access
         for node in model._nodes_by_depth[depth]:  # pylint: disable=protected-access
             if not node.operation or node.is_input:

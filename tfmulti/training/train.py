@@ -402,11 +402,12 @@ def _stage_table(config: TrainConfig, run: runs.Run) -> str:
             raise
     try:
         inputs = data_checks.first_inputs(run.train_data, run.preprocess)
-    except ValueError as e:
+        with footprint.measured_on(compiling.source_model(model), inputs):
+            rows = footprint.pipeline_footprint(model, config.global_batch_size)
+    except Exception as e:  # pylint: disable=broad-except  (a table: never the run's end)
         return (f"{model.plan.table()}\ntfmulti: no memory table: the model leaves a "
-                f"dimension of its activations open, and {e}")
-    with footprint.measured_on(compiling.source_model(model), inputs):
-        rows = footprint.pipeline_footprint(model, config.global_batch_size)
+                f"dimension of its activations open, and sizing it by the first training "
+                f"examples failed: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
     return (f"{model.plan.table()}\n{footprint.format_footprint(rows)}\ntfmulti: the model "
             f"leaves a dimension of its activations open: counted at the training data's "
             f"input shapes, {_shapes(inputs)}")
