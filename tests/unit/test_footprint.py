@@ -237,3 +237,18 @@ def test_estimate_memory_and_pipeline_model_report_the_same_bytes(
     if expected is not None:  # and both are right, from the shapes
         assert [{k: r[k] for k in expected(batch, micro)[0]} for r in measured] == expected(
             batch, micro)
+
+
+def test_sizes_measured_from_a_dict_of_data_feed_listed_inputs_by_name():
+    """keras-io's multi-input model takes a list of named inputs; its data is a dict."""
+    title = keras.Input((None,), name="title", dtype="int32")
+    body = keras.Input((None,), name="body", dtype="int32")
+    words = keras.layers.Concatenate(axis=1)([keras.layers.Embedding(10, 2)(title),
+                                              keras.layers.Embedding(10, 2)(body)])
+    model = keras.Model([title, body], words)
+    data = {"body": np.zeros((2, 5), "int32"), "title": np.zeros((2, 3), "int32")}
+    with footprint.measured_on(model, data):
+        assert footprint.tensor_bytes(model.outputs[0]) == (3 + 5) * 2 * 4
+    with pytest.raises(ValueError, match="the data has no input named title"):
+        with footprint.measured_on(model, {"body": data["body"]}):
+            pass
