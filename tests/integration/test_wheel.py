@@ -77,6 +77,12 @@ print(json.dumps({"tfmulti": tfmulti.__file__, "path": sys.path,
                                      if getattr(m, "__file__", None)})}))
 """
 
+KERAS_HUB_UNMET = tuple(f"{name} " for name in ("keras-hub", "tokenizers", "tensorflow-text",
+                                                 "sentencepiece", "regex"))
+"""The packages `make test` installs without their dependencies (the Makefile's KERAS_HUB, for
+tests/integration/test_keras_hub.py: keras-hub's preset downloads, kagglehub, and the
+Hugging Face hub, unused there): `pip check` may find their requirements unmet."""
+
 
 @pytest.mark.slow  # builds the wheel, makes a virtual environment, trains in processes
 @pytest.mark.cluster  # and launches a 2-worker cluster
@@ -143,7 +149,14 @@ def test_the_wheel_installed_outside_the_checkout_is_the_whole_tool(wheel, tmp_p
     pip = (sys.executable, "-m", "pip", "--python", str(python))
     run(*pip, "install", "-q", "--no-deps", "--no-index", str(wheel))
     borrowed.with_suffix(".off").rename(borrowed)
-    run(*pip, "check")
+    # Only the packages installed without their dependencies may have requirements
+    # unmet (KERAS_HUB_UNMET): nothing of the wheel's.
+    checked = subprocess.run(list(pip) + ["check"], capture_output=True, text=True, env=env,
+                             cwd=home, timeout=600)
+    unmet = [line for line in checked.stdout.splitlines()
+             if line.strip() and not line.startswith(KERAS_HUB_UNMET)]
+    assert checked.returncode == 0 or (unmet == [] and checked.stdout.strip()), (
+        checked.stdout[-4000:], checked.stderr[-4000:])
 
     where = json.loads(run(str(python), "-c", _WHERE).stdout)
     assert Path(where["tfmulti"]).is_relative_to(site), where["tfmulti"]
