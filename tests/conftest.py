@@ -32,8 +32,10 @@ tfmulti.configure_virtual_devices(NUM_TEST_DEVICES)
 # tests build hundreds of small models and trace each one's first step, and
 # grappler's passes cost about half of that tracing while changing no result a
 # test checks (it rewrites graphs, not what they compute). Every process the
-# suite starts (recipes, launched workers, notebooks, the docs' commands) runs
-# with it on, as users do, so the optimized graphs are still trained end to end.
+# suite starts that runs the user's commands (recipes, `tfmulti train` under the
+# launcher, notebooks, the docs' code) runs with it on, as users do, so the
+# optimized graphs are still trained end to end; the corpus' cluster workers
+# (tests/workers/corpus.py), which trace every program again, turn it off too.
 import tensorflow as tf  # noqa: E402
 
 tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})

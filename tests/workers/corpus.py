@@ -18,6 +18,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import tensorflow as tf  # noqa: E402
 
+# Grappler off, as in the pytest processes (tests/conftest.py says why): these
+# workers trace every program of the corpus, and the suite's processes that run
+# the user's commands (recipes, `tfmulti train` under the launcher, notebooks,
+# the docs) keep it on. Measured here (the test module, its plain-Keras
+# references included): test_keras_hub's cluster 110 CPU-s with it, 80 without;
+# test_corpus' 104 and 95; the same figures.
+tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+
 import tfmulti  # noqa: E402
 from tests.corpus import harness  # noqa: E402
 
