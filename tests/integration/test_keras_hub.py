@@ -117,6 +117,10 @@ def test_a_classifier_on_token_ids_trains_as_plain_keras(distribution, reference
     if distribution == "pipeline":  # its sequence length, open in the model, from the data
         assert ("leaves a dimension of its activations open: counted at the training data's "
                 "input shapes, padding_mask (32,), segment_ids (32,), token_ids (32,)") in out
+        # The cut goes through the backbone (a model in the model): a transformer layer
+        # on each stage.
+        stages = [line for line in out.splitlines() if line.startswith(("0 ", "1 "))][:2]
+        assert "transformer_layer_0" in stages[0] and "transformer_layer_1" in stages[1], out
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["distribution"] == REPORTED[distribution]
     _assert_matches(name, metrics, references(name), distribution)

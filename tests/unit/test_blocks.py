@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfmulti.memory import footprint
+from tfmulti.memory import footprint, shares
 from tfmulti.parallel import chain as blocks
 from tfmulti.parallel import partition
 
@@ -61,6 +61,39 @@ def test_stage_models_chained_give_the_model_output():
     out = second([carry, *[flat[k] for k in chain.stage_side_keys(2, 4)]])
     np.testing.assert_allclose(out, model(x), atol=1e-6)
     assert first.layers[-1] is model.get_layer("residual0")  # the same layer objects
+
+
+def test_a_model_called_inside_the_model_is_cut_through_its_layers():
+    """A backbone model inside a task model (keras-hub's shape), taking a dict
+    and giving a dict: its layers are blocks of the task's chain, the same
+    objects, and the stages chained give the task's output."""
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    mask = keras.Input((None,), dtype="bool", name="mask")
+    h = keras.layers.Embedding(20, 8, name="embed")(tokens)
+    for i in range(2):
+        h = keras.layers.Add(name=f"residual{i}")([h, keras.layers.Dense(8, name=f"inner{i}")(h)])
+    pooled = keras.layers.Dense(8, name="pool")(h[:, 0])
+    backbone = keras.Model({"tokens": tokens, "mask": mask}, {"sequence": h, "pooled": pooled},
+                           name="backbone")
+    inputs = {"tokens": keras.Input((None,), dtype="int32", name="tokens"),
+              "mask": keras.Input((None,), dtype="bool", name="mask")}
+    task = keras.Model(inputs, keras.layers.Dense(2, name="logits")(backbone(inputs)["pooled"]))
+    chain = blocks.chain_of(task)
+    assert [block.name for block in chain.blocks] == [
+        "embed", "inner0..residual0", "inner1..residual1", "get_item", "pool", "logits"]
+    assert chain.layers[0] is backbone.get_layer("embed")  # the same layer objects
+    x = {"tokens": np.arange(10).reshape(2, 5).astype("int32"), "mask": np.ones((2, 5), bool)}
+    flat = [keras.ops.convert_to_tensor(t) for t in keras.tree.flatten(x)]
+    first = chain.stage_model(0, 2, name="s0")
+    second = chain.stage_model(2, 6, name="s1")
+    carry = first([flat[k] for k in chain.stage_side_keys(0, 2)])
+    out = second([carry, *[flat[k] for k in chain.stage_side_keys(2, 6)]])
+    np.testing.assert_allclose(out, task(x), atol=1e-6)
+    assert blocks.inlined(backbone) is backbone  # nothing nested: the model itself
+    # `h[:, 0]`, an operation without weights, is counted as a stage's (the estimate's shares).
+    (get_item,) = [node.operation for node in chain.stage_nodes(0, 6)
+                   if not isinstance(node.operation, keras.layers.Layer)]
+    assert shares.device_shares(get_item, None, 2)[0].weights == ()
 
 
 def test_a_stack_is_a_chain_of_its_layers():

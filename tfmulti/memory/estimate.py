@@ -432,7 +432,7 @@ def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, 
             rows = _chain_rows(chain, layout, summary, slots, partition)
         else:  # a sequence length the model leaves open: the data's
             example = inputs()
-            with footprint.measured_on(built, example):
+            with footprint.measured_on(chain.graph, example):
                 rows = _chain_rows(chain, layout, summary, slots, partition)
             summary["input_shapes_from_data"] = keras.tree.map_structure(
                 lambda t: list(t.shape[1:]), example)

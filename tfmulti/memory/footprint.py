@@ -128,10 +128,12 @@ def measured_on(model, inputs):
 
 def _graph_bytes(model, inputs) -> dict[int, int]:
     """id of each tensor of the functional `model`'s graph -> its bytes per
-    example when `inputs` run through it, node by node as Keras runs them
-    (`Function._run_through_graph`), eagerly, in inference mode."""
+    example when `inputs` run through it (`tfmulti.parallel.chain.run_graph`),
+    eagerly, in inference mode."""
     import tensorflow as tf
     from keras import tree
+
+    from tfmulti.parallel.chain import run_graph
 
     graph_inputs = tree.flatten(model._inputs_struct)  # pylint: disable=protected-access
     if isinstance(inputs, dict) and not isinstance(model._inputs_struct, dict):  # pylint: disable=protected-access
@@ -142,16 +144,8 @@ def _graph_bytes(model, inputs) -> dict[int, int]:
         given = [inputs[x.name] for x in graph_inputs]  # by name, as Keras feeds a dict
     else:
         given = tree.flatten(inputs)
-    values = {id(x): tf.convert_to_tensor(y) for x, y in zip(graph_inputs, given)}
-    for depth in sorted(model._nodes_by_depth, reverse=True):  # pylint: disable=protected-access
-        for node in model._nodes_by_depth[depth]:  # pylint: disable=protected-access
-            if not node.operation or node.is_input:
-                continue
-            if any(id(x) not in values for x in node.input_tensors):
-                continue
-            args, kwargs = node.arguments.fill_in(values)
-            for x, y in zip(node.outputs, tree.flatten(node.operation(*args, **kwargs))):
-                values[id(x)] = y
+    values = run_graph(model, [tf.convert_to_tensor(y) for y in given],
+                       lambda node, args, kwargs: tree.flatten(node.operation(*args, **kwargs)))
     return {key: math.prod(int(d) for d in value.shape[1:]) * dtype_bytes(value.dtype)
             for key, value in values.items() if hasattr(value, "shape") and value.shape}
 

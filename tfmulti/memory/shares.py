@@ -94,8 +94,9 @@ def device_shares(layer, kind: str | None, T: int) -> list[DeviceShare]:
         >>> [([w.shape for w in d.weights], d.output) for d in device_shares(dense, "row", 2)]
         [([(16,), (8,)], 1.0), ([(16,)], 0.0)]
     """
-    if kind is None:
-        whole = DeviceShare(tuple(_weight_share(v) for v in layer.weights), 1.0, 0.0)
+    if kind is None:  # (an operation of the graph, `x[:, 0]`, has no weights)
+        whole = DeviceShare(tuple(_weight_share(v) for v in getattr(layer, "weights", ())),
+                            1.0, 0.0)
         return [whole] + [DeviceShare((), 0.0, 0.0)] * (T - 1)
     unsplit = {id(v) for v in _unsplit_variables(layer, kind)}
     each, home = _OUTPUT_SHARES[kind](T)

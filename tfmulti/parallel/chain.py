@@ -46,8 +46,8 @@ import math
 import keras
 from keras.src.models.functional import Functional
 
-__all__ = ["Block", "Chain", "StageModel", "chain_of", "node_of", "per_example_elements",
-           "stack_graph", "stack_of"]
+__all__ = ["Block", "Chain", "StageModel", "chain_of", "inlined", "node_of",
+           "per_example_elements", "run_graph", "stack_graph", "stack_of"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -95,6 +95,9 @@ class Chain:
         stack: the layers, when the chain was given as a stack of layers.
         why_not: for each place between consecutive layers that is not a
             cut, the reason, for error messages.
+        graph: the functional model whose graph the blocks' nodes belong to
+            (the model given, or its nested models' layers called in line:
+            `inlined`); None for a stack whose input shape is not known yet.
     """
 
     name: str
@@ -103,6 +106,7 @@ class Chain:
     input_struct: object = None
     stack: tuple | None = None
     why_not: str | None = None
+    graph: object = None
 
     @property
     def layers(self) -> list:
@@ -226,7 +230,7 @@ def chain_of(model, input_shape=None) -> Chain:
                 f"model {model.name!r} ({type(model).__name__}) is a subclassed model, whose "
                 "graph Keras does not record; pass a functional model, a keras.Sequential or "
                 "a list of layers.")
-        return _graph_chain(model)
+        return _graph_chain(inlined(model))
     layers, name, shape, dtype = stack_of(model)
     if input_shape is not None:
         shape = tuple(input_shape)
@@ -237,6 +241,88 @@ def chain_of(model, input_shape=None) -> Chain:
     # layer, which a functional model would recompute as a side computation).
     chain = _graph_chain(stack_graph(layers, shape, dtype, name=name), side_computations=False)
     return dataclasses.replace(chain, stack=tuple(layers))
+
+
+def _is_plain_graph(op) -> bool:
+    """Whether `op` is a functional model whose behaviour is its graph (its
+    class keeps `Functional`'s `call`): a nested backbone, an encoder."""
+    return isinstance(op, Functional) and not isinstance(op, keras.Sequential) and (
+        type(op).call is Functional.call)
+
+
+def inlined(model):
+    """`model` itself, or, where its graph calls nested functional models
+    (keras-hub's backbone inside its task model, an encoder model called as a
+    layer), a functional model of the same inputs and outputs whose graph calls
+    their layers directly (the same layer objects, so the same weights), so
+    that a pipeline can cut between them.
+
+    Example:
+        >>> import keras
+        >>> x = keras.Input((4,), name="x")
+        >>> inner = keras.Model(x, keras.layers.Dense(3, name="b")(keras.layers.Dense(3, name="a")(x)))
+        >>> y = keras.Input((4,), name="y")
+        >>> outer = keras.Model(y, keras.layers.Dense(2, name="head")(inner(y)))
+        >>> [layer.name for layer in chain_of(outer).layers]
+        ['a', 'b', 'head']
+    """
+    nodes = [node for nodes in model._nodes_by_depth.values() for node in nodes]  # pylint: disable=protected-access
+    if not any(_is_plain_graph(node.operation) for node in nodes):
+        return model
+    from keras import tree
+
+    outputs = _run_inlined(model, tree.flatten(model._inputs_struct))  # pylint: disable=protected-access
+    return keras.Model(model._inputs_struct, tree.pack_sequence_as(  # pylint: disable=protected-access
+        model._outputs_struct, outputs), name=model.name)  # pylint: disable=protected-access
+
+
+def _run_inlined(model, inputs: list) -> list:
+    """`model`'s flat outputs, its graph called on the symbolic `inputs`
+    (`run_graph`), a nested functional model's graph in turn (the layers
+    called anew, making nodes of the new graph)."""
+    from keras import tree
+
+    def call(node, args, kwargs):
+        op = node.operation
+        # Called with its inputs alone (Keras records `mask=None`): its graph in line.
+        if _is_plain_graph(op) and len(args) == 1 and all(
+                v is None for v in tree.flatten(kwargs)) and _same_structure(
+                args[0], op._inputs_struct):  # pylint: disable=protected-access
+            return _run_inlined(op, tree.flatten(args[0]))
+        return tree.flatten(op(*args, **kwargs))
+
+    values = run_graph(model, inputs, call)
+    return [values[id(x)] for x in tree.flatten(model._outputs_struct)]  # pylint: disable=protected-access
+
+
+def run_graph(model, inputs: list, call) -> dict:
+    """Runs the functional `model`'s graph on its flat `inputs` node by node,
+    in the order Keras runs it (`Function._run_through_graph`): `call(node,
+    args, kwargs)` gives a node's flat outputs from its arguments. Returns the
+    id of each tensor of the graph reached -> its value."""
+    from keras import tree
+
+    values = {id(x): y for x, y in zip(tree.flatten(model._inputs_struct), inputs)}  # pylint: disable=protected-access
+    for depth in sorted(model._nodes_by_depth, reverse=True):  # pylint: disable=protected-access
+        for node in model._nodes_by_depth[depth]:  # pylint: disable=protected-access
+            if not node.operation or node.is_input:
+                continue
+            if any(id(x) not in values for x in node.input_tensors):
+                continue
+            args, kwargs = node.arguments.fill_in(values)
+            for x, y in zip(node.outputs, call(node, args, kwargs)):
+                values[id(x)] = y
+    return values
+
+
+def _same_structure(a, b) -> bool:
+    from keras import tree
+
+    try:
+        tree.assert_same_structure(a, b)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def stack_of(model):
@@ -455,7 +541,7 @@ def _graph_chain(model, side_computations: bool = True) -> Chain:
                    "crossing every point between them; move that branch inside one layer "
                    "(a custom layer or a nested model).")
     return Chain(name=model.name, blocks=tuple(blocks), inputs=inputs,
-                 input_struct=model._inputs_struct, why_not=why_not)
+                 input_struct=model._inputs_struct, why_not=why_not, graph=model)
 
 
 def _used_output(node, last_use):

@@ -402,7 +402,7 @@ def _stage_table(config: TrainConfig, run: runs.Run) -> str:
             raise
     try:
         inputs = data_checks.first_inputs(run.train_data, run.preprocess)
-        with footprint.measured_on(compiling.source_model(model), inputs):
+        with footprint.measured_on(model.built_chain().graph, inputs):
             rows = footprint.pipeline_footprint(model, config.global_batch_size)
     except Exception as e:  # pylint: disable=broad-except  (a table: never the run's end)
         return (f"{model.plan.table()}\ntfmulti: no memory table: the model leaves a "
