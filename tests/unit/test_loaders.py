@@ -288,6 +288,16 @@ def test_what_a_loader_cannot_do_is_refused_in_one_line(tmp_path, monkeypatch):
         load_data(_config("tests.loader_data:pydataset", validation_split=0.2))
 
 
+TRAINING = dict(global_batch_size=64, epochs=4, seed=0, learning_rate=0.01, verbose=0)
+"""The loaders' trainings and their reference's."""
+
+
+@pytest.fixture(scope="module")
+def arrays_reference():
+    """The loaders' examples given as arrays, trained once for the module."""
+    return tfmulti.train(_config("tests.loader_data:arrays", **TRAINING))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset, options", [
     ("tests.loader_data:pydataset", {}),
@@ -300,12 +310,13 @@ def test_what_a_loader_cannot_do_is_refused_in_one_line(tmp_path, monkeypatch):
                                                  "num_stages": 2, "num_virtual_devices": 4},
                  id="hybrid"),
 ])
-def test_a_loader_trains_as_its_examples_given_as_arrays(dataset, options, capsys):
-    common = dict(global_batch_size=64, epochs=4, seed=0, learning_rate=0.01, verbose=0)
-    reference = tfmulti.train(_config("tests.loader_data:arrays", **common))
+def test_a_loader_trains_as_its_examples_given_as_arrays(dataset, options, arrays_reference,
+                                                        capsys):
+    reference = arrays_reference
     options = {"distribution": "mirrored", "num_virtual_devices": 2, **options}
+    capsys.readouterr()  # the reference's lines, where this test trained it
     children = set(os.listdir("/proc"))
-    metrics = tfmulti.train(_config(dataset, **common, **options))
+    metrics = tfmulti.train(_config(dataset, **TRAINING, **options))
     assert metrics["test_accuracy"] == pytest.approx(reference["test_accuracy"], abs=0.05)
     assert reference["test_accuracy"] > 0.8
     out = capsys.readouterr().out
