@@ -427,7 +427,7 @@ def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, 
                                 else input_shape)
         if summary["remat"]:
             check_remat(chain.layers)
-        open_inputs = [t for t in getattr(built, "inputs", None) or [] if None in t.shape[1:]]
+        open_inputs = any(None in t.shape[1:] for t in getattr(built, "inputs", None) or [])
         if not open_inputs or inputs is None:
             rows = _chain_rows(chain, layout, summary, slots, partition)
         else:  # a sequence length the model leaves open: the data's
