@@ -70,9 +70,12 @@ def _sizes() -> dict:
                                "steps_per_epoch": None}, TOY)
 
 
-def _fashion_mnist_arrays(split: str):
+def _fashion_mnist_arrays(split: str, count: int | None = None):
     """Seed 000's `fashion_mnist.load_data()` and `/ 255.0`: the same IDX files
-    (the Debian package's), else the prepared TFDS data."""
+    (the Debian package's), else the prepared TFDS data; its first `count`
+    examples (default: all), kept before the division (the same arrays as
+    dividing all and keeping those, without converting the whole split to
+    floats for a toy run)."""
     import tfmulti.data
     from tfmulti.data import catalog
 
@@ -80,9 +83,11 @@ def _fashion_mnist_arrays(split: str):
     if folder is not None:
         images, labels = (tfmulti.data.read_idx(folder / name)
                           for name in catalog.FASHION_MNIST_FILES[split])
-        return images / 255.0, labels
-    images, labels = next(iter(tfmulti.data.load("fashion_mnist", split).batch(100_000)
-                               .as_numpy_iterator()))
+        return images[:count] / 255.0, labels[:count]
+    dataset = tfmulti.data.load("fashion_mnist", split)
+    if count is not None:
+        dataset = dataset.take(count)
+    images, labels = next(iter(dataset.batch(100_000).as_numpy_iterator()))
     return images.reshape(-1, 28, 28), labels
 
 
@@ -108,10 +113,8 @@ def seed_worker(seed: int, target_accuracy: float = TARGET_ACCURACY,
 
     from benchmarks.fixtures import TimeToAccuracy
 
-    train_images, train_labels = _fashion_mnist_arrays("train")
-    test_images, test_labels = _fashion_mnist_arrays("test")
-    train_images, train_labels = train_images[:train_examples], train_labels[:train_examples]
-    test_images, test_labels = test_images[:test_examples], test_labels[:test_examples]
+    train_images, train_labels = _fashion_mnist_arrays("train", train_examples)
+    test_images, test_labels = _fashion_mnist_arrays("test", test_examples)
     keras.utils.set_random_seed(seed)
     race = TimeToAccuracy(target_accuracy)
     race.start()

@@ -17,7 +17,10 @@ COMMON = ["--model=tests.loader_data:model", "--global_batch_size=64", "--epochs
           "--seed=0", "--learning_rate=0.01", "--verbose=0"]
 
 
-def _reference() -> float:
+@pytest.fixture(scope="module")
+def reference_accuracy() -> float:
+    """The same examples given as arrays, trained on one device (here, once for both
+    tests: the same configuration each time)."""
     import tfmulti
     from tfmulti.config.train_config import TrainConfig
 
@@ -40,7 +43,8 @@ def _first_pass(log: str) -> tuple[list[int], set[int], int]:
 
 
 @pytest.mark.cluster
-def test_two_workers_each_read_their_own_batches_of_a_pydataset(tmp_path, monkeypatch):
+def test_two_workers_each_read_their_own_batches_of_a_pydataset(tmp_path, monkeypatch,
+                                                                 reference_accuracy):
     """In the launcher's namespaces, each worker's PyDataset forks its own
     processes (use_multiprocessing=True), which read that worker's batches."""
     logs, out = tmp_path / "reads", tmp_path / "run"
@@ -61,11 +65,11 @@ def test_two_workers_each_read_their_own_batches_of_a_pydataset(tmp_path, monkey
         assert readers and worker not in readers
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["input_sharding"] == "batches" and metrics["steps_per_epoch"] == 16
-    assert metrics["test_accuracy"] == pytest.approx(_reference(), abs=0.05)
+    assert metrics["test_accuracy"] == pytest.approx(reference_accuracy, abs=0.05)
 
 
 @pytest.mark.cluster
-def test_two_workers_train_from_an_endless_generator_of_examples(tmp_path):
+def test_two_workers_train_from_an_endless_generator_of_examples(tmp_path, reference_accuracy):
     out = tmp_path / "run"
     code, output = cluster_python_warm(
         [str(RECIPES / "train.py"), *COMMON, "--dataset=tests.loader_data:endless_examples",
@@ -76,5 +80,5 @@ def test_two_workers_train_from_an_endless_generator_of_examples(tmp_path):
     assert "every worker reads all of the generator examples and keeps its share" in output
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps_per_epoch"] == 16 and metrics["epochs_completed"] == 4
-    assert metrics["test_accuracy"] == pytest.approx(_reference(), abs=0.05)
+    assert metrics["test_accuracy"] == pytest.approx(reference_accuracy, abs=0.05)
     assert os.path.exists(out / "model.keras")

@@ -79,8 +79,10 @@ def test_a_model_called_inside_the_model_is_cut_through_its_layers():
               "mask": keras.Input((None,), dtype="bool", name="mask")}
     task = keras.Model(inputs, keras.layers.Dense(2, name="logits")(backbone(inputs)["pooled"]))
     chain = blocks.chain_of(task)
-    assert [block.name for block in chain.blocks] == [
-        "embed", "inner0..residual0", "inner1..residual1", "get_item", "pool", "logits"]
+    names = [block.name for block in chain.blocks]
+    # `h[:, 0]` is named by Keras' global counter: get_item, get_item_25, ...
+    assert names[3].startswith("get_item") and names[:3] + names[4:] == [
+        "embed", "inner0..residual0", "inner1..residual1", "pool", "logits"]
     assert chain.layers[0] is backbone.get_layer("embed")  # the same layer objects
     x = {"tokens": np.arange(10).reshape(2, 5).astype("int32"), "mask": np.ones((2, 5), bool)}
     flat = [keras.ops.convert_to_tensor(t) for t in keras.tree.flatten(x)]

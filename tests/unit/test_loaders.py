@@ -288,7 +288,7 @@ def test_what_a_loader_cannot_do_is_refused_in_one_line(tmp_path, monkeypatch):
         load_data(_config("tests.loader_data:pydataset", validation_split=0.2))
 
 
-TRAINING = dict(global_batch_size=64, epochs=4, seed=0, learning_rate=0.01, verbose=0)
+TRAINING = dict(global_batch_size=64, epochs=2, seed=0, learning_rate=0.01, verbose=0)
 """The loaders' trainings and their reference's."""
 
 

@@ -61,6 +61,31 @@ def _full_batch_gradients(model, x, y):
     return loss, tape.gradient(loss, model.trainable_variables)
 
 
+_REFERENCE_RUNS = {}
+"""The unpartitioned model's results, by what was trained: every pipeline
+configuration compared with the same training (the same seeded model, data and
+steps) compares with the one result, trained once per process."""
+
+
+def _reference_run(key, train):
+    if key not in _REFERENCE_RUNS:
+        _REFERENCE_RUNS[key] = train()
+    return _REFERENCE_RUNS[key]
+
+
+def _reference_steps(reference, x, y):
+    """`reference` (_pair's: seed 0, SGD(LR)): the loss and gradients of the
+    first batch, then one train_on_batch per batch of x: each step's loss and
+    the weights after it."""
+    loss, grads = _full_batch_gradients(reference, x[:BATCH], y[:BATCH])
+    losses, weights = [], []
+    for i in range(len(x) // BATCH):
+        batch = slice(i * BATCH, (i + 1) * BATCH)
+        losses.append(reference.train_on_batch(x[batch], y[batch]))
+        weights.append(reference.get_weights())
+    return float(loss), [g.numpy() for g in grads], losses, weights
+
+
 @pytest.mark.parametrize("stages,micro,replicas", [
     (2, 1, 1), (2, 2, 1), (2, 4, 1), (2, 8, 1), (4, 1, 1), (4, 2, 1), (4, 4, 1), (4, 8, 1),
     (2, 4, 2),
@@ -69,22 +94,22 @@ def _full_batch_gradients(model, x, y):
 def test_gradients_and_three_steps_match_unpartitioned(stages, micro, replicas):
     pipeline, reference = _pair(stages, micro, replicas)
     x, y = _data()
+    # The unpartitioned model's gradients and 3 steps: the same for every case.
+    loss, grads, ref_losses, ref_weights = _reference_run(
+        "steps", lambda: _reference_steps(reference, x, y))
     # Gradients of one step: weight change / learning rate.
     before = [w.copy() for w in pipeline.to_sequential().get_weights()]
-    loss, grads = _full_batch_gradients(reference, x[:BATCH], y[:BATCH])
     step_loss = pipeline.train_on_batch(x[:BATCH], y[:BATCH])
     after = pipeline.to_sequential().get_weights()
-    np.testing.assert_allclose(step_loss, float(loss), atol=1e-5)
+    np.testing.assert_allclose(step_loss, loss, atol=1e-5)
     for b, a, g in zip(before, after, grads):
-        np.testing.assert_allclose((b - a) / LR, g.numpy(), atol=1e-5)
+        np.testing.assert_allclose((b - a) / LR, g, atol=1e-5)
     # Two more SGD steps on both: equal weights.
-    reference.train_on_batch(x[:BATCH], y[:BATCH])
     for i in (1, 2):
         batch = slice(i * BATCH, (i + 1) * BATCH)
         l_p = pipeline.train_on_batch(x[batch], y[batch])
-        l_r = reference.train_on_batch(x[batch], y[batch])
-        np.testing.assert_allclose(l_p, l_r, atol=1e-5)
-    for a, b in zip(pipeline.to_sequential().get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(l_p, ref_losses[i], atol=1e-5)
+    for a, b in zip(pipeline.to_sequential().get_weights(), ref_weights[2]):
         np.testing.assert_allclose(a, b, atol=1e-5)
     if replicas > 1:  # replicas stay identical
         for s in range(stages):
@@ -96,11 +121,13 @@ def test_gradients_and_three_steps_match_unpartitioned(stages, micro, replicas):
 def test_remat_gives_the_same_step():
     pipeline, reference = _pair(2, 4, remat=True)
     x, y = _data()
+    _, _, ref_losses, ref_weights = _reference_run(
+        "steps", lambda: _reference_steps(reference, x, y))  # the reference's steps
     for i in range(2):
         batch = slice(i * BATCH, (i + 1) * BATCH)
         np.testing.assert_allclose(pipeline.train_on_batch(x[batch], y[batch]),
-                                   reference.train_on_batch(x[batch], y[batch]), atol=1e-5)
-    for a, b in zip(pipeline.to_sequential().get_weights(), reference.get_weights()):
+                                   ref_losses[i], atol=1e-5)
+    for a, b in zip(pipeline.to_sequential().get_weights(), ref_weights[1]):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
@@ -124,12 +151,18 @@ def test_regularization_counts_as_in_the_unpartitioned_model(replicas, micro, re
         model.compile(optimizer=keras.optimizers.SGD(LR), loss=_loss())
     x, y = _data(n=BATCH * 2)
     h_p = pipeline.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    h_r = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    np.testing.assert_allclose(h_p.history["loss"], h_r.history["loss"], rtol=1e-5)
-    for a, b in zip(pipeline.to_sequential().get_weights(), reference.get_weights()):
+
+    def train_reference():  # the same for every case: trained once
+        h_r = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        return (h_r.history["loss"], reference.get_weights(),
+                reference.evaluate(x, y, batch_size=BATCH, verbose=0))
+
+    ref_loss, ref_weights, ref_evaluated = _reference_run("regularization", train_reference)
+    np.testing.assert_allclose(h_p.history["loss"], ref_loss, rtol=1e-5)
+    for a, b in zip(pipeline.to_sequential().get_weights(), ref_weights):
         np.testing.assert_allclose(a, b, atol=1e-5)
     assert pipeline.evaluate(x, y, batch_size=BATCH, verbose=0) == pytest.approx(
-        reference.evaluate(x, y, batch_size=BATCH, verbose=0), rel=1e-5)
+        ref_evaluated, rel=1e-5)
 
 
 def test_hybrid_evaluates_and_predicts_a_partial_last_batch():
@@ -386,8 +419,8 @@ def test_pipeline_footprint_per_device():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"num_stages": 9}, r"^model 'stack' cannot be cut into 9 stages: it has 4 layers; use at "
-                        r"most 4 stages\.$"),
+    ({"num_stages": 9}, (r"^model 'stack' cannot be cut into 9 stages: it has 4 layers; use "
+                         r"at most 4 stages\.$")),
     ({"num_stages": 0}, r"^`num_stages` must be a positive integer, got 0"),
     ({"devices": ["CPU:0", "CPU:7"]}, r"do not exist; available"),
     ({"num_stages": 2, "devices": ["CPU:0", "CPU:1", "CPU:2"]}, r"lists 3 devices but"),
@@ -520,9 +553,14 @@ def test_functional_chain_with_residuals_and_a_side_input(stages, micro, replica
     features, y = _data(n=64)
     x = {"features": features, "scale": np.linspace(0.5, 1.5, 64, dtype="float32")[:, None]}
     h_p = pipeline.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    h_r = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    np.testing.assert_allclose(h_p.history["loss"], h_r.history["loss"], atol=1e-5)
-    for a, b in zip(model.get_weights(), reference.get_weights()):
+
+    def train_reference():  # the same for every case: trained once
+        h_r = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        return h_r.history["loss"], reference.get_weights()
+
+    ref_loss, ref_weights = _reference_run("residual_mlp", train_reference)
+    np.testing.assert_allclose(h_p.history["loss"], ref_loss, atol=1e-5)
+    for a, b in zip(model.get_weights(), ref_weights):
         np.testing.assert_allclose(a, b, atol=1e-5)
     for s in range(stages):
         # Stages after the first receive the residual stream and the side input.

@@ -38,8 +38,21 @@ def _copy(model):
 
 
 def _assert_same_weights(a, b, atol=1e-5):
-    for x, y in zip(a.get_weights(), b.get_weights(), strict=True):
+    b = b if isinstance(b, list) else b.get_weights()
+    for x, y in zip(a.get_weights(), b, strict=True):
         np.testing.assert_allclose(x, y, atol=atol)
+
+
+_REFERENCE_RUNS = {}
+"""Plain Keras' results, by what was trained: the cases of a test that train
+the same seeded model on the same data in plain Keras compare with the one
+result, trained once per process."""
+
+
+def _reference_run(key, train):
+    if key not in _REFERENCE_RUNS:
+        _REFERENCE_RUNS[key] = train()
+    return _REFERENCE_RUNS[key]
 
 
 # --- several outputs ----------------------------------------------------------------
@@ -88,17 +101,33 @@ def test_several_outputs_fit_evaluate_and_predict_as_keras(replicas, micro, accu
     for m in (pipeline, reference):
         _triage_compile(m)
     x, y, weights = _triage_data(structure)
-    fitted = [m.fit(x, y, sample_weight=weights, batch_size=BATCH, epochs=2, shuffle=False,
-                    verbose=0).history for m in (pipeline, reference)]
+
+    def fit(m):
+        return m.fit(x, y, sample_weight=weights, batch_size=BATCH, epochs=2, shuffle=False,
+                     verbose=0).history
+
+    def evaluate(m):
+        return m.evaluate(x, y, sample_weight=weights, batch_size=BATCH, verbose=0,
+                          return_dict=True)
+
+    def predict(m):
+        return m.predict(x[:13], verbose=0)  # uneven micro-batches
+
+    def train_reference():  # the same for every case of this structure: trained once
+        return fit(reference), reference.get_weights(), evaluate(reference), predict(reference)
+
+    fitted_p = fit(pipeline)
+    fitted_r, reference_weights, evaluated_r, predicted_r = _reference_run(
+        ("triage", structure), train_reference)
+    fitted = [fitted_p, fitted_r]
     # loss, priority_loss, department_loss, department_accuracy, priority_mae
     assert sorted(fitted[0]) == sorted(fitted[1]) and len(fitted[0]) == 5
     for key in fitted[1]:
         np.testing.assert_allclose(fitted[0][key], fitted[1][key], atol=1e-5, err_msg=key)
-    _assert_same_weights(model, reference)
-    evaluated = [m.evaluate(x, y, sample_weight=weights, batch_size=BATCH, verbose=0,
-                            return_dict=True) for m in (pipeline, reference)]
+    _assert_same_weights(model, reference_weights)
+    evaluated = [evaluate(pipeline), evaluated_r]
     assert evaluated[0] == pytest.approx(evaluated[1], abs=1e-5)
-    predicted = [m.predict(x[:13], verbose=0) for m in (pipeline, reference)]  # uneven micro
+    predicted = [predict(pipeline), predicted_r]
     assert type(predicted[0]) is type(predicted[1])
     keras.tree.map_structure(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
                              *predicted)
@@ -233,13 +262,21 @@ def test_a_weighted_step_is_the_keras_step_with_the_same_sample_weights(replicas
     reference = _compiled(_copy(model))
     pipeline = _compiled(PipelineModel(model, num_stages=2, num_microbatches=micro,
                                        num_replicas=replicas))
-    fitted = [m.fit(x, y, sample_weight=weights, batch_size=BATCH, verbose=0).history
-              for m in (pipeline, reference)]
+
+    def train_reference():  # the same for every case: trained once
+        fitted = reference.fit(x, y, sample_weight=weights, batch_size=BATCH, verbose=0)
+        return (fitted.history, reference.get_weights(),
+                reference.evaluate(x, y, sample_weight=weights, verbose=0))
+
+    reference_fitted, reference_weights, reference_evaluated = _reference_run(
+        "weighted", train_reference)
+    fitted = [pipeline.fit(x, y, sample_weight=weights, batch_size=BATCH, verbose=0).history,
+              reference_fitted]
     assert {k: v[0] for k, v in fitted[0].items()} == pytest.approx(
         {k: v[0] for k, v in fitted[1].items()}, abs=1e-5)  # loss and weighted accuracy
-    _assert_same_weights(model, reference)
+    _assert_same_weights(model, reference_weights)
     assert pipeline.evaluate(x, y, sample_weight=weights, verbose=0) == pytest.approx(
-        reference.evaluate(x, y, sample_weight=weights, verbose=0), abs=1e-5)
+        reference_evaluated, abs=1e-5)
     # Zero weights on the odd rows: Keras divides the weighted sum by the
     # batch (32 rows), so the step is the step on the even rows alone (16
     # rows, the same weights) at half the learning rate.
@@ -249,8 +286,12 @@ def test_a_weighted_step_is_the_keras_step_with_the_same_sample_weights(replicas
                                        num_replicas=replicas))
     pipeline.fit(x, y, sample_weight=np.where(np.arange(BATCH) % 2, 0, weights),
                  batch_size=BATCH, verbose=0)
-    half.fit(x[::2], y[::2], sample_weight=weights[::2], batch_size=BATCH, verbose=0)
-    _assert_same_weights(model, half)
+
+    def train_half():  # the same for every case: trained once
+        half.fit(x[::2], y[::2], sample_weight=weights[::2], batch_size=BATCH, verbose=0)
+        return half.get_weights()
+
+    _assert_same_weights(model, _reference_run("weighted_half", train_half))
 
 
 @pytest.mark.parametrize("micro", [1, 4])
@@ -276,10 +317,15 @@ def test_a_sigmoid_or_softmax_outputs_loss_is_taken_from_its_logits_as_keras_doe
     pipeline = PipelineModel(model, num_stages=2, num_microbatches=micro)
     for m in (pipeline, reference):
         m.compile(optimizer=keras.optimizers.SGD(LR), loss=loss)
-    losses = [m.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-              .history["loss"] for m in (pipeline, reference)]
-    np.testing.assert_allclose(losses[0], losses[1], atol=1e-6)
-    _assert_same_weights(model, reference)
+
+    def fit(m):
+        return m.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history["loss"]
+
+    # plain Keras' training: the same for every micro-batch count, trained once per head
+    reference_loss, reference_weights = _reference_run(
+        ("logits", head), lambda: (fit(reference), reference.get_weights()))
+    np.testing.assert_allclose(fit(pipeline), reference_loss, atol=1e-6)
+    _assert_same_weights(model, reference_weights)
 
 
 # --- masks --------------------------------------------------------------------------
@@ -387,18 +433,27 @@ def test_an_output_mask_averages_the_loss_over_the_valid_steps_of_the_batch(rema
     x, y = _tagged_batch()
     model = _tagger()
     reference = _compiled(_copy(model))
-    loss, _ = _masked_gradients(reference, x, y)
-    per_micro = [_masked_gradients(reference, x[i:i + 4], y[i:i + 4])[0] for i in (0, 4, 8, 12)]
-    assert abs(float(loss) - float(np.mean(per_micro))) > 1e-2  # the difference is real
+
+    def train_reference():  # the same with or without remat: trained once
+        loss, _ = _masked_gradients(reference, x, y)
+        per_micro = [_masked_gradients(reference, x[i:i + 4], y[i:i + 4])[0]
+                     for i in (0, 4, 8, 12)]
+        fitted = reference.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"]
+        return (float(loss), [float(m) for m in per_micro], fitted, reference.get_weights(),
+                reference.evaluate(x, y, batch_size=16, verbose=0))
+
+    loss, per_micro, reference_fitted, reference_weights, reference_evaluated = (
+        _reference_run("tagger", train_reference))
+    assert abs(loss - float(np.mean(per_micro))) > 1e-2  # the difference is real
     pipeline = _compiled(PipelineModel(model, num_stages=2, num_microbatches=4,
                                        partition=[1, 2], remat=remat))
-    fitted = [m.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"]
-              for m in (pipeline, reference)]
+    fitted = [pipeline.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"],
+              reference_fitted]
     np.testing.assert_allclose(fitted[0], fitted[1], atol=1e-5)
-    np.testing.assert_allclose(fitted[0], [float(loss)], atol=1e-5)
-    _assert_same_weights(model, reference)
+    np.testing.assert_allclose(fitted[0], [loss], atol=1e-5)
+    _assert_same_weights(model, reference_weights)
     assert pipeline.evaluate(x, y, batch_size=16, verbose=0) == pytest.approx(
-        reference.evaluate(x, y, batch_size=16, verbose=0), abs=1e-5)
+        reference_evaluated, abs=1e-5)
 
 
 def test_a_hybrids_replicas_average_a_masked_loss_over_their_own_rows():

@@ -113,16 +113,36 @@ def _gradients(model, x, y):
     return tape.gradient(loss, [x["x"], *model.trainable_variables])
 
 
+_REFERENCE_RUNS = {}
+"""The unsplit layers' results, by case: the same seeded layers and data
+whatever T, computed once per process and compared with each split."""
+
+
+def _reference_run(case, reference, plain, width):
+    """The unsplit model's forward pass and eager gradients on _data(), then
+    its three Adam steps' losses and the unsplit layers' weights after them."""
+    if case not in _REFERENCE_RUNS:
+        x, y = _data(width=width)
+        forward = np.asarray(reference(x))
+        grads = [np.asarray(g) for g in _gradients(reference, x, y)]
+        losses = []
+        for step in range(3):
+            xs, ys = _data(seed=step + 1, width=width)
+            losses.append(reference.train_on_batch(xs, ys))
+        _REFERENCE_RUNS[case] = forward, grads, losses, [w for l in plain for w in l.get_weights()]
+    return _REFERENCE_RUNS[case]
+
+
 @pytest.mark.parametrize("T", [2, 4])
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_gradients_and_three_adam_steps_equal_the_unsplit_layer(case, T):
     reference, parallel, plain, split = _pair(case, T)
     width = parallel.output.shape[-1]
     x, y = _data(width=width)
-    np.testing.assert_allclose(parallel(x), reference(x), atol=1e-5)
+    forward_r, grads_r, losses_r, trained_r = _reference_run(case, reference, plain, width)
+    np.testing.assert_allclose(parallel(x), forward_r, atol=1e-5)
     # Gradients (eager): of the input, and of every weight in the unsplit
     # layout (the split gradients joined as the weights are, by to_layer).
-    grads_r = _gradients(reference, x, y)
     grads_p = _gradients(parallel, x, y)
     np.testing.assert_allclose(grads_p[0], grads_r[0], atol=1e-5)
     saved = [v.numpy() for v in parallel.trainable_variables]
@@ -137,9 +157,8 @@ def test_forward_gradients_and_three_adam_steps_equal_the_unsplit_layer(case, T)
     # Three Adam steps through Keras' compiled train step (graph mode).
     for step in range(3):
         xs, ys = _data(seed=step + 1, width=width)
-        np.testing.assert_allclose(parallel.train_on_batch(xs, ys),
-                                   reference.train_on_batch(xs, ys), atol=1e-5)
-    for a, b in zip(_unsplit(split), [w for l in plain for w in l.get_weights()]):
+        np.testing.assert_allclose(parallel.train_on_batch(xs, ys), losses_r[step], atol=1e-5)
+    for a, b in zip(_unsplit(split), trained_r):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
