@@ -69,6 +69,8 @@ HOOK_PATTERN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 """`package.module:function`: a user's model or dataset function."""
 LR_SCALINGS = ("none", "linear", "sqrt")
 SHARDINGS = ("auto", "examples", "files", "batches")
+ZERO_STAGES = (0, 1, 2)
+"""`zero_stage`'s values (`tfmulti.parallel.zero`)."""
 """How several workers split the input (`tfmulti.data.distribute`)."""
 CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
 """How a multi-worker strategy finds its cluster (`tfmulti.get_strategy(cluster_resolver=...)`)."""
@@ -327,6 +329,12 @@ class TrainConfig:
         "of global_batch_size examples, run one after the other (the memory of one), equal "
         "to one step on a batch this many times larger; steps per epoch and lr_scaling "
         "count those updates.")
+    zero_stage: int = _field(
+        0, "Sharded data parallelism (ZeRO) under mirrored and multi_worker: 0 keeps a whole "
+        "copy of the training state on every replica; 1 splits the optimizer's slots (Adam's "
+        "moments) over the replicas, each holding and updating 1/N of them; 2 also splits the "
+        "gradients (reduce-scattered, no replica holds their whole sum). The same weights as "
+        "0.")
     seed: int | None = _field(0, "Seed for the weights and the data order.")
     steps_per_execution: int | str = _field(
         "auto", "Training steps per tf.function call (less per-step overhead): a divisor of "
@@ -465,6 +473,13 @@ class TrainConfig:
                            maximum=MAX_DEVICES, hint=devices_hint)
         c.integer("seed", self.seed, minimum=0, maximum=MAX_SEED, none_ok=True)
         _count("accumulate_steps", self.accumulate_steps, hint="1 updates at every step")
+        c.non_negative_int("zero_stage", self.zero_stage, maximum=max(ZERO_STAGES),
+                           hint="0 replicates the training state")
+        if self.zero_stage and self.distribution not in ("mirrored", "multi_worker", "auto"):
+            raise ValueError(
+                f"`zero_stage` ({self.zero_stage}) shards the training state over data-parallel "
+                f"replicas: distribution 'mirrored' or 'multi_worker', got "
+                f"{self.distribution!r}; set zero_stage=0 for {self.distribution!r}.")
         _check_hook("model", self.model, tuple(BUILTIN_MODELS))
         _check_hook("dataset", self.dataset, None)
         self._check_keras_forms()

@@ -23,7 +23,7 @@ import types
 import keras
 import tensorflow as tf
 
-__all__ = ["build_on_variable_devices", "fuse", "fused_adam", "is_fused"]
+__all__ = ["build_on_variable_devices", "fuse", "fused_adam", "fused_values", "is_fused"]
 
 _FUSED = "_tfmulti_fused_update"
 
@@ -104,6 +104,23 @@ def is_fused(optimizer) -> bool:
 def fused_adam(learning_rate=1e-3, **kwargs) -> keras.optimizers.Adam:
     """`keras.optimizers.Adam(learning_rate, **kwargs)`, fused (see `fuse`)."""
     return fuse(keras.optimizers.Adam(learning_rate, **kwargs))
+
+
+def fused_values(optimizer, gradient, m, v, value, learning_rate):
+    """One step of a fused `optimizer` on values instead of variables: the new
+    (m, v, value), by the fused kernel's arithmetic in TensorFlow's element-wise
+    ops, in its order (bit for bit the kernel's on a CPU, measured). For an
+    update that has no variable to apply the kernel to: a shard of one
+    (`tfmulti.parallel.zero`)."""
+    dtype = value.dtype
+    step = tf.cast(optimizer.iterations + 1, dtype)
+    beta_1, beta_2 = tf.cast(optimizer.beta_1, dtype), tf.cast(optimizer.beta_2, dtype)
+    alpha = (tf.cast(learning_rate, dtype) * tf.sqrt(1 - tf.pow(beta_2, step))
+             / (1 - tf.pow(beta_1, step)))
+    gradient = tf.cast(gradient, dtype)
+    m = m + (gradient - m) * (1 - beta_1)
+    v = v + (tf.square(gradient) - v) * (1 - beta_2)
+    return m, v, value - (m * alpha) / (tf.sqrt(v) + tf.cast(optimizer.epsilon, dtype))
 
 
 def _fused_update_step(self, gradient, variable, learning_rate):

@@ -9,10 +9,12 @@
     chain          the chain of blocks a model is cut into
     partition      the stage partitioner and the one stage-count check
     schedule       the schedule tables (GPipe, 1F1B), their bubble and memory
+    zero           data parallelism with the optimizer state sharded (ZeRO 1-2)
 
 The bytes each device needs are counted above this layer, by
 `tfmulti.memory`. `PipelineModel`, the tensor-parallel layers, `split_layers`,
-`join_layers`, `build_parallel_transformer` and `plan_partition` are the names
+`join_layers`, `build_parallel_transformer`, `plan_partition` and
+`shard_optimizer` are the names
 re-exported here, lazily (they import TensorFlow); the schedule tables are
 `tfmulti.parallel.schedule`'s (pure Python, as is
 `tfmulti.parallel.partition`'s numeric core).
@@ -32,6 +34,7 @@ _LAZY = {
     "plan_partition": "tfmulti.parallel.partition",
     "join_layers": "tfmulti.parallel.tensor_models",
     "split_layers": "tfmulti.parallel.tensor_models",
+    "shard_optimizer": "tfmulti.parallel.zero",
 }
 __all__ = sorted(_LAZY)
 
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from tfmulti.parallel.tensor_layers import (ColumnParallelDense, ParallelMultiHeadAttention,
                                                 RowParallelDense)
     from tfmulti.parallel.tensor_models import join_layers, split_layers
+    from tfmulti.parallel.zero import shard_optimizer
 
 
 def __getattr__(name: str):

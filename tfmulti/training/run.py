@@ -36,6 +36,7 @@ from tfmulti.data.sources import FileSource
 from tfmulti.models import builders as models
 from tfmulti.models import own_fit
 from tfmulti.models.from_config import build_model_for, transformer_sizes
+from tfmulti.parallel import zero
 from tfmulti.parallel.layouts import build_parallel_transformer
 from tfmulti.parallel.pipeline import PipelineModel
 from tfmulti.parallel.tensor_models import split_for_pipeline
@@ -205,12 +206,35 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
             task=run_data.task, one_hot_labels=_one_hot_labels(run_data, model, output),
             global_batch_size=examples_per_step, steps_per_epoch=steps_per_epoch,
             steps_per_execution=steps_per_execution)
+    if config.zero_stage and not config.model_parallel:
+        _shard(model, strategy, config.zero_stage)
     # labels and inputs the model takes, before the first epoch
     if preprocess is None:  # else the data is the preprocessor's to check
         check_model_fits(run_data, model, output_shape=output)
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
                test_input, steps_per_epoch, steps_per_execution, model,
                validation_input, preprocess)
+
+
+def _shard(model, strategy, stage: int) -> None:
+    """The compiled `model`'s optimizer state sharded over the replicas (ZeRO
+    `stage`), said in one line."""
+    replicas = strategy.num_replicas_in_sync
+    if replicas < 2:
+        print(f"tfmulti: zero_stage={stage} shards over data-parallel replicas; this run has "
+              f"one, so its optimizer state is whole, as with zero_stage=0", flush=True)
+        return
+    optimizer = model.optimizer
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a loss-scale optimizer's
+    if not model.built or not model.trainable_variables:
+        raise ValueError(
+            f"zero_stage={stage} shards the optimizer over the model's variables, and your "
+            f"model {type(model).__name__} has none yet: build it in your model function "
+            f"(keras.Input, or model.build(input_shape)).")
+    zero.shard_optimizer(optimizer, model.trainable_variables, strategy, stage)
+    what = "its slots" if stage == 1 else "its slots and the gradients"
+    print(f"tfmulti: zero_stage={stage}: {type(optimizer).__name__}'s state sharded over "
+          f"{replicas} replicas ({what}: 1/{replicas} on each)", flush=True)
 
 
 def _evaluation_input(source, strategy, config: TrainConfig, preprocess):

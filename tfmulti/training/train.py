@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import sys
 import warnings
@@ -42,7 +43,7 @@ from tfmulti.memory import estimate as memory
 from tfmulti.memory import footprint
 from tfmulti.models import builders as models
 from tfmulti.models import own_fit, rebuild
-from tfmulti.parallel import tensor_models
+from tfmulti.parallel import tensor_models, zero
 from tfmulti.runtime import roles
 from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.training import backup, compiling, outputs
@@ -362,6 +363,9 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     with _damaged_data_named(run), own_fit.keras_own_methods(model):
         history, resumed_step, last_epoch, results, backed_up = _fit_and_evaluate(
             config, run, role, all_callbacks, verbose)
+    sharding = zero.sharding_of(_optimizer(model))
+    if sharding is not None:  # on every worker (a collective): the chief saves it whole
+        sharding.whole_slots()
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
                        last_epoch)
     extra, line = dataset_metrics(config, results)
@@ -488,6 +492,26 @@ def _damaged_data_named(run: runs.Run):
         raise data_checks.data_loss_error(e, run.train_data, run.test_data) from None
 
 
+def _peak_memory() -> dict[str, int]:
+    """This process's peak memory so far: "rss" (its resident set, the kernel's
+    count, what GNU time's %M reports) and, by device, TensorFlow allocator's
+    peak ("CPU:0": the logical CPUs share one allocator; each GPU its own)."""
+    peaks = {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    for device in ["CPU:0", *(f"GPU:{i}" for i, _ in
+                              enumerate(tf.config.list_logical_devices("GPU")))]:
+        try:
+            peaks[device] = int(tf.config.experimental.get_memory_info(device)["peak"])
+        except (ValueError, tf.errors.OpError):  # a device whose allocator keeps no count
+            pass
+    return peaks
+
+
+def _optimizer(model):
+    """The model's optimizer (a loss-scale optimizer's inner one; None: none)."""
+    optimizer = getattr(model, "optimizer", None)
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
 def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[float],
              resumed_step: int, num_workers: int, last_epoch: dict) -> dict:
     config, model = run.config, run.model
@@ -528,6 +552,11 @@ def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[fl
     found = models.output_heads(model)
     if len(found) > 1:  # the results line shows each output's main figure
         metrics["outputs"] = [head.key for head in found]
+    metrics["peak_memory_bytes"] = _peak_memory()
+    sharding = zero.sharding_of(_optimizer(model))
+    metrics["zero_stage"] = sharding.stage if sharding is not None else 0
+    if sharding is not None:  # this process's devices: the optimizer state they hold
+        metrics["optimizer_state_bytes"] = sharding.bytes_by_device()
     if config.model_parallel:
         metrics.update(num_stages=model.num_stages, num_microbatches=model.num_microbatches,
                        partition_sizes=list(model.plan.sizes),

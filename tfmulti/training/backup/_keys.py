@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import re
 
+from tfmulti.parallel import zero
+
 __all__ = ["escape", "metric_variables", "model_variables", "optimizer_variables", "unescape"]
 
 
@@ -89,6 +91,12 @@ def optimizer_variables(optimizer, model_keys: dict[str, list]) -> dict[str, lis
                 n += 1
                 key = f"{name}#{n}"
         keyed.setdefault(key, []).append(variable)
+    # A sharded optimizer's slots (tfmulti.parallel.zero), whole, under the keys
+    # the unsharded optimizer's would have.
+    key_of = {id(getattr(v, "value", v)): key for key, variables in model_keys.items()
+              for v in variables}
+    for variable, name, slot in zero.whole_slots(optimizer):
+        keyed[f"{key_of[id(getattr(variable, 'value', variable))]}/{name}"] = [slot]
     return keyed
 
 

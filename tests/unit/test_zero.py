@@ -1,0 +1,184 @@
+"""Tests for tfmulti.parallel.zero: the optimizer's state sharded over the
+replicas (ZeRO stages 1 and 2) trains to the weights of the whole state
+(stage 0), and each replica's device really holds 1/N of it.
+
+Keras' own `fit` under `MirroredStrategy` over the 4 test devices, a model
+whose variables do not split evenly in 4 (7 x 13, 13, 13 x 3, 3): the last
+shards are padded. The tests that train are marked slow (the fast tier's
+budget)."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmulti
+from tfmulti.parallel import zero
+from tfmulti.runtime.strategy import get_strategy
+
+DEVICES = ("CPU:0", "CPU:1", "CPU:2", "CPU:3")
+EXACT = 1e-5
+"""float32, the same seed: stage K's weights within this of stage 0's."""
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(256, 7)).astype("float32"), rng.integers(0, 3, 256)
+
+
+def _train(stage: int, optimizer: dict):
+    """A small classifier trained 2 epochs by `fit` on the 4 devices, its
+    optimizer (a Keras config) sharded at `stage`: (model, optimizer)."""
+    strategy = get_strategy("mirrored", devices=DEVICES)
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(13, activation="relu"),
+                                  keras.layers.Dense(3)])
+        opt = keras.optimizers.deserialize(optimizer)
+        model.compile(opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert zero.shard_optimizer(opt, model.trainable_variables, strategy, stage) is opt
+    x, y = _data()
+    model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    return model, opt
+
+
+def _assert_same_weights(got, want):
+    for a, b in zip(got.get_weights(), want.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=EXACT)
+
+
+@pytest.fixture(scope="module")
+def adam_runs():
+    adam = {"class_name": "Adam", "config": {"learning_rate": 0.01}}
+    return {stage: _train(stage, adam) for stage in (0, 1, 2)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_stage_trains_to_the_weights_of_the_whole_state(stage, adam_runs):
+    model, optimizer = adam_runs[stage]
+    _assert_same_weights(model, adam_runs[0][0])
+    assert int(optimizer.iterations.numpy()) == 2 * 256 // 32
+    assert zero.sharding_of(optimizer).stage == stage and zero.sharding_of(adam_runs[0][1]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 2])
+def test_each_device_holds_one_nth_of_the_slots(stage, adam_runs):
+    """Read from the variables: each device holds its shard of every
+    parameter (ceil(size / 4) elements) in Adam's two moments, and
+    its copy's step count and learning rate; replicated (stage 0), each device
+    holds both moments of every parameter."""
+    model, optimizer = adam_runs[stage]
+    chunks = sum(math.ceil(math.prod(v.shape) / len(DEVICES)) for v in model.trainable_variables)
+    held = zero.sharding_of(optimizer).bytes_by_device()
+    assert sorted(held) == sorted(tf.DeviceSpec.from_string(
+        f"/job:localhost/replica:0/task:0/device:{d}").to_string() for d in DEVICES)
+    assert set(held.values()) == {2 * 4 * chunks + 8 + 4}  # 2 moments, int64 + float32
+    whole, per_device = adam_runs[0][1], {}
+    for variable in whole.variables:
+        for component in getattr(variable.value, "values", (variable.value,)):
+            per_device[component.device] = per_device.get(component.device, 0) + (
+                math.prod(component.shape) * component.dtype.size)
+    parameters = sum(math.prod(v.shape) for v in model.trainable_variables)
+    assert len(per_device) == len(DEVICES)
+    assert set(per_device.values()) == {2 * 4 * parameters + 8 + 4}
+    assert 2 * 4 * chunks < 2 * 4 * parameters / len(DEVICES) + 2 * 4 * len(model.weights)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", [
+    {"class_name": "AdamW", "config": {"learning_rate": 0.01, "weight_decay": 0.1}},
+    {"class_name": "SGD", "config": {"learning_rate": 0.05, "momentum": 0.9, "nesterov": True}},
+    {"class_name": "RMSprop", "config": {"learning_rate": 0.01, "momentum": 0.5}},
+    {"class_name": "Lion", "config": {"learning_rate": 0.001}},
+    {"class_name": "Adagrad", "config": {"learning_rate": 0.1}},
+    {"class_name": "Adam", "config": {"learning_rate": 0.01, "clipnorm": 0.1, "use_ema": True}},
+], ids=lambda o: o["class_name"] + ("+clip+ema" if "clipnorm" in o["config"] else ""))
+def test_any_keras_optimizer_shards_exactly(optimizer):
+    """A rule per element updates a shard as it updates those elements of the
+    whole; weight decay, clipping by the norm and the moving average act on
+    the whole variables, where Keras puts them."""
+    whole = _train(0, optimizer)[0]
+    _assert_same_weights(_train(2, optimizer)[0], whole)
+
+
+def test_a_stage_it_does_not_know_is_refused():
+    strategy = get_strategy("mirrored", devices=DEVICES)
+    with pytest.raises(ValueError, match=r"^zero_stage=3 is not a sharding stage; use one of "
+                                         r"0, 1, 2\.$"):
+        zero.shard_optimizer(keras.optimizers.Adam(), [], strategy, 3)
+    optimizer = keras.optimizers.Adam()
+    optimizer.build([keras.Variable(np.zeros(3, "float32"))])
+    with pytest.raises(ValueError, match="already built"):
+        zero.shard_optimizer(optimizer, [], strategy, 1)
+
+
+@pytest.mark.parametrize("distribution", ["one_device", "pipeline", "hybrid"])
+def test_the_configuration_refuses_a_stage_without_data_parallel_replicas(distribution):
+    config = tfmulti.TrainConfig(distribution=distribution, zero_stage=1)
+    with pytest.raises(ValueError, match=rf"^`zero_stage` \(1\) shards the training state over "
+                                         rf"data-parallel replicas: distribution 'mirrored' or "
+                                         rf"'multi_worker', got '{distribution}'"):
+        config.validate()
+    with pytest.raises(ValueError, match="zero_stage"):
+        tfmulti.TrainConfig(zero_stage=3).validate()
+
+
+@pytest.mark.slow
+def test_the_saved_model_is_an_ordinary_one_with_the_whole_optimizer_state(adam_runs, tmp_path):
+    """`model.keras` of a sharded run loads into plain Keras with its
+    optimizer's state whole: each slot the unsharded run's."""
+    import warnings
+
+    saved = {}
+    for stage in (0, 1):
+        model, _ = adam_runs[stage]
+        model.save(tmp_path / f"stage{stage}.keras")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "Skipping variable loading for optimizer ..."
+            saved[stage] = keras.models.load_model(tmp_path / f"stage{stage}.keras")
+    whole, sharded = (saved[stage].optimizer.variables for stage in (0, 1))
+    # The same variables in the same order (the layers' names differ: two models here).
+    assert [(v.name.rsplit("_", 1)[-1], v.shape) for v in sharded] == [
+        (v.name.rsplit("_", 1)[-1], v.shape) for v in whole]
+    for a, b in zip(sharded, whole, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=EXACT)
+
+
+@pytest.mark.slow
+def test_a_sharded_backup_resumes_resharded_as_the_unsharded_one(tmp_path):
+    """A backup holds each slot whole (the keys of the unsharded optimizer's):
+    a stage-1 run's backup on 4 replicas, resumed at stage 2 on 2 replicas,
+    trains to what the same backup of a stage-0 run resumed at stage 0 on 2
+    does (the replica count changes the result a little, the stage does not),
+    the optimizer's state included."""
+    def train(name, stage, devices, epochs, backup):
+        tfmulti.train(tfmulti.TrainConfig(
+            distribution="mirrored", devices=devices, dataset="synthetic", num_examples=128,
+            global_batch_size=32, model="mlp", epochs=epochs, zero_stage=stage, verbose=0,
+            backup_dir=str(tmp_path / backup), keep_backup=epochs == 1,
+            model_dir=str(tmp_path / name)))
+        return keras.models.load_model(tmp_path / name / "model.keras")
+
+    resumed = {}
+    for first, then in ((0, 0), (1, 2)):
+        train(f"{first}-first", first, DEVICES, 1, f"backup{first}")
+        resumed[first] = train(f"{first}-then", then, DEVICES[:2], 2, f"backup{first}")
+    _assert_same_weights(resumed[1], resumed[0])
+    for a, b in zip(resumed[1].optimizer.variables, resumed[0].optimizer.variables, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=EXACT)
+
+
+@pytest.mark.parametrize("optimizer", [keras.optimizers.Lamb(), keras.optimizers.Nadam()],
+                         ids=lambda o: type(o).__name__)
+def test_an_optimizer_whose_rule_is_not_per_element_is_refused(optimizer):
+    strategy = get_strategy("mirrored", devices=DEVICES)
+    with pytest.raises(ValueError, match=rf"^{type(optimizer).__name__} cannot be sharded "
+                                         r"\(zero_stage\): its update .*; use an optimizer whose "
+                                         r"rule is per element"):
+        zero.shard_optimizer(optimizer, [], strategy, 1)

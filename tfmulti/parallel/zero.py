@@ -1,0 +1,453 @@
+"""Sharded data parallelism: the optimizer's state split over the replicas (ZeRO).
+
+Data parallelism keeps a whole copy of the model's training state on every
+replica: the parameters, the gradients and the optimizer's slots (Adam's two
+moments: 8 bytes per float32 parameter). ZeRO (Rajbhandari et al., 2019;
+DeepSpeed's stages, PyTorch's ZeroRedundancyOptimizer) splits that state over
+the N data-parallel replicas instead:
+
+- stage 1: each replica holds the optimizer's slots of 1/N of every variable
+  (its *shard*: a contiguous 1/N of the variable's elements) and updates that
+  share of the parameters; the updated shards are then all-gathered, so every
+  replica again holds the whole, updated parameters;
+- stage 2: also the gradients: each replica receives only its shard's sum
+  over the replicas (a reduce-scatter), never the whole reduced gradient.
+
+`shard_optimizer` does this to a Keras optimizer under TensorFlow's own
+`MirroredStrategy` or `MultiWorkerMirroredStrategy`, through the strategy's
+collectives (`ReplicaContext.all_reduce`, `all_gather`; no transport of its
+own). The optimizer stays the user's, with Keras' update rule: each replica
+runs a copy of it (`from_config`) over its shards only, built on the
+replica's device, so that copy's slots are 1/N of the whole. Every rule Keras
+applies per element (Adam, AdamW, SGD with momentum, RMSprop, Adagrad, Lion,
+...) updates a shard exactly as it updates the shard's elements of the whole
+variable; what the rule does across elements (clipping by a norm, weight
+decay, loss scaling) happens where Keras does it, before the update, on the
+whole gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.trackable import base as trackable
+
+from tfmulti.config.train_config import ZERO_STAGES
+from tfmulti.models import optimizers
+
+__all__ = ["STAGES", "WholeSlot", "ZeroSharding", "shard_optimizer", "sharding_of", "whole_slots"]
+
+STAGES = ZERO_STAGES
+"""The stages `shard_optimizer` takes (0: replication, Keras' own)."""
+
+_ATTRIBUTE = "_tfmulti_zero"
+
+
+class _Shard:
+    """Stands for a replica's shard of one parameter in its copy of the
+    optimizer. Keras' rules per element read a variable's dtype only and
+    change it by `assign_add`, `assign_sub` or `assign`, which the copy
+    applies to `value` (the shard's elements of the parameter, taken at each
+    step) instead of to a variable: the replica holds no copy of its
+    parameters' shards, only the slots. The copy keys its slots by
+    `_unique_id`, as it keys variables."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, shape: tuple[int, ...], dtype, name: str):
+        self.shape, self.dtype, self.name, self.path = shape, dtype, name, name
+        self._unique_id = f"tfmulti_zero_{next(self._ids)}"
+        self.value = None  # the step's shard, updated by the rule
+
+
+@dataclasses.dataclass
+class ZeroSharding:
+    """How an optimizer's state is sharded.
+
+    Attributes:
+        stage: 1 (slots) or 2 (slots and gradients).
+        num_shards: N, the replicas in sync.
+        devices: each local replica's device, by its index among this
+            process's replicas.
+        first_replica: the global index of this process's first replica.
+        variables: the model's trainable variables, in the optimizer's order.
+        shards: each local replica's shards (global index -> a `_Shard` of
+            ceil(size / N) elements per model variable).
+        optimizers: each local replica's copy of the optimizer, built on its
+            shards (global index -> optimizer).
+    """
+
+    stage: int
+    num_shards: int
+    devices: tuple[str, ...]
+    first_replica: int
+    variables: list
+    shards: dict[int, list]
+    optimizers: dict[int, keras.optimizers.Optimizer]
+    strategy: tf.distribute.Strategy
+    slots: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)
+    """Each slot of the copies: (its index in a copy's `variables`, the index
+    of the model variable it is the slot of, its name: "momentum", ...), in
+    the copies' order, which is the order an unsharded optimizer of the same
+    class lists them in."""
+    _whole: tuple[int, list] | None = None
+
+    def chunk(self, variable) -> int:
+        """The elements of `variable` in each shard (the last ones padded)."""
+        return math.ceil(_size(variable) / self.num_shards)
+
+    def whole_slots(self) -> list[np.ndarray]:
+        """Each slot whole (the model variable's shape), in `slots`' order,
+        gathered from the replicas' shards. Where some shards are other
+        processes' (multi-worker), every process must call it at the same
+        point: it is a collective (one all-gather)."""
+        step = int(self.optimizers[self.first_replica].iterations.numpy())
+        if self._whole is not None and self._whole[0] == step:
+            return self._whole[1]
+        if len(self.devices) == self.num_shards:  # every shard is here
+            flats = [self._flat(replica).numpy() for replica in range(self.num_shards)]
+        else:
+            flats = self._gathered()
+        chunks = [self.chunk(self.variables[i]) for _, i, _ in self.slots]
+        offsets = np.cumsum([0, *chunks])
+        whole = []
+        for n, (_, i, _) in enumerate(self.slots):
+            variable = self.variables[i]
+            parts = [flat[offsets[n]:offsets[n + 1]] for flat in flats]
+            whole.append(np.concatenate(parts)[:_size(variable)].reshape(variable.shape))
+        self._whole = (step, whole)
+        return whole
+
+    def assign_whole(self, n: int, value) -> None:
+        """Slot `n` (of `slots`) given whole: each local replica's copy takes
+        its shard of it (no collective: the value is every process's)."""
+        j, i, _ = self.slots[n]
+        variable = self.variables[i]
+        value = tf.convert_to_tensor(value, dtype=variable.dtype)
+        for replica, optimizer in self.optimizers.items():
+            optimizer.variables[j].assign(
+                _shard(tf.reshape(value, variable.shape), replica, self.chunk(variable),
+                       self.num_shards))
+        self._whole = None
+
+    def _flat(self, replica: int):
+        """Replica `replica`'s slots, flat, one after the other."""
+        optimizer = self.optimizers[replica]
+        return tf.concat([tf.reshape(_plain(optimizer.variables[j]), [-1])
+                          for j, _, _ in self.slots], axis=0)
+
+    def _gathered(self) -> list[np.ndarray]:
+        """Every replica's `_flat`, by replica, through the strategy's all-gather."""
+        def gather():
+            context = tf.distribute.get_replica_context()
+            replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+            with tf.device(self.devices[replica - self.first_replica]):
+                return context.all_gather(tf.identity(self._flat(replica)), axis=0)
+
+        result = self.strategy.run(tf.function(gather))
+        flat = self.strategy.experimental_local_results(result)[0].numpy()
+        return list(flat.reshape(self.num_shards, -1))
+
+    def bytes_by_device(self) -> dict[str, int]:
+        """The bytes of the sharded state on each of this process's devices,
+        read from the variables themselves (their devices and sizes): the
+        replicas' copies of the optimizer (their slots, step count and
+        learning rate)."""
+        held: dict[str, int] = {}
+        for optimizer in self.optimizers.values():
+            for variable in optimizer.variables:
+                plain = _plain(variable)
+                device = tf.DeviceSpec.from_string(plain.device).to_string()
+                held[device] = held.get(device, 0) + _bytes(plain)
+        return held
+
+
+class WholeSlot(trackable.Trackable):
+    """Slot `n` of a sharded optimizer as a checkpoint holds an unsharded
+    optimizer's slot: its whole value (gathered from the shards when saved;
+    a collective where shards are other processes'), restored by
+    `assign(value)` into this process's shards. A backup of a sharded run is
+    thus the backup of the same run unsharded, restored at any stage on any
+    number of replicas."""
+
+    def __init__(self, sharding: ZeroSharding, n: int):
+        self._sharding, self._n = sharding, n
+
+    def assign(self, value) -> None:
+        self._sharding.assign_whole(self._n, value)
+
+    def _serialize_to_tensors(self):
+        return {trackable.VARIABLE_VALUE_KEY: tf.constant(self._sharding.whole_slots()[self._n])}
+
+    def _restore_from_tensors(self, restored_tensors):
+        self.assign(restored_tensors[trackable.VARIABLE_VALUE_KEY])
+        return tf.no_op()
+
+
+def whole_slots(optimizer) -> list[tuple[object, str, WholeSlot]]:
+    """For a sharded `optimizer`: each slot as (its model variable, the slot's
+    name, a `WholeSlot` to save and restore it); [] for another."""
+    sharding = sharding_of(optimizer)
+    if sharding is None:
+        return []
+    return [(sharding.variables[i], name, WholeSlot(sharding, n))
+            for n, (_, i, name) in enumerate(sharding.slots)]
+
+
+def sharding_of(optimizer) -> ZeroSharding | None:
+    """The sharding `shard_optimizer` gave `optimizer` (None: not sharded)."""
+    return getattr(optimizer, _ATTRIBUTE, None)
+
+
+def shard_optimizer(optimizer, variables, strategy, stage: int):
+    """Shards `optimizer`'s state for `variables` over `strategy`'s replicas
+    (ZeRO stage `stage`, see the module doc); returns the optimizer.
+
+    Call it before the optimizer is built (before the first training step),
+    outside the strategy's scope, with the model's trainable variables (made
+    under `strategy`). The optimizer then updates them only inside the
+    strategy's replica context (`model.fit`, or `strategy.run` of a step that
+    calls `apply_gradients`), as Keras does.
+
+    Args:
+        optimizer: a Keras optimizer (not yet built).
+        variables: the variables it will update, in the order of its
+            gradients (`model.trainable_variables`).
+        strategy: a `MirroredStrategy` or `MultiWorkerMirroredStrategy`.
+        stage: 1 (optimizer slots) or 2 (slots and gradients); 0 leaves the
+            optimizer as it is.
+
+    Raises:
+        ValueError: a stage other than 0, 1 or 2; an optimizer already
+            built; an optimizer whose rule is not per element.
+    """
+    if stage not in STAGES:
+        raise ValueError(f"zero_stage={stage!r} is not a sharding stage; use one of "
+                         f"{', '.join(map(str, STAGES))}.")
+    if stage == 0:
+        return optimizer
+    _check_rule(optimizer)
+    if getattr(optimizer, "built", False):
+        raise ValueError(f"{type(optimizer).__name__} is already built: its slots are whole on "
+                         f"every replica; shard it before its first step.")
+    if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
+        raise ValueError("shard_optimizer makes each replica's own variables: call it outside "
+                         "the strategy's scope.")
+    extended = strategy.extended
+    devices = tuple(extended.worker_devices)
+    num_shards = strategy.num_replicas_in_sync
+    first = _first_replica(strategy)
+    variables = list(variables)
+    with strategy.scope():
+        # The optimizer's own variables (iterations, an EMA, Keras' gradient
+        # accumulators) stay mirrored; its slots are the shards' optimizers'.
+        keras.optimizers.Optimizer.build(optimizer, variables)
+    shards, copies = {}, {}
+    for local, device in enumerate(devices):
+        replica = first + local
+        shards[replica] = [_Shard((math.ceil(_size(v) / num_shards),), v.dtype, f"zero_shard_{i}")
+                           for i, v in enumerate(variables)]
+        copies[replica] = _copy(optimizer, shards[replica], device)
+    sharding = ZeroSharding(stage, num_shards, devices, first, variables, shards, copies,
+                            strategy, _slots(copies[first], shards[first]))
+    setattr(optimizer, _ATTRIBUTE, sharding)
+    optimizer._backend_update_step = _update_step(optimizer, sharding)
+    optimizer.save_own_variables = _save_own_variables(optimizer, sharding)
+    return optimizer
+
+
+ACROSS_ELEMENTS = ("Lamb", "Adafactor", "Muon")
+"""Keras optimizers whose rule reads a whole variable (a norm, a factored
+second moment, an orthogonalized matrix): a shard alone cannot be updated."""
+
+
+def _check_rule(optimizer) -> None:
+    """Refuses an optimizer whose update a shard cannot take: one of
+    `ACROSS_ELEMENTS`, or one that changes the update of all variables at once
+    (Nadam's running product: its own `_backend_update_step`)."""
+    name = type(optimizer).__name__
+    classes = type(optimizer).__mro__
+    # The first class defining the step: Keras' TensorFlow backend's, or the rule's own.
+    own = next(c for c in classes if "_backend_update_step" in vars(c)).__name__ != "TFOptimizer"
+    if any(c.__name__ in ACROSS_ELEMENTS for c in classes) or own:
+        why = ("its update reads each variable whole" if not own else
+               "its update step changes state shared by all variables")
+        raise ValueError(
+            f"{name} cannot be sharded (zero_stage): {why}; use an optimizer whose rule is per "
+            f"element (Adam, AdamW, SGD, RMSprop, Adagrad, Adamax, Lion, ...), or zero_stage=0.")
+
+
+def _copy(optimizer, shards: list[_Shard], device: str):
+    """A copy of `optimizer` applying its rule to `shards`, its slots on
+    `device`."""
+    # The copy applies the rule only: the optimizer itself clips, decays the
+    # weights, accumulates and keeps the moving average, on the whole variables.
+    with tf.device(device):  # its own variables (step count, learning rate) too
+        copy = type(optimizer).from_config({
+            **optimizer.get_config(), "use_ema": False, "gradient_accumulation_steps": None})
+    base = next(c for c in type(copy).__mro__ if c.__name__ == "BaseOptimizer")
+
+    def add_variable_from_reference(reference_variable, name=None, initializer="zeros"):
+        with tf.device(device):  # (not colocated with a variable: a shard is none)
+            return base.add_variable_from_reference(copy, reference_variable, name=name,
+                                                    initializer=initializer)
+
+    def changes(original, how):
+        def change(variable, value):
+            if not isinstance(variable, _Shard):
+                return original(variable, value)
+            value = tf.cast(value, variable.dtype)
+            variable.value = how(variable.value, value)
+            return None
+        return change
+
+    if optimizers.is_fused(optimizer) and not optimizer.amsgrad:
+        # The fused kernel's arithmetic, as the unsharded optimizer's update: the same bits.
+        def update_step(gradient, variable, learning_rate):
+            index = copy._get_variable_index(variable)
+            m, v = copy._momentums[index], copy._velocities[index]
+            new_m, new_v, variable.value = optimizers.fused_values(
+                copy, gradient, tf.convert_to_tensor(m), tf.convert_to_tensor(v),
+                variable.value, learning_rate)
+            m.assign(new_m)
+            v.assign(new_v)
+
+        copy.update_step = update_step
+    copy.add_variable_from_reference = add_variable_from_reference
+    copy.assign = changes(copy.assign, lambda _, new: new)
+    copy.assign_add = changes(copy.assign_add, lambda old, x: old + x)
+    copy.assign_sub = changes(copy.assign_sub, lambda old, x: old - x)
+    with tf.device(device):
+        copy.build(shards)
+    del copy.add_variable_from_reference  # back to the class's
+    return copy
+
+
+def _slots(copy, shards) -> list[tuple[int, int, str]]:
+    """`ZeroSharding.slots` of `copy`, built on `shards`: Keras names a slot
+    after its variable's path, "zero_shard_3_momentum"."""
+    found = []
+    for j, variable in enumerate(copy.variables):
+        for i, shard in enumerate(shards):
+            prefix = shard.path.replace("/", "_") + "_"
+            if variable.name.startswith(prefix) and tuple(variable.shape) == tuple(shard.shape):
+                found.append((j, i, variable.name[len(prefix):]))
+                break
+    return found
+
+
+def _save_own_variables(optimizer, sharding: ZeroSharding):
+    """`save_own_variables` writing what the unsharded optimizer would: its own
+    variables, then each slot whole, so that `model.keras` is an ordinary
+    model whose optimizer loads into the unsharded class."""
+    def save_own_variables(store):
+        values = [v.numpy() for v in optimizer.variables] + sharding.whole_slots()
+        for i, value in enumerate(values):
+            store[str(i)] = value
+
+    return save_own_variables
+
+
+def _update_step(optimizer, sharding: ZeroSharding):
+    """The sharded `_backend_update_step` of `optimizer` (see the module doc)."""
+    original = optimizer._backend_update_step
+
+    def update_step(grads, trainable_variables, learning_rate):
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync != sharding.num_shards:
+            return original(grads, trainable_variables, learning_rate)
+        replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+        index = {id(_plain(v)): i for i, v in enumerate(sharding.variables)}
+        positions = [index[id(_plain(v))] for v in trainable_variables]
+        pairs = [(g, p) for g, p in zip(grads, positions) if g is not None]
+        if not pairs:
+            return None
+        variables = [sharding.variables[p] for _, p in pairs]
+        if sharding.stage == 1 or len(sharding.devices) < sharding.num_shards:
+            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs])
+            grad_shards = [_shard(g, replica, sharding.chunk(v), sharding.num_shards)
+                           for g, v in zip(reduced, variables)]
+        else:
+            grad_shards = _reduce_scatter(context, [g for g, _ in pairs], variables, sharding)
+        own = sharding.shards[replica]
+        copy = sharding.optimizers[replica]
+        with tf.device(sharding.devices[replica - sharding.first_replica]):
+            # (on the replica's device: a collective's destinations are where its input is)
+            # The copy counts the optimizer's steps (Adam's bias correction reads them).
+            copy.iterations.assign(optimizer.iterations)
+            updated = []
+            for grad, (_, position), variable in zip(grad_shards, pairs, variables):
+                shard = own[position]
+                shard.value = _shard(tf.convert_to_tensor(_plain(variable)), replica,
+                                     sharding.chunk(variable), sharding.num_shards)
+                copy.update_step(grad, shard, learning_rate)
+                updated.append(tf.identity(shard.value))
+                shard.value = None
+            gathered = context.all_gather(updated, axis=0)
+        values = [tf.reshape(flat[:_size(v)], v.shape) for flat, v in zip(gathered, variables)]
+
+        def assign(strategy, targets, news):
+            for target, new in zip(targets, news):
+                strategy.extended.update(target, lambda var, value: var.assign(value),
+                                         args=(new,), group=False)
+
+        context.merge_call(assign, args=([_plain(v) for v in variables], values))
+        return None
+
+    return update_step
+
+
+def _reduce_scatter(context, grads, variables, sharding: ZeroSharding):
+    """Each replica's shard of the gradients' sum over the replicas: on each
+    replica's device, the sum of every replica's slice for it."""
+    num = sharding.num_shards
+
+    def scatter(strategy, per_replica):
+        out = []
+        for grad, variable in zip(per_replica, variables):
+            locals_ = strategy.experimental_local_results(grad)
+            shards = []
+            for local, device in enumerate(sharding.devices):
+                replica = sharding.first_replica + local
+                with tf.device(device):
+                    shards.append(tf.add_n([_shard(g, replica, sharding.chunk(variable), num)
+                                            for g in locals_]))
+            out.append(values_lib.PerReplica(tuple(shards)))
+        return out
+
+    return context.merge_call(scatter, args=(grads,))
+
+
+def _shard(tensor, replica: int, chunk: int, num: int):
+    """Elements [replica * chunk, (replica + 1) * chunk) of `tensor` flattened,
+    padded with zeros to num * chunk elements."""
+    flat = tf.reshape(tensor, [-1])
+    pad = chunk * num - math.prod(tensor.shape)
+    if pad:
+        flat = tf.pad(flat, [[0, pad]])
+    return flat[replica * chunk:(replica + 1) * chunk]
+
+
+def _first_replica(strategy) -> int:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return 0
+    return int(resolver.task_id) * len(strategy.extended.worker_devices)
+
+
+def _plain(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _size(variable) -> int:
+    return math.prod(variable.shape)
+
+
+def _bytes(variable) -> int:
+    return _size(variable) * tf.as_dtype(variable.dtype).size
