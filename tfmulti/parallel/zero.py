@@ -205,7 +205,8 @@ def sharding_of(optimizer) -> ZeroSharding | None:
     return getattr(optimizer, _ATTRIBUTE, None)
 
 
-def shard_optimizer(optimizer, variables, strategy, stage: int):
+def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
+                    strategy: tf.distribute.Strategy, stage: int) -> keras.optimizers.Optimizer:
     """Shards `optimizer`'s state for `variables` over `strategy`'s replicas
     (ZeRO stage `stage`, see the module doc); returns the optimizer.
 
