@@ -427,12 +427,12 @@ def _reduce_scatter(context, grads, variables, sharding: ZeroSharding):
 
 def _shard(tensor, replica: int, chunk: int, num: int):
     """Elements [replica * chunk, (replica + 1) * chunk) of `tensor` flattened,
-    padded with zeros to num * chunk elements."""
-    flat = tf.reshape(tensor, [-1])
-    pad = chunk * num - math.prod(tensor.shape)
-    if pad:
-        flat = tf.pad(flat, [[0, pad]])
-    return flat[replica * chunk:(replica + 1) * chunk]
+    padded with zeros to num * chunk elements. A gradient given as rows
+    (`tf.IndexedSlices`, an embedding's) is made dense first, as Keras' rules
+    make it when they combine it with a slot."""
+    flat = tf.reshape(tf.convert_to_tensor(tensor), [-1])
+    pad = chunk * num - tf.size(flat)
+    return tf.pad(flat, [[0, pad]])[replica * chunk:(replica + 1) * chunk]
 
 
 def _first_replica(strategy) -> int:
