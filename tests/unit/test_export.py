@@ -35,6 +35,7 @@ def _served(path, inputs):
     return served
 
 
+@pytest.mark.slow  # seconds of training: the full suite's, not the fast tier's
 def test_a_mirrored_model_serves_on_one_device_like_the_trained_one(tmp_path):
     import keras
 

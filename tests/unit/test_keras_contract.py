@@ -131,6 +131,7 @@ def test_a_per_output_value_that_fits_no_output_is_one_line_before_training(
 # --------------------------------------------------------------------- runs of two outputs
 
 
+@pytest.mark.slow  # seconds of training: the full suite's, not the fast tier's
 def test_two_outputs_under_mirrored_report_each_output_and_the_saved_models_loss(tmp_path):
     folder = tmp_path / "run"
     metrics = tfmulti.train(TrainConfig(**TWO, **MIRRORED, epochs=2, verbose=0,

@@ -65,6 +65,7 @@ def _fit_and_evaluate(steps_per_execution: int):
     return history.history, evaluation, [np.array(w) for w in model.get_weights()]
 
 
+@pytest.mark.slow  # seconds of training: the full suite's, not the fast tier's
 def test_fix_steps_per_execution_with_replicas_matches_one_step_per_call():
     import numpy as np
 

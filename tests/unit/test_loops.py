@@ -44,6 +44,7 @@ def test_loop_keeps_the_loss_scaling(big_batch):
     accumulate.assert_same_training(got, big_batch)
 
 
+@pytest.mark.slow  # seconds of training: the full suite's, not the fast tier's
 def test_loop_resumes_mid_epoch(tmp_path, big_batch):
     # Trained to step 6 of 8 (the middle of epoch 2), saving every 2 steps;
     # a fresh model, optimizer and step resume at 6 and end where an

@@ -379,6 +379,7 @@ def test_estimate_memory_training_flags_bad_values(argv, message, capsys, monkey
 TX = "tests.corpus.text_transformer"
 
 
+@pytest.mark.slow  # seconds of training: the full suite's, not the fast tier's
 @pytest.mark.parametrize("program, distribution, replicas", [
     (TX, "pipeline", 1), (TX, "hybrid", 2), ("tests.corpus.structured_data", "pipeline", 1)])
 def test_estimate_memory_of_the_users_model_as_a_pipeline(program, distribution, replicas,
