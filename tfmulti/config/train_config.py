@@ -69,9 +69,9 @@ HOOK_PATTERN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 """`package.module:function`: a user's model or dataset function."""
 LR_SCALINGS = ("none", "linear", "sqrt")
 SHARDINGS = ("auto", "examples", "files", "batches")
+"""How several workers split the input (`tfmulti.data.distribute`)."""
 ZERO_STAGES = (0, 1, 2)
 """`zero_stage`'s values (`tfmulti.parallel.zero`)."""
-"""How several workers split the input (`tfmulti.data.distribute`)."""
 CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
 """How a multi-worker strategy finds its cluster (`tfmulti.get_strategy(cluster_resolver=...)`)."""
 PARTITIONS = ("params", "flops", "time")

@@ -41,7 +41,8 @@ from tensorflow.python.trackable import base as trackable
 from tfmulti.config.train_config import ZERO_STAGES
 from tfmulti.models import optimizers
 
-__all__ = ["STAGES", "WholeSlot", "ZeroSharding", "shard_optimizer", "sharding_of", "whole_slots"]
+__all__ = ["STAGES", "WholeSlot", "ZeroSharding", "shard_optimizer", "sharding_of", "updating",
+           "whole_slots"]
 
 STAGES = ZERO_STAGES
 """The stages `shard_optimizer` takes (0: replication, Keras' own)."""
@@ -201,8 +202,15 @@ def whole_slots(optimizer) -> list[tuple[object, str, WholeSlot]]:
 
 
 def sharding_of(optimizer) -> ZeroSharding | None:
-    """The sharding `shard_optimizer` gave `optimizer` (None: not sharded)."""
-    return getattr(optimizer, _ATTRIBUTE, None)
+    """The sharding `shard_optimizer` gave `optimizer` (a loss-scale
+    optimizer's inner one; None: not sharded, or no optimizer)."""
+    return getattr(updating(optimizer), _ATTRIBUTE, None)
+
+
+def updating(optimizer):
+    """The optimizer that holds the slots: a loss-scale optimizer's inner one,
+    else `optimizer` itself (None for None)."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,

@@ -224,8 +224,7 @@ def _shard(model, strategy, stage: int) -> None:
         print(f"tfmulti: zero_stage={stage} shards over data-parallel replicas; this run has "
               f"one, so its optimizer state is whole, as with zero_stage=0", flush=True)
         return
-    optimizer = model.optimizer
-    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a loss-scale optimizer's
+    optimizer = zero.updating(model.optimizer)
     if not model.built or not model.trainable_variables:
         raise ValueError(
             f"zero_stage={stage} shards the optimizer over the model's variables, and your "

@@ -363,7 +363,7 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     with _damaged_data_named(run), own_fit.keras_own_methods(model):
         history, resumed_step, last_epoch, results, backed_up = _fit_and_evaluate(
             config, run, role, all_callbacks, verbose)
-    sharding = zero.sharding_of(_optimizer(model))
+    sharding = zero.sharding_of(getattr(model, "optimizer", None))
     if sharding is not None:  # on every worker (a collective): the chief saves it whole
         sharding.whole_slots()
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
@@ -506,12 +506,6 @@ def _peak_memory() -> dict[str, int]:
     return peaks
 
 
-def _optimizer(model):
-    """The model's optimizer (a loss-scale optimizer's inner one; None: none)."""
-    optimizer = getattr(model, "optimizer", None)
-    return getattr(optimizer, "inner_optimizer", optimizer)
-
-
 def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[float],
              resumed_step: int, num_workers: int, last_epoch: dict) -> dict:
     config, model = run.config, run.model
@@ -553,7 +547,7 @@ def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[fl
     if len(found) > 1:  # the results line shows each output's main figure
         metrics["outputs"] = [head.key for head in found]
     metrics["peak_memory_bytes"] = _peak_memory()
-    sharding = zero.sharding_of(_optimizer(model))
+    sharding = zero.sharding_of(getattr(model, "optimizer", None))
     metrics["zero_stage"] = sharding.stage if sharding is not None else 0
     if sharding is not None:  # this process's devices: the optimizer state they hold
         metrics["optimizer_state_bytes"] = sharding.bytes_by_device()
