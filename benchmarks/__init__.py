@@ -51,6 +51,10 @@ explains its method and figures):
              workers sharding by files vs by examples
   tensor     the byte-level transformer on 2 virtual CPUs: tensor-parallel
              T=2 vs unsplit (its cost), a 2-stage pipeline vs the naive split
+  memory     sharded data parallelism (ZeRO) on 2 workers: each worker's peak
+             memory (from outside) and step time by zero_stage, and a
+             per-worker memory cap under which stage 0 dies and a sharded
+             stage trains
 
 Each suite module has `run(repeats, **options) -> dict` (its JSON record),
 `check(**options)` (the same options, checked before anything runs),
@@ -79,12 +83,14 @@ from collections.abc import Mapping, Sequence
 
 from tfmulti.utils import checks
 from tfmulti.utils.atomic import write_json_atomic
-from benchmarks import (_harness, baseline, overhead, own, pipeline, scaling, streaming, tensor)
+from benchmarks import (_harness, baseline, memory, overhead, own, pipeline, scaling, streaming,
+                        tensor)
 
 __all__ = ["SUITES", "run_benchmark", "run_suite"]
 
 SUITES = {"scaling": scaling, "pipeline": pipeline, "baseline": baseline,
-          "overhead": overhead, "streaming": streaming, "own": own, "tensor": tensor}
+          "overhead": overhead, "streaming": streaming, "own": own, "tensor": tensor,
+          "memory": memory}
 """Suite name -> its module, in the order `all` runs them."""
 
 

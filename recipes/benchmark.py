@@ -14,6 +14,8 @@ Suites (`benchmarks`; each suite module's docstring explains its method):
   own        your own model and data functions vs the built-in MLP, and
              TFRecord files on 2 pinned workers sharded by files vs examples
   tensor     the transformer: tensor-parallel T=2 vs unsplit, pipeline vs naive
+  memory     ZeRO on 2 workers: peak memory per worker by zero_stage, and a cap
+             under which stage 0 dies and a sharded stage trains
   all        every suite above.
 
 --toy runs every suite's whole code path at toy size (each suite's `TOY`; it

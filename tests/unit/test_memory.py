@@ -442,3 +442,72 @@ def test_a_model_with_text_inputs_is_estimated_on_one_device(capsys):
                                "--global_batch_size=64"], capsys)
     row = estimate["devices"][0]
     assert row["activation_batch"] == 64 and row["activations"] > 0 and row["parameters"] > 0
+
+
+# ---------------------------------------------------------------- sharded optimizer slots
+
+
+def _ceil_shards(n: int) -> int:
+    """Elements of the mlp's 4 variables in each of n shards."""
+    return sum(-(-size // n) for size in (784 * 512, 512, 512 * 10, 10))
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_sharded_stage_holds_each_devices_shard_of_the_slots(stage):
+    whole, sharded = (_one(distribution="mirrored", num_devices=4, zero_stage=s)
+                      for s in (0, stage))
+    assert sharded["zero_stage"] == stage and whole["zero_stage"] == 0
+    for a, b in zip(whole["devices"], sharded["devices"], strict=True):
+        assert b["optimizer_slots"] == 2 * F32 * _ceil_shards(4)  # Adam: 2 slots
+        assert b["optimizer_slots"] < a["optimizer_slots"] / 4 + 2 * F32 * 4
+        # Stage 2 holds what stage 1 does: each replica's own gradients are whole.
+        assert {k: b[k] for k in ("parameters", "gradients", "activations")} == \
+            {k: a[k] for k in ("parameters", "gradients", "activations")}
+        assert b["total"] == a["total"] - a["optimizer_slots"] + b["optimizer_slots"]
+    text = memory.format_memory_estimate(sharded)
+    assert text.endswith(f"optimizer_slots: zero_stage={stage}, each device's shard (1/4) of "
+                         f"every weight's slots.")
+
+
+def test_the_transformer_and_your_own_model_shard_their_slots_too():
+    for model, dataset in (("transformer", None), ("tests.own_model:build",
+                                                   "tests.own_model:data")):
+        whole, sharded = (memory.estimate_memory(model, dataset=dataset, distribution="mirrored",
+                                                 num_devices=2, global_batch_size=8,
+                                                 zero_stage=s)
+                          for s in (0, 1))
+        assert sharded["devices"][0]["optimizer_slots"] < whole["devices"][0]["optimizer_slots"]
+        assert whole["optimizer_slots_sharded"] == sharded["devices"][1]["optimizer_slots"]
+
+
+@pytest.mark.parametrize("distribution", ["one_device", "pipeline", "hybrid"])
+def test_a_sharded_stage_needs_data_parallel_replicas(distribution):
+    with pytest.raises(ValueError, match=rf"^`zero_stage` \(1\) shards the optimizer's slots over "
+                                         rf"data-parallel replicas: distribution 'mirrored' .*got "
+                                         rf"'{distribution}'; leave zero_stage=0\.$"):
+        _one(distribution=distribution, zero_stage=1)
+    with pytest.raises(ValueError, match=r"`zero_stage` must be one of \[0, 1, 2\], got 3"):
+        _one(distribution="mirrored", num_devices=2, zero_stage=3)
+
+
+def test_check_fits_names_the_stage_that_makes_it_fit():
+    estimate = _one(distribution="mirrored", num_devices=4)
+    row = estimate["devices"][0]
+    sharded = row["total"] - row["optimizer_slots"] + 2 * F32 * _ceil_shards(4)
+    budget = (row["total"] + sharded) / 2 / 2**20  # between the two
+    with pytest.raises(ValueError, match=r"over the budget of .* per device; shard the optimizer's "
+                                         r"slots over the 4 replicas \(zero_stage=1: .* per "
+                                         r"device, which fits\), split"):
+        memory.check_fits(estimate, budget)
+    memory.check_fits(_one(distribution="mirrored", num_devices=4, zero_stage=1), budget)
+    with pytest.raises(ValueError, match=r"\(zero_stage=1: .* per device, still over it\)"):
+        memory.check_fits(estimate, sharded / 2 / 2**20)
+
+
+def test_cli_estimate_memory_takes_zero_stage(capsys):
+    code, err, out = cli_main(["estimate-memory", "--model=mlp", "--distribution=mirrored",
+                               "--num_virtual_devices=4", "--zero_stage=1", "--json"], capsys)
+    assert code == 0, err
+    estimate = json.loads(out)
+    assert estimate["zero_stage"] == 1
+    assert estimate["devices"][0]["optimizer_slots"] == 2 * F32 * _ceil_shards(4)

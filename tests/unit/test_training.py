@@ -279,3 +279,33 @@ def test_outputs_are_published_together(finished_tiny_run, monkeypatch):
     assert not [name for name in left if name.startswith(".staging-")]
     assert {k: v for k, v in _tree(model_dir).items()
             if k != ".tfmulti-run.json" and not k.startswith(".tfmulti-pending")} == before
+
+
+def test_a_model_is_saved_through_a_file_not_held_twice_in_memory(tmp_path):
+    """Keras writes a `.keras` file's weights into memory and copies them where
+    it deems the memory enough; tfmulti's save takes its way through a file
+    (Keras' own, for machines short of memory): the model loads back the same,
+    and Keras' choice is its own again after."""
+    from keras.src.saving import saving_lib
+
+    from tfmulti.training import train as train_lib
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    assert saving_lib.is_memory_sufficient(model)
+    taken = []
+    original = saving_lib.H5IOStore.__init__
+
+    def init(self, path_or_io, *args, archive=None, **kwargs):
+        taken.append("memory" if archive is not None else "file")
+        original(self, path_or_io, *args, archive=archive, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(saving_lib.H5IOStore, "__init__", init)
+        with train_lib._weights_through_a_file():
+            model.save(tmp_path / "model.keras")
+    assert taken == ["file"]
+    assert saving_lib.is_memory_sufficient(model)
+    for a, b in zip(keras.models.load_model(tmp_path / "model.keras").get_weights(),
+                    model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.keras"]  # no file left

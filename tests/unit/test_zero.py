@@ -10,6 +10,7 @@ budget)."""
 from __future__ import annotations
 
 import math
+import os
 
 import keras
 import numpy as np
@@ -53,17 +54,51 @@ def _assert_same_weights(got, want):
 
 @pytest.fixture(scope="module")
 def adam_runs():
+    """Adam at stages 0, 1 and 2, and at stage 2 a bucket per variable (the
+    step's reduce, update, gather and assign bucket after bucket, each waiting
+    for the previous one's assignments: "2-per-variable")."""
     adam = {"class_name": "Adam", "config": {"learning_rate": 0.01}}
-    return {stage: _train(stage, adam) for stage in (0, 1, 2)}
+    runs = {stage: _train(stage, adam) for stage in (0, 1, 2)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zero, "BUCKET_BYTES", 4)  # under any variable's bytes
+        runs["2-per-variable"] = _train(2, adam)
+    return runs
+
+
+def test_buckets_group_consecutive_sizes_up_to_the_cap():
+    assert zero.buckets([10, 30, 5, 100, 1], 40) == [[0, 1], [2], [3], [4]]
+    assert zero.buckets([1, 1, 1], 40) == [[0, 1, 2]]
+    assert zero.buckets([], 40) == []
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, "2-per-variable"])
 def test_a_stage_trains_to_the_weights_of_the_whole_state(stage, adam_runs):
     model, optimizer = adam_runs[stage]
     _assert_same_weights(model, adam_runs[0][0])
     assert int(optimizer.iterations.numpy()) == 2 * 256 // 32
-    assert zero.sharding_of(optimizer).stage == stage and zero.sharding_of(adam_runs[0][1]) is None
+    assert zero.sharding_of(optimizer).stage == int(str(stage)[0])
+    assert zero.sharding_of(adam_runs[0][1]) is None
+
+
+@pytest.mark.slow
+def test_the_slots_kept_whole_for_saving_are_the_gathered_ones_then_removed(adam_runs):
+    """`keep_whole` writes every slot whole to files that `each_whole_slot`
+    reads back one at a time (the process never holds them all); a process
+    that does not save keeps nothing; `drop_whole` removes the files."""
+    sharding = zero.sharding_of(adam_runs[1][1])
+    gathered = sharding.whole_slots()
+    assert [g.shape for g in gathered] == [tuple(sharding.variables[i].shape)
+                                           for _, i, _ in sharding.slots]
+    sharding.keep_whole(keep=False)
+    assert sharding._kept is None
+    sharding.keep_whole(keep=True)
+    paths = sharding._kept[1]
+    assert len(paths) == len(gathered) and all(os.path.exists(p) for p in paths)
+    for kept, live in zip(sharding.each_whole_slot(), gathered, strict=True):
+        np.testing.assert_array_equal(kept, live)
+    sharding.drop_whole()
+    assert not os.path.exists(os.path.dirname(paths[0])) and sharding._kept is None
 
 
 @pytest.mark.slow
@@ -88,6 +123,23 @@ def test_each_device_holds_one_nth_of_the_slots(stage, adam_runs):
     assert len(per_device) == len(DEVICES)
     assert set(per_device.values()) == {2 * 4 * parameters + 8 + 4}
     assert 2 * 4 * chunks < 2 * 4 * parameters / len(DEVICES) + 2 * 4 * len(model.weights)
+
+
+@pytest.mark.slow
+def test_the_estimate_counts_the_slots_each_device_holds(adam_runs):
+    """`tfmulti estimate-memory --zero_stage=1` counts what the run's devices
+    hold: each device's slots, read from the variables, are the estimate's
+    plus the copy's step count and learning rate (int64 and float32)."""
+    from tfmulti.memory import estimate as memory
+
+    def build():
+        return keras.Sequential([keras.Input((7,)), keras.layers.Dense(13, activation="relu"),
+                                 keras.layers.Dense(3)])
+
+    estimate = memory.estimate_memory(build, distribution="mirrored", num_devices=4,
+                                      zero_stage=1, global_batch_size=32)
+    held = zero.sharding_of(adam_runs[1][1]).bytes_by_device()
+    assert [row["optimizer_slots"] + 8 + 4 for row in estimate["devices"]] == list(held.values())
 
 
 @pytest.mark.slow

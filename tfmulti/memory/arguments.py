@@ -12,7 +12,8 @@ from tfmulti.utils import checks
 from tfmulti.utils import human
 from tfmulti.config.train_config import (BUILTIN_MODELS, MIXED_PRECISION, MODEL_PARALLEL,
                                          MODEL_TASKS, OPTIMIZERS, TASKS, TRANSFORMER,
-                                         TrainConfig, check_transformer_sizes, is_hook)
+                                         ZERO_STAGES, TrainConfig, check_transformer_sizes,
+                                         is_hook)
 
 __all__ = ["DISTRIBUTIONS", "MODELS", "Layout", "check_estimate_arguments", "config_arguments"]
 
@@ -85,7 +86,8 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
                              dropout: float = 0.2, tensor_parallel: int | None = None,
                              seq_len: int | None = None, d_model: int | None = None,
                              num_heads: int | None = None,
-                             num_layers: int | None = None, task: str = "auto") -> Layout:
+                             num_layers: int | None = None, task: str = "auto",
+                             zero_stage: int = 0) -> Layout:
     """Checks `estimate_memory`'s arguments (same names and defaults; see
     there) and returns the layout.
 
@@ -102,6 +104,11 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
         raise ValueError(f"`task` {task!r} does not fit `model` {model!r}, which does "
                          f"{BUILTIN_MODELS[model]}; leave task='auto'.")
     checks.one_of("optimizer", optimizer, OPTIMIZERS)
+    checks.one_of("zero_stage", zero_stage, ZERO_STAGES)
+    if zero_stage and distribution != "mirrored":
+        raise ValueError(f"`zero_stage` ({zero_stage}) shards the optimizer's slots over "
+                         f"data-parallel replicas: distribution 'mirrored' (the devices of all "
+                         f"workers), got {distribution!r}; leave zero_stage=0.")
     checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
     checks.positive_int("global_batch_size", global_batch_size)
     checks.finite_number("dropout", dropout, minimum=0)
@@ -193,6 +200,8 @@ def config_arguments(config: TrainConfig, *, num_devices: int | None = None,
                      optimizer=config.optimizer if config.optimizer is not None else "adam",
                      mixed_precision=config.mixed_precision, dropout=config.dropout,
                      task=config.task)
+    if config.zero_stage:
+        arguments["zero_stage"] = config.zero_stage
     if (own and given is None) or (given is not None and "dataset" in given):
         arguments["dataset"] = config.dataset
     pipeline = ("num_stages", "num_microbatches", "num_replicas", "remat", "tensor_parallel")

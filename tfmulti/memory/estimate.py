@@ -71,6 +71,7 @@ def estimate_memory(
     num_heads: int | None = None,
     num_layers: int | None = None,
     task: str = "auto",
+    zero_stage: int = 0,
 ) -> dict:
     """Estimates the training memory of each device.
 
@@ -114,6 +115,13 @@ def estimate_memory(
         num_layers: the transformer's blocks.
         task: "auto", "classification" or "regression", as for training (your
             own model's function is offered `num_classes` for classification).
+        zero_stage: 0 (the default), or 1 or 2 under "mirrored": the
+            optimizer's slots sharded over the replicas as a run shards them
+            (`tfmulti.parallel.zero`: each device holds ceil(size / N)
+            elements of every variable's slots). Stage 2 holds what stage 1
+            does: the gradients it shards are the reduced ones, one bucket at
+            a time; each replica's own gradients are whole, as Keras computes
+            them before any update.
 
     Returns:
         A dict with the arguments and "devices": one row per device with
@@ -139,7 +147,7 @@ def estimate_memory(
         remat=remat, global_batch_size=global_batch_size, optimizer=optimizer,
         mixed_precision=mixed_precision, partition=partition, dropout=dropout,
         tensor_parallel=tensor_parallel, seq_len=seq_len, d_model=d_model,
-        num_heads=num_heads, num_layers=num_layers, task=task))
+        num_heads=num_heads, num_layers=num_layers, task=task, zero_stage=zero_stage))
 
 
 def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
@@ -168,7 +176,8 @@ def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
         return _estimate_any_model(
             data, dataset is not None, distribution=distribution, layout=layout, slots=slots,
             global_batch_size=global_batch_size, optimizer=optimizer,
-            mixed_precision=mixed_precision, partition=partition)
+            mixed_precision=mixed_precision, partition=partition,
+            zero_stage=arguments["zero_stage"])
     summary = {
         "model": model, "distribution": distribution, "num_replicas": replicas,
         "num_stages": stages, "tensor_parallel": layout.tensor_parallel,
@@ -176,6 +185,7 @@ def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
         "remat": settings["remat"] if pipelined else False,
         "global_batch_size": global_batch_size, "optimizer": optimizer,
         "mixed_precision": mixed_precision, **layout.sizes,
+        "zero_stage": arguments["zero_stage"],
     }
     if model == TRANSFORMER:
         rows = _transformer_rows(layout, summary, slots, partition, dropout)
@@ -194,6 +204,8 @@ def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
             rows.append({"device": r, "replica": r, "stage": 0, "shard": 0,
                          **footprint.stack_footprint(layers, input_shape, micro_batch=micro,
                                                      optimizer_slots=slots)})
+        _shard_slots(summary, rows, [w for layer in layers for w in layer.trainable_weights],
+                     slots, arguments["zero_stage"])
     else:
         plan = plan_partition(blocks.chain_of(layers, input_shape=input_shape), stages,
                               method=partition)
@@ -211,6 +223,20 @@ def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
                     shape = tuple(layer.compute_output_shape((None, *shape))[1:])
                 received = layers[cut][-1].compute_dtype
     return {**summary, "num_devices": len(rows), "devices": rows}
+
+
+def _shard_slots(summary: dict, rows: list[dict], trainable, slots: int, stage: int) -> None:
+    """Data parallelism over 2 or more replicas: each row's slots as `stage`
+    holds them, and in `summary` what each device's slots would be sharded
+    ("optimizer_slots_sharded", for `check_fits` to name the stage that fits)."""
+    if len(rows) < 2 or not slots:
+        return
+    sharded = footprint.sharded_slot_bytes(trainable, slots, len(rows))
+    summary["optimizer_slots_sharded"] = sharded
+    if stage:
+        for row in rows:
+            row["total"] += sharded - row["optimizer_slots"]
+            row["optimizer_slots"] = sharded
 
 
 class _DeviceWeights:
@@ -234,10 +260,13 @@ def _transformer_rows(layout, summary: dict, slots: int, partition: str,
         model = transformer.build_transformer(**layout.sizes, dropout=dropout)
     if summary["remat"]:
         check_remat(model.layers)
-    return _chain_rows(
+    rows = _chain_rows(
         blocks.chain_of(model), layout, summary, slots, partition,
         kind_of=lambda op: (transformer.TENSOR_PARALLEL.get(transformer.role_of(op.name))
                             if T > 1 else None))
+    if summary["distribution"] not in MODEL_PARALLEL:
+        _shard_slots(summary, rows, model.trainable_weights, slots, summary["zero_stage"])
+    return rows
 
 
 def _chain_rows(chain, layout, summary: dict, slots: int, partition: str,
@@ -301,13 +330,22 @@ def check_fits(estimate: dict, device_memory_mb: float) -> None:
         return
     parts = ", ".join(f"{k.replace('_', ' ')} {human.size(row[k])}"
                       for k in footprint.COLUMNS[:-1])
+    sharded = estimate.get("optimizer_slots_sharded")
+    if sharded is not None and not estimate.get("zero_stage"):
+        # The same devices with the optimizer's slots sharded over the replicas.
+        total = row["total"] - row["optimizer_slots"] + sharded
+        verdict = "which fits" if total <= budget * 2**20 else "still over it"
+        shard = (f"shard the optimizer's slots over the {estimate['num_replicas']} replicas "
+                 f"(zero_stage=1: {human.size(total)} per device, {verdict}), ")
+    else:
+        shard = ""
     raise ValueError(
         f"device {row['device']} (replica {row['replica']}, stage {row['stage']}, shard "
         f"{row['shard']}) needs {human.size(row['total'])} to train {estimate['model']} under "
         f"{estimate['distribution']} ({parts}), over the budget of {budget:g} MiB per device; "
-        f"split the model over more devices (`num_stages`, `tensor_parallel`), hold fewer "
-        f"examples at once (a smaller `global_batch_size`, more `num_microbatches`, `remat`) "
-        f"or use sgd (no optimizer slots).")
+        f"{shard}split the model over more devices (`num_stages`, `tensor_parallel`), hold "
+        f"fewer examples at once (a smaller `global_batch_size`, more `num_microbatches`, "
+        f"`remat`) or use sgd (no optimizer slots).")
 
 
 def estimate_for_config(config: TrainConfig, *, num_devices: int | None = None,
@@ -400,7 +438,8 @@ def _compiled_optimizer(model) -> str | None:
 
 
 def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, layout, slots,
-                        global_batch_size, optimizer, mixed_precision, partition) -> dict:
+                        global_batch_size, optimizer, mixed_precision, partition,
+                        zero_stage) -> dict:
     pipelined = distribution in MODEL_PARALLEL
     summary = {
         "model": config.model_name, "distribution": distribution,
@@ -409,7 +448,7 @@ def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, 
         "num_microbatches": layout.settings["num_microbatches"] if pipelined else 1,
         "remat": layout.settings["remat"] if pipelined else False,
         "global_batch_size": global_batch_size, "optimizer": optimizer,
-        "mixed_precision": mixed_precision,
+        "mixed_precision": mixed_precision, "zero_stage": zero_stage,
     }
     with models.mixed_precision_policy(_CPU_POLICY.get(mixed_precision, mixed_precision)):
         built, input_shape, input_dtype, inputs = _user_model(config, data_given)
@@ -419,8 +458,10 @@ def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, 
         if not pipelined:
             row = footprint.model_footprint(built, input_shape, micro_batch=layout.micro_batch,
                                             optimizer_slots=slots, input_dtype=input_dtype)
-            return {**summary, "devices": [{"device": r, "replica": r, "stage": 0, "shard": 0,
-                                            **row} for r in range(layout.replicas)]}
+            rows = [{"device": r, "replica": r, "stage": 0, "shard": 0, **row}
+                    for r in range(layout.replicas)]
+            _shard_slots(summary, rows, built.trainable_weights, slots, zero_stage)
+            return {**summary, "devices": rows}
         # Cut as the run's PipelineModel cuts it: a functional model's graph,
         # a stack's layers on its input shape.
         chain = blocks.chain_of(built, input_shape=None if isinstance(input_shape, dict)
@@ -459,5 +500,9 @@ def format_memory_estimate(estimate: dict) -> str:
         what += (", at the training data's input shapes ("
                  + (", ".join(f"{k} {tuple(v)}" for k, v in sorted(shapes.items()))
                     if isinstance(shapes, dict) else str(shapes)) + ")")
-    return (footprint.format_footprint(estimate["devices"], title=title)
+    text = (footprint.format_footprint(estimate["devices"], title=title)
             + f"\nactivations: a {what} per device.")
+    if estimate.get("zero_stage"):
+        text += (f"\noptimizer_slots: zero_stage={estimate['zero_stage']}, each device's "
+                 f"shard (1/{estimate['num_replicas']}) of every weight's slots.")
+    return text

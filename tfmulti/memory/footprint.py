@@ -14,7 +14,9 @@ model under data parallelism, one stage of a pipeline):
   keeps variables float32 under mixed precision: no separate master copy);
 * gradients: one tensor per trainable variable, at the variable's size;
 * optimizer_slots: the optimizer's per-weight state (Adam: 2 tensors per
-  trainable variable, SGD: none, SGD with momentum: 1);
+  trainable variable, SGD: none, SGD with momentum: 1); sharded over N
+  data-parallel replicas (`zero_stage` 1 or 2, `sharded_slot_bytes`), each
+  replica's shard of every variable, ceil(size / N) elements;
 * activations: what the device keeps for the backward pass, in the compute
   dtype: the outputs of its layers for every example it holds at once, plus
   the stage's input where that came from another device (a pipeline stage
@@ -46,7 +48,8 @@ from tfmulti.utils.sizes import dtype_bytes, variables_bytes
 
 __all__ = ["COLUMNS", "OPTIMIZER_SLOTS", "format_footprint", "layer_outputs", "measured_on",
            "model_footprint", "output_bytes", "output_elements", "pipeline_footprint",
-           "slot_bytes_by_device", "stack_footprint", "stage_footprint", "tensor_bytes"]
+           "sharded_slot_bytes", "slot_bytes_by_device", "stack_footprint", "stage_footprint",
+           "tensor_bytes"]
 
 OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "lion": 1, "rmsprop": 1,
                    "adagrad": 1, "adadelta": 2, "ftrl": 2, "sgd": 0}
@@ -233,6 +236,20 @@ def stage_footprint(layers, *, output_bytes: int, micro_batch: int, received_byt
     }
     row["total"] = sum(row[k] for k in COLUMNS[:-1])
     return row
+
+
+def sharded_slot_bytes(variables, optimizer_slots: int, num_shards: int) -> int:
+    """The bytes of the optimizer slots one of `num_shards` data-parallel
+    replicas holds when they are sharded (`tfmulti.parallel.zero`): per slot,
+    its shard of each variable (counted once), ceil(size / num_shards)
+    elements at the variable's dtype."""
+    seen, total = set(), 0
+    for variable in variables:
+        if id(variable) in seen:
+            continue
+        seen.add(id(variable))
+        total += math.ceil(math.prod(variable.shape) / num_shards) * dtype_bytes(variable.dtype)
+    return optimizer_slots * total
 
 
 def slot_bytes_by_device(optimizer, canonical) -> dict[str, int]:

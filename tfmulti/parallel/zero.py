@@ -31,6 +31,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
+import shutil
+import tempfile
+import weakref
 
 import keras
 import numpy as np
@@ -97,7 +101,10 @@ class ZeroSharding:
     of the model variable it is the slot of, its name: "momentum", ...), in
     the copies' order, which is the order an unsharded optimizer of the same
     class lists them in."""
-    _whole: tuple[int, list] | None = None
+    _checkpointed: tuple[int, dict] | None = None
+    _kept: tuple[int, list[str]] | None = None
+    _finalizer: weakref.finalize | None = None
+    _gather_function: object = None
 
     def chunk(self, variable) -> int:
         """The elements of `variable` in each shard (the last ones padded)."""
@@ -107,23 +114,60 @@ class ZeroSharding:
         """Each slot whole (the model variable's shape), in `slots`' order,
         gathered from the replicas' shards. Where some shards are other
         processes' (multi-worker), every process must call it at the same
-        point: it is a collective (one all-gather)."""
-        step = int(self.optimizers[self.first_replica].iterations.numpy())
-        if self._whole is not None and self._whole[0] == step:
-            return self._whole[1]
-        if len(self.devices) == self.num_shards:  # every shard is here
-            flats = [self._flat(replica).numpy() for replica in range(self.num_shards)]
-        else:
-            flats = self._gathered()
-        chunks = [self.chunk(self.variables[i]) for _, i, _ in self.slots]
-        offsets = np.cumsum([0, *chunks])
-        whole = []
-        for n, (_, i, _) in enumerate(self.slots):
-            variable = self.variables[i]
-            parts = [flat[offsets[n]:offsets[n + 1]] for flat in flats]
-            whole.append(np.concatenate(parts)[:_size(variable)].reshape(variable.shape))
-        self._whole = (step, whole)
-        return whole
+        point: it is a collective (one all-gather per bucket of slots)."""
+        return list(self.each_whole_slot())
+
+    def each_whole_slot(self):
+        """`whole_slots` one at a time, gathered a bucket of slots at a time
+        (`BUCKET_BYTES`), so that the process never holds them all: from the
+        files `keep_whole` wrote at this step where it did, else from the
+        replicas (a collective where some shards are other processes')."""
+        kept = self._kept
+        if kept is not None and kept[0] == self._step():
+            for path in kept[1]:
+                yield np.load(path)
+            return
+        for bucket in self._slot_buckets():
+            yield from self._gather(bucket)
+
+    def keep_whole(self, keep: bool) -> None:
+        """Gathers every slot whole, a bucket at a time, for this step's
+        `each_whole_slot` (a collective where some shards are other processes':
+        every process calls it at the same point). Where `keep`, this process
+        writes them to files in a temporary directory (removed by
+        `drop_whole`, or when the sharding goes), so that saving reads them
+        back one at a time; else it only takes its part in the collectives."""
+        self.drop_whole()
+        directory = tempfile.mkdtemp(prefix="tfmulti-zero-") if keep else None
+        paths = []
+        for bucket in self._slot_buckets():
+            for n, value in zip(bucket, self._gather(bucket)):
+                if directory is not None:
+                    paths.append(os.path.join(directory, f"slot_{n}.npy"))
+                    np.save(paths[-1], value)
+        if directory is not None:
+            self._kept = (self._step(), paths)
+            self._finalizer = weakref.finalize(self, shutil.rmtree, directory, True)
+
+    def drop_whole(self) -> None:
+        """Removes what `keep_whole` wrote."""
+        self._kept = None
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+
+    def checkpointed_slot(self, n: int) -> np.ndarray:
+        """Slot `n` whole for a checkpoint, which serializes every slot before
+        it writes: the slots are gathered once per step (a collective, as
+        `whole_slots`) and each is let go once served."""
+        step = self._step()
+        if self._checkpointed is None or self._checkpointed[0] != step or \
+                n not in self._checkpointed[1]:
+            self._checkpointed = (step, dict(enumerate(self.whole_slots())))
+        value = self._checkpointed[1].pop(n)
+        if not self._checkpointed[1]:
+            self._checkpointed = None
+        return value
 
     def assign_whole(self, n: int, value) -> None:
         """Slot `n` (of `slots`) given whole: each local replica's copy takes
@@ -133,25 +177,56 @@ class ZeroSharding:
         value = tf.convert_to_tensor(value, dtype=variable.dtype)
         for replica, optimizer in self.optimizers.items():
             optimizer.variables[j].assign(
-                _shard(tf.reshape(value, variable.shape), replica, self.chunk(variable),
-                       self.num_shards))
-        self._whole = None
+                _shard(value, variable, replica, self))
+        self._checkpointed = None
+        self.drop_whole()
 
-    def _flat(self, replica: int):
-        """Replica `replica`'s slots, flat, one after the other."""
+    def _step(self) -> int:
+        return int(self.optimizers[self.first_replica].iterations.numpy())
+
+    def _slot_buckets(self) -> list[list[int]]:
+        sizes = [_bytes(self.variables[i]) for _, i, _ in self.slots]
+        return buckets(sizes, BUCKET_BYTES)
+
+    def _gather(self, bucket: list[int]) -> list[np.ndarray]:
+        """The slots of `bucket` (indices into `slots`) whole, from every
+        replica's shards."""
+        if len(self.devices) == self.num_shards:  # every shard is here
+            flats = [self._flat(replica, bucket).numpy() for replica in range(self.num_shards)]
+        else:
+            flats = self._gathered(bucket)
+        chunks = [self.chunk(self.variables[self.slots[n][1]]) for n in bucket]
+        offsets = np.cumsum([0, *chunks])
+        whole = []
+        for k, n in enumerate(bucket):
+            variable = self.variables[self.slots[n][1]]
+            parts = [flat[offsets[k]:offsets[k + 1]] for flat in flats]
+            whole.append(np.concatenate(parts)[:_size(variable)].reshape(variable.shape))
+        return whole
+
+    def _flat(self, replica: int, bucket: list[int]):
+        """Replica `replica`'s shards of the slots of `bucket`, flat, one
+        after the other."""
         optimizer = self.optimizers[replica]
-        return tf.concat([tf.reshape(_plain(optimizer.variables[j]), [-1])
-                          for j, _, _ in self.slots], axis=0)
+        return tf.concat([tf.reshape(_plain(optimizer.variables[self.slots[n][0]]), [-1])
+                          for n in bucket], axis=0)
 
-    def _gathered(self) -> list[np.ndarray]:
-        """Every replica's `_flat`, by replica, through the strategy's all-gather."""
-        def gather():
-            context = tf.distribute.get_replica_context()
-            replica = int(tf.get_static_value(context.replica_id_in_sync_group))
-            with tf.device(self.devices[replica - self.first_replica]):
-                return context.all_gather(tf.identity(self._flat(replica)), axis=0)
+    def _gathered(self, bucket: list[int]) -> list[np.ndarray]:
+        """Every replica's `_flat` of `bucket`, by replica, through the
+        strategy's all-gather (one function for every bucket: its length
+        left open)."""
+        if self._gather_function is None:
+            def gather(flat):
+                context = tf.distribute.get_replica_context()
+                replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+                # (a collective's destinations are where its input is)
+                with tf.device(self.devices[replica - self.first_replica]):
+                    return context.all_gather(tf.identity(flat), axis=0)
 
-        result = self.strategy.run(tf.function(gather))
+            self._gather_function = tf.function(gather, reduce_retracing=True)
+        flats = self.strategy.experimental_distribute_values_from_function(
+            lambda context: self._flat(context.replica_id_in_sync_group, bucket))
+        result = self.strategy.run(self._gather_function, args=(flats,))
         flat = self.strategy.experimental_local_results(result)[0].numpy()
         return list(flat.reshape(self.num_shards, -1))
 
@@ -184,7 +259,7 @@ class WholeSlot(trackable.Trackable):
         self._sharding.assign_whole(self._n, value)
 
     def _serialize_to_tensors(self):
-        return {trackable.VARIABLE_VALUE_KEY: tf.constant(self._sharding.whole_slots()[self._n])}
+        return {trackable.VARIABLE_VALUE_KEY: tf.constant(self._sharding.checkpointed_slot(self._n))}
 
     def _restore_from_tensors(self, restored_tensors):
         self.assign(restored_tensors[trackable.VARIABLE_VALUE_KEY])
@@ -356,15 +431,20 @@ def _save_own_variables(optimizer, sharding: ZeroSharding):
     variables, then each slot whole, so that `model.keras` is an ordinary
     model whose optimizer loads into the unsharded class."""
     def save_own_variables(store):
-        values = [v.numpy() for v in optimizer.variables] + sharding.whole_slots()
-        for i, value in enumerate(values):
-            store[str(i)] = value
+        for i, variable in enumerate(optimizer.variables):
+            store[str(i)] = variable.numpy()
+        for n, value in enumerate(sharding.each_whole_slot(), start=len(optimizer.variables)):
+            store[str(n)] = value
 
     return save_own_variables
 
 
 def _update_step(optimizer, sharding: ZeroSharding):
-    """The sharded `_backend_update_step` of `optimizer` (see the module doc)."""
+    """The sharded `_backend_update_step` of `optimizer` (see the module doc):
+    bucket by bucket (`BUCKET_BYTES` of parameters), each bucket's reduction
+    waiting for the previous bucket's parameters to be assigned, so that the
+    step holds one bucket's transients (its reduced gradients, its gathered
+    parameters) at a time, not the whole model's."""
     original = optimizer._backend_update_step
 
     def update_step(grads, trainable_variables, learning_rate):
@@ -373,50 +453,106 @@ def _update_step(optimizer, sharding: ZeroSharding):
             return original(grads, trainable_variables, learning_rate)
         replica = int(tf.get_static_value(context.replica_id_in_sync_group))
         index = {id(_plain(v)): i for i, v in enumerate(sharding.variables)}
-        positions = [index[id(_plain(v))] for v in trainable_variables]
-        pairs = [(g, p) for g, p in zip(grads, positions) if g is not None]
+        pairs = [(g, index[id(_plain(v))]) for g, v in zip(grads, trainable_variables)
+                 if g is not None]
         if not pairs:
             return None
-        variables = [sharding.variables[p] for _, p in pairs]
-        if sharding.stage == 1 or len(sharding.devices) < sharding.num_shards:
-            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs])
-            grad_shards = [_shard(g, replica, sharding.chunk(v), sharding.num_shards)
-                           for g, v in zip(reduced, variables)]
-        else:
-            grad_shards = _reduce_scatter(context, [g for g, _ in pairs], variables, sharding)
-        own = sharding.shards[replica]
         copy = sharding.optimizers[replica]
-        with tf.device(sharding.devices[replica - sharding.first_replica]):
-            # (on the replica's device: a collective's destinations are where its input is)
+        device = sharding.devices[replica - sharding.first_replica]
+        with tf.device(device):
             # The copy counts the optimizer's steps (Adam's bias correction reads them).
             copy.iterations.assign(optimizer.iterations)
-            updated = []
-            for grad, (_, position), variable in zip(grad_shards, pairs, variables):
-                shard = own[position]
-                shard.value = _shard(tf.convert_to_tensor(_plain(variable)), replica,
-                                     sharding.chunk(variable), sharding.num_shards)
-                copy.update_step(grad, shard, learning_rate)
-                updated.append(tf.identity(shard.value))
-                shard.value = None
-            gathered = context.all_gather(updated, axis=0)
-        values = [tf.reshape(flat[:_size(v)], v.shape) for flat, v in zip(gathered, variables)]
-
-        def assign(strategy, targets, news):
-            for target, new in zip(targets, news):
-                strategy.extended.update(target, lambda var, value: var.assign(value),
-                                         args=(new,), group=False)
-
-        context.merge_call(assign, args=([_plain(v) for v in variables], values))
+        done = []
+        sizes = [_bytes(sharding.variables[p]) for _, p in pairs]
+        for bucket in buckets(sizes, BUCKET_BYTES):
+            with tf.control_dependencies(done):
+                done = _update_bucket(context, sharding, replica, [pairs[i] for i in bucket],
+                                      learning_rate)
         return None
 
     return update_step
 
 
+BUCKET_BYTES = 25 << 20
+"""The parameters' bytes a sharded step reduces, updates and gathers at once
+(as PyTorch's DistributedDataParallel buckets its gradients, 25 MiB by
+default): small variables share one collective, and a step's transients are
+one bucket's."""
+
+
+def _update_bucket(context, sharding: ZeroSharding, replica: int, pairs, learning_rate):
+    """One bucket of a sharded step on `replica`: its gradients reduced to this
+    replica's shards, the shards updated by the replica's copy of the optimizer,
+    gathered, and assigned to the parameters. Returns the assignments."""
+    variables = [sharding.variables[p] for _, p in pairs]
+    grads = [g for g, _ in pairs]
+    if sharding.stage == 1 or len(sharding.devices) < sharding.num_shards:
+        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        grad_shards = [_shard(g, v, replica, sharding) for g, v in zip(reduced, variables)]
+    else:
+        grad_shards = _reduce_scatter(context, grads, variables, sharding)
+    own = sharding.shards[replica]
+    copy = sharding.optimizers[replica]
+    with tf.device(sharding.devices[replica - sharding.first_replica]):
+        # (on the replica's device: a collective's destinations are where its input is)
+        updated = []
+        for grad, (_, position), variable in zip(grad_shards, pairs, variables):
+            shard = own[position]
+            shard.value = _shard(_plain(variable), variable, replica, sharding)
+            copy.update_step(grad, shard, learning_rate)
+            updated.append(tf.identity(shard.value))
+            shard.value = None
+        gathered = _all_gather(context, sharding, updated)
+    values = [tf.reshape(flat[:_size(v)], v.shape) for flat, v in zip(gathered, variables)]
+
+    def assign(strategy, targets, news):
+        return [strategy.extended.update(target, lambda var, value: var.assign(value),
+                                         args=(new,), group=False)
+                for target, new in zip(targets, news)]
+
+    assigned = context.merge_call(assign, args=([_plain(v) for v in variables], values))
+    return tf.nest.flatten(assigned)
+
+
+def _all_gather(context, sharding: ZeroSharding, shards: list):
+    """Each of `shards` (this replica's, all of one size) gathered from every
+    replica, in replica order: the whole, flat and padded, on every replica.
+    Within one process, each device concatenates the replicas' shards; across
+    processes, the strategy's collective all-gather of equal shapes (its
+    launchers' `_all_gather`: `ReplicaContext.all_gather` first exchanges the
+    shapes, pads and unpads, copying the whole twice more each step), else
+    `ReplicaContext.all_gather`."""
+    if len(sharding.devices) == sharding.num_shards:
+        def concatenate(strategy, per_replica):
+            out = []
+            for value in per_replica:
+                parts = strategy.experimental_local_results(value)
+                whole = []
+                for device in sharding.devices:
+                    with tf.device(device):
+                        whole.append(tf.concat(parts, axis=0))
+                out.append(values_lib.Mirrored(tuple(whole)))
+            return out
+
+        return context.merge_call(concatenate, args=(shards,))
+    launchers = getattr(getattr(sharding.strategy.extended, "_cross_device_ops", None),
+                        "_launchers", None)
+    if not launchers or not all(hasattr(launcher, "_all_gather") for launcher in launchers):
+        return context.all_gather(shards, axis=0)  # another TensorFlow's strategy
+
+    def gather(strategy, per_replica):
+        options = tf.distribute.experimental.CommunicationOptions()
+        return [values_lib.PerReplica(tuple(
+            launcher._all_gather(part, options)  # pylint: disable=protected-access
+            for launcher, part in zip(launchers, strategy.experimental_local_results(value))))
+            for value in per_replica]
+
+    return context.merge_call(gather, args=(shards,))
+
+
 def _reduce_scatter(context, grads, variables, sharding: ZeroSharding):
     """Each replica's shard of the gradients' sum over the replicas: on each
     replica's device, the sum of every replica's slice for it."""
-    num = sharding.num_shards
-
     def scatter(strategy, per_replica):
         out = []
         for grad, variable in zip(per_replica, variables):
@@ -425,7 +561,7 @@ def _reduce_scatter(context, grads, variables, sharding: ZeroSharding):
             for local, device in enumerate(sharding.devices):
                 replica = sharding.first_replica + local
                 with tf.device(device):
-                    shards.append(tf.add_n([_shard(g, replica, sharding.chunk(variable), num)
+                    shards.append(tf.add_n([_shard(g, variable, replica, sharding)
                                             for g in locals_]))
             out.append(values_lib.PerReplica(tuple(shards)))
         return out
@@ -433,14 +569,37 @@ def _reduce_scatter(context, grads, variables, sharding: ZeroSharding):
     return context.merge_call(scatter, args=(grads,))
 
 
-def _shard(tensor, replica: int, chunk: int, num: int):
-    """Elements [replica * chunk, (replica + 1) * chunk) of `tensor` flattened,
-    padded with zeros to num * chunk elements. A gradient given as rows
+def _shard(tensor, variable, replica: int, sharding: ZeroSharding):
+    """Replica `replica`'s shard of `tensor` (`variable`'s shape): elements
+    [replica * chunk, (replica + 1) * chunk) of it flattened, padded with zeros
+    where they run past its end (the last shards): sliced first, so that only
+    the shard is copied. A gradient given as rows
     (`tf.IndexedSlices`, an embedding's) is made dense first, as Keras' rules
     make it when they combine it with a slot."""
-    flat = tf.reshape(tf.convert_to_tensor(tensor), [-1])
-    pad = chunk * num - tf.size(flat)
-    return tf.pad(flat, [[0, pad]])[replica * chunk:(replica + 1) * chunk]
+    size, chunk = _size(variable), sharding.chunk(variable)
+    flat = tf.reshape(tf.convert_to_tensor(tensor), [size])
+    start = min(replica * chunk, size)
+    end = min(start + chunk, size)
+    piece = flat[start:end]
+    if end - start < chunk:
+        piece = tf.pad(piece, [[0, chunk - (end - start)]])
+    return piece
+
+
+def buckets(sizes: list[int], cap: int) -> list[list[int]]:
+    """Consecutive indices of `sizes` grouped so that each group's total is at
+    most `cap` (a size over it alone in its group): the units a sharded step
+    reduces, updates and gathers one after the other, so that no more than one
+    group's whole gradients and parameters are in flight at once."""
+    groups: list[list[int]] = []
+    total = cap + 1
+    for i, size in enumerate(sizes):
+        if total + size > cap:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += size
+    return groups
 
 
 def _first_replica(strategy) -> int:

@@ -168,7 +168,8 @@ def _write_outputs(config: TrainConfig, model, metrics: dict) -> str:
             unpartitioned.save_weights(os.path.join(stage, WEIGHTS_FILE))
             return
         try:
-            unpartitioned.save(os.path.join(stage, MODEL_FILE))
+            with _weights_through_a_file():
+                unpartitioned.save(os.path.join(stage, MODEL_FILE))
         except OSError:
             raise
         except Exception as e:  # pylint: disable=broad-except  (a config the probe passed)
@@ -188,6 +189,28 @@ def _write_outputs(config: TrainConfig, model, metrics: dict) -> str:
           f"to reload them, build the model with the run's model function "
           f"({config.model_name}), then call model.load_weights({path!r})", flush=True)
     return WEIGHTS_FILE
+
+
+@contextlib.contextmanager
+def _weights_through_a_file():
+    """Keras writes a `.keras` file's weights into memory first where it deems
+    the memory enough (`saving_lib.is_memory_sufficient`), then copies them
+    into the archive: at the end of a run, the whole file twice in memory (a
+    model of 54M parameters with Adam: 1.3 GB). Its other way, for machines
+    short of memory, writes them to a file beside the archive and copies that
+    in: tfmulti takes it, so that a run's peak memory is its training's, not
+    its save's (what sharding the optimizer lowers, `zero_stage`)."""
+    from keras.src.saving import saving_lib  # pylint: disable=import-outside-toplevel
+
+    original = getattr(saving_lib, "is_memory_sufficient", None)
+    if original is None:  # another Keras: its own way
+        yield
+        return
+    saving_lib.is_memory_sufficient = lambda model: False
+    try:
+        yield
+    finally:
+        saving_lib.is_memory_sufficient = original
 
 
 def _mark_built_by_its_layers(model) -> None:
@@ -364,8 +387,9 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         history, resumed_step, last_epoch, results, backed_up = _fit_and_evaluate(
             config, run, role, all_callbacks, verbose)
     sharding = zero.sharding_of(getattr(model, "optimizer", None))
-    if sharding is not None:  # on every worker (a collective): the chief saves it whole
-        sharding.whole_slots()
+    if sharding is not None and config.model_dir:
+        # On every worker (a collective): the chief keeps the slots whole to save them.
+        sharding.keep_whole(keep=writes)
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
                        last_epoch)
     extra, line = dataset_metrics(config, results)
@@ -378,6 +402,8 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         written = f"metrics.json, {model_file} and logs/" if logs else \
             f"metrics.json and {model_file}"
         print(f"tfmulti: wrote {written} to {config.model_dir}", flush=True)
+    if sharding is not None:
+        sharding.drop_whole()
     if backed_up is not None and not config.keep_backup:
         # Only now: a crash during evaluation or the writes above resumes from
         # the finished backup instead of training again.
