@@ -65,24 +65,23 @@ def test_every_suite_runs_end_to_end(tmp_path):
     assert reduce["bytes"] == 4 * 34826, reduce
     assert len(reduce["milliseconds_one_host"]) == scaling.TOY["all_reduce_repeats"]
     assert min(reduce["milliseconds_one_host"]) > 0
-    # The memory suite: each worker's peak read at every stage; a sharded stage's
-    # workers each hold Adam's 2 slots of half of every variable (ceil), read
-    # from its variables, with its step count and learning rate; the cap's runs
-    # (a cap above every peak at toy size: both train), or why there is no cap.
+    # The memory suite: each worker's peak read at every stage (stages 0 and 1 at toy
+    # size); a sharded stage's workers each hold Adam's 2 slots of half of every
+    # variable (ceil), read from its variables, with its step count and learning rate;
+    # no cap at toy size (benchmarks/tests/test_peak_rss.py tests the limit).
     zero = record["suites"]["memory"]
-    assert list(zero["stages_measured"]) == ["0", "1", "2"]
+    assert list(zero["stages_measured"]) == ["0", "1"]
     for s in zero["stages_measured"].values():
         (peaks,) = s["peak_rss_bytes_by_worker"]
         assert len(peaks) == 2 and min(peaks) > 100 * 2**20, peaks
+        (anon,) = s["peak_anon_bytes_by_worker"]
+        assert all(0 < a < p for a, p in zip(anon, peaks, strict=True)), (anon, peaks)
     width, layers = zero["width"], zero["layers"]
     sizes = [28 * 28, *[width] * layers, 10]
     shards = sum(-(-n // 2) for a, b in itertools.pairwise(sizes) for n in (a * b, b))
-    for stage in ("1", "2"):
-        assert zero["stages_measured"][stage]["optimizer_state_bytes_per_worker"] == \
-            2 * 4 * shards + 8 + 4
-    cap = zero["cap"]
-    if "skipped" not in cap:
-        assert [cap[k]["returncode"] for k in ("0", str(cap["sharded_stage"]))] == [0, 0], cap
+    assert zero["stages_measured"]["1"]["optimizer_state_bytes_per_worker"] == \
+        2 * 4 * shards + 8 + 4
+    assert zero["cap"]["skipped"].startswith(("toy size", "not root", "no cgroup"))
 
 
 @pytest.mark.slow

@@ -1,23 +1,32 @@
 """Sharded data parallelism (ZeRO stages 1 and 2) on 2 workers started by
-`tfmulti launch`: each stage trains to the weights of stage 0, and each
-worker holds half of the optimizer's state. (Mirrored x 4, in process:
+`tfmulti launch`: each stage trains to the weights of stage 0, each worker
+holds half of the optimizer's state, and a backup moves between 2 workers and
+one device either way as the unsharded one does. (Mirrored x 4, in process:
 tests/unit/test_zero.py.)"""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import keras
 import numpy as np
 import pytest
 
+import tfmulti
 from tests._util import WORKERS, launch_python
+from tests.workers.zero import SETTINGS
 
 
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_two_workers_train_every_stage_to_the_weights_of_stage_0(tmp_path):
+    # A one-device run's backup, for the workers to resume at stages 0 and 1.
+    tfmulti.train(tfmulti.TrainConfig(distribution="one_device", epochs=1, keep_backup=True,
+                                      backup_dir=str(tmp_path / "one_device_backup0"),
+                                      **SETTINGS))
+    shutil.copytree(tmp_path / "one_device_backup0", tmp_path / "one_device_backup1")
     code, output = launch_python([str(WORKERS / "zero.py"), str(tmp_path)])
     assert code == 0, output[-4000:]
     whole = keras.models.load_model(tmp_path / "stage0" / "model.keras").get_weights()
@@ -37,3 +46,26 @@ def test_two_workers_train_every_stage_to_the_weights_of_stage_0(tmp_path):
     assert held[2] == {one} and one > 0
     parameters = sum(w.size for w in whole)
     assert 2 * 4 * parameters / 2 <= one <= 2 * 4 * parameters / 2 + 2 * 4 * len(whole) + 64
+
+    # The 2 workers' backups (kept at the end of 2 epochs) resumed on one device for a third
+    # epoch: the stage-1 backup, its slots whole under the unsharded keys, resumes as the
+    # stage-0 one does, the optimizer's state included.
+    resumed = {}
+    for stage in (0, 1):
+        tfmulti.train(tfmulti.TrainConfig(
+            distribution="one_device", epochs=3, backup_dir=str(tmp_path / f"backup{stage}"),
+            model_dir=str(tmp_path / f"one_device{stage}"), **SETTINGS))
+        resumed[stage] = keras.models.load_model(tmp_path / f"one_device{stage}" / "model.keras")
+    _assert_same_state(resumed[1], resumed[0])
+    # And the reverse: a one-device backup resumed on the 2 workers at stage 1 as at stage 0.
+    _assert_same_state(*(keras.models.load_model(tmp_path / f"resumed{stage}" / "model.keras")
+                         for stage in (1, 0)))
+
+
+def _assert_same_state(got, want):
+    """The same weights and optimizer variables (1e-5), the step count included."""
+    for a, b in zip(got.get_weights(), want.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    assert len(got.optimizer.variables) == len(want.optimizer.variables) > 2
+    for a, b in zip(got.optimizer.variables, want.optimizer.variables, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)

@@ -1,21 +1,34 @@
 """The same run at zero_stage 0, 1 and 2, one after the other in one process
-of a cluster (the strategy is the process's one).
+of a cluster (the strategy is the process's one), each backing up (kept, for
+the test to resume on one device); then a one-device run's backups (the
+test's) resumed on the 2 workers at stages 0 and 1.
 
     tfmulti launch --num_workers 2 -- python zero.py OUT_DIR
-        # each stage's run folder: OUT_DIR/stageK (metrics.json, model.keras);
-        # every worker prints `stage K: BYTES` (its optimizer state's bytes)
+        # each stage's run folder: OUT_DIR/stageK (metrics.json, model.keras),
+        # its backup OUT_DIR/backupK; OUT_DIR/one_device_backupK resumed into
+        # OUT_DIR/resumedK; every worker prints `stage K: BYTES` (its
+        # optimizer state's bytes)
 """
 
 import sys
 
 import tfmulti
 
+SETTINGS = {"dataset": "synthetic", "num_examples": 256, "global_batch_size": 32,
+            "model": "mlp", "accumulate_steps": 2, "verbose": 0}
+"""What every run here and its resumption on one device share."""
+
 if __name__ == "__main__":
     out = sys.argv[1]
     for stage in (0, 1, 2):
         metrics = tfmulti.train(tfmulti.TrainConfig(
-            distribution="multi_worker", dataset="synthetic", num_examples=256, epochs=2,
-            global_batch_size=32, model="mlp", zero_stage=stage, accumulate_steps=2,
-            model_dir=f"{out}/stage{stage}", verbose=0))
+            distribution="multi_worker", zero_stage=stage, epochs=2,
+            model_dir=f"{out}/stage{stage}", backup_dir=f"{out}/backup{stage}",
+            keep_backup=True, **SETTINGS))
         print(f"stage {stage}: {sum(metrics.get('optimizer_state_bytes', {}).values())}",
               flush=True)
+    for stage in (0, 1):
+        tfmulti.train(tfmulti.TrainConfig(
+            distribution="multi_worker", zero_stage=stage, epochs=2,
+            model_dir=f"{out}/resumed{stage}", backup_dir=f"{out}/one_device_backup{stage}",
+            **SETTINGS))

@@ -39,6 +39,7 @@ import fcntl
 import functools
 import json
 import os
+import re
 import shutil
 from typing import Callable
 
@@ -320,16 +321,28 @@ def publish(folder: str, config: dict, write: Callable[[str], None],
         _write_record(folder, config, finished=True, published=new)
     except OSError as e:
         _unrecord(folder, config, record, written)
+        number = _errno(e)
         fix = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there",
                errno.EACCES: "make it writable", errno.EROFS: "make it writable"}.get(
-                   e.errno, "fix that")
+                   number, "fix that")
+        why = os.strerror(number) if number else (e.strerror or e)
         raise OSError(f"cannot write the outputs to `model_dir` {folder!r}: "
-                      f"{e.strerror or e}; {fix}, or choose another model_dir.") from e
+                      f"{why}; {fix}, or choose another model_dir.") from e
     except Exception:
         _unrecord(folder, config, record, written)
         raise
     _remove_empty_folders(os.path.join(folder, "logs"))
     shutil.rmtree(pending, ignore_errors=True)
+
+
+def _errno(error: OSError) -> int | None:
+    """The system's error number of `error`: HDF5 (h5py, which writes Keras'
+    weights) gives it in its message only ("... errno = 28, error message =
+    'No space left on device' ...")."""
+    if error.errno is not None:
+        return error.errno
+    found = re.search(r"\berrno = (\d+)", str(error))
+    return int(found.group(1)) if found else None
 
 
 def _unrecord(folder: str, config: dict, record: Record | None, written: list) -> None:
