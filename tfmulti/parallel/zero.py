@@ -214,20 +214,30 @@ class ZeroSharding:
     def _gathered(self, bucket: list[int]) -> list[np.ndarray]:
         """Every replica's `_flat` of `bucket`, by replica, through the
         strategy's all-gather (one function for every bucket: its length
-        left open)."""
+        left open), waiting `GATHER_TIMEOUT_S` at most for the other
+        processes."""
         if self._gather_function is None:
+            options = tf.distribute.experimental.CommunicationOptions(
+                timeout_seconds=GATHER_TIMEOUT_S)
+
             def gather(flat):
                 context = tf.distribute.get_replica_context()
                 replica = int(tf.get_static_value(context.replica_id_in_sync_group))
                 # (a collective's destinations are where its input is)
                 with tf.device(self.devices[replica - self.first_replica]):
-                    return context.all_gather(tf.identity(flat), axis=0)
+                    return context.all_gather(tf.identity(flat), axis=0, options=options)
 
             self._gather_function = tf.function(gather, reduce_retracing=True)
         flats = self.strategy.experimental_distribute_values_from_function(
             lambda context: self._flat(context.replica_id_in_sync_group, bucket))
-        result = self.strategy.run(self._gather_function, args=(flats,))
-        flat = self.strategy.experimental_local_results(result)[0].numpy()
+        try:
+            result = self.strategy.run(self._gather_function, args=(flats,))
+            flat = self.strategy.experimental_local_results(result)[0].numpy()
+        except tf.errors.DeadlineExceededError:
+            raise RuntimeError(
+                f"gathering the sharded optimizer's slots waited {GATHER_TIMEOUT_S} s for the "
+                f"other workers: it is a collective, so every worker saves the model (calls "
+                f"model.save, the others to a temporary path) at the same point.") from None
         return list(flat.reshape(self.num_shards, -1))
 
     def bytes_by_device(self) -> dict[str, int]:
@@ -472,6 +482,9 @@ def _update_step(optimizer, sharding: ZeroSharding):
 
     return update_step
 
+
+GATHER_TIMEOUT_S = 600
+"""Seconds a gather of the slots (to save them) waits for the other workers."""
 
 BUCKET_BYTES = 25 << 20
 """The parameters' bytes a sharded step reduces, updates and gathers at once

@@ -325,7 +325,9 @@ def publish(folder: str, config: dict, write: Callable[[str], None],
         fix = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there",
                errno.EACCES: "make it writable", errno.EROFS: "make it writable"}.get(
                    number, "fix that")
-        why = os.strerror(number) if number else (e.strerror or e)
+        why = e.strerror or e
+        if number and "\n" in str(why):  # HDF5's report: its error number in words
+            why = os.strerror(number)
         raise OSError(f"cannot write the outputs to `model_dir` {folder!r}: "
                       f"{why}; {fix}, or choose another model_dir.") from e
     except Exception:
@@ -336,9 +338,10 @@ def publish(folder: str, config: dict, write: Callable[[str], None],
 
 
 def _errno(error: OSError) -> int | None:
-    """The system's error number of `error`: HDF5 (h5py, which writes Keras'
-    weights) gives it in its message only ("... errno = 28, error message =
-    'No space left on device' ...")."""
+    """The system's error number of `error`, also where HDF5 (h5py, which
+    writes Keras' weights) gives it only in its report ("... errno = 28,
+    error message = 'No space left on device' ..."), a message of several
+    lines."""
     if error.errno is not None:
         return error.errno
     found = re.search(r"\berrno = (\d+)", str(error))
