@@ -44,6 +44,7 @@ from tensorflow.python.trackable import base as trackable
 
 from tfmulti.config.train_config import ZERO_STAGES
 from tfmulti.models import optimizers
+from tfmulti.utils.sizes import dtype_bytes
 
 __all__ = ["STAGES", "WholeSlot", "ZeroSharding", "shard_optimizer", "sharding_of", "updating",
            "whole_slots"]
@@ -631,4 +632,4 @@ def _size(variable) -> int:
 
 
 def _bytes(variable) -> int:
-    return _size(variable) * tf.as_dtype(variable.dtype).size
+    return _size(variable) * dtype_bytes(variable.dtype)
