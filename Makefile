@@ -92,6 +92,7 @@ demo: data
 # unmarked tests on 2 workers by worksteal, then the marked ones on 3) 90.8 +
 # 720.8 s: each tier collected the whole suite, and the first one's tail idled.
 PYTEST := $(PY) -m pytest -q
+DURATIONS := 40
 TEST_WORKERS := $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
 FAST := -m "not cluster and not notebook and not slow"
 SLOW_FIRST := $(wildcard benchmarks/tests/test_end_to_end.py tests/integration/test_corpus.py \
@@ -109,7 +110,7 @@ TEST_FILES := $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(shell \
   find tests benchmarks/tests -name 'test_*.py')))
 
 test: data network slurm browser
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=$(DURATIONS) \
 	  $(TEST_FILES)
 
 # The unmarked tests: no process, no notebook; whichever worker is free takes

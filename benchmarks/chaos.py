@@ -78,7 +78,8 @@ from benchmarks import _harness, chaos_checks
 from benchmarks import failpoints as _faults
 from benchmarks.scaling import TRAIN_RECIPE
 from tfmulti.cluster import exit_codes
-from tfmulti.config.train_config import TrainConfig
+from tfmulti.config.train_config import (DEFAULT_LEARNING_RATE, OPTIMIZERS, ZERO_STAGES,
+                                         TrainConfig)
 
 __all__ = ["PHASES", "Setup", "Trial", "Windows", "format_table", "launch_command",
            "plan_trial", "run_campaign", "run_trial", "train_config", "worker_pids"]
@@ -105,6 +106,9 @@ class Setup:
     Attributes:
         epochs, num_examples, global_batch_size, backup_every_steps: the run
             (`train_config`); the defaults train 2 x 8 steps.
+        optimizer, zero_stage: the run's optimizer (by name) and its sharding
+            over the 2 workers (`zero_stage` 1 or 2: each holds half of the
+            optimizer's slots; give an optimizer with slots, "adam").
         max_restarts: the launcher's restarts per launch (`--max_restarts`).
         max_launches: launches per trial before it counts as lost.
         grace_period: the launcher's seconds between SIGTERM and SIGKILL.
@@ -115,6 +119,8 @@ class Setup:
     num_examples: int = 512
     global_batch_size: int = 64
     backup_every_steps: int = 4
+    optimizer: str = "sgd"
+    zero_stage: int = 0
     max_restarts: int = 3
     max_launches: int = 3
     grace_period: float = 10.0
@@ -124,6 +130,8 @@ class Setup:
         for name in ("epochs", "num_examples", "global_batch_size", "backup_every_steps",
                      "max_restarts", "max_launches"):
             checks.positive_int(name, getattr(self, name))
+        checks.one_of("optimizer", self.optimizer, OPTIMIZERS)
+        checks.one_of("zero_stage", self.zero_stage, ZERO_STAGES)
         checks.positive_number("grace_period", self.grace_period)
         checks.positive_number("launch_timeout", self.launch_timeout)
         if self.num_examples // self.global_batch_size * self.epochs \
@@ -146,8 +154,8 @@ class Setup:
 # The TrainConfig fields of the command line, in its order.
 _FLAG_FIELDS = ("distribution", "dataset", "model", "num_examples", "epochs",
                 "global_batch_size", "optimizer", "learning_rate", "dropout", "seed",
-                "steps_per_execution", "backup_every_steps", "verbose", "backup_dir",
-                "model_dir")
+                "steps_per_execution", "backup_every_steps", "zero_stage", "verbose",
+                "backup_dir", "model_dir")
 
 
 def train_config(setup: Setup, backup_dir: str, model_dir: str) -> TrainConfig:
@@ -155,9 +163,12 @@ def train_config(setup: Setup, backup_dir: str, model_dir: str) -> TrainConfig:
     seed), one step per call, so that a kill at any step resumes exactly."""
     config = TrainConfig(distribution="multi_worker", dataset="synthetic", model="mlp",
                          num_examples=setup.num_examples, epochs=setup.epochs,
-                         global_batch_size=setup.global_batch_size, optimizer="sgd",
-                         learning_rate=0.05, dropout=0.0, seed=0, steps_per_execution=1,
-                         backup_every_steps=setup.backup_every_steps, verbose=2,
+                         global_batch_size=setup.global_batch_size,
+                         optimizer=setup.optimizer,
+                         learning_rate=0.05 if setup.optimizer == "sgd" else DEFAULT_LEARNING_RATE,
+                         dropout=0.0, seed=0, steps_per_execution=1,
+                         backup_every_steps=setup.backup_every_steps,
+                         zero_stage=setup.zero_stage, verbose=2,
                          backup_dir=backup_dir, model_dir=model_dir)
     config.validate()
     return config

@@ -2,6 +2,8 @@
 moments of every phase, resume it, and check that nothing was lost.
 
     python recipes/chaos.py --kills=30 --output=runs/chaos/chaos.json
+    python recipes/chaos.py --kills=30 --optimizer=adam --zero_stage=1 \
+        --output=runs/chaos/chaos_sharded.json   # a sharded run's backups
 
 Runs `recipes/train.py` under `tfmulti launch --num_workers 2 --max_restarts
 K` once uninterrupted (the reference), then once per kill: SIGKILL or SIGTERM
@@ -31,6 +33,7 @@ import _common  # noqa: E402  (sets the TF log level before TensorFlow loads)
 from absl import flags  # noqa: E402
 
 from benchmarks import chaos  # noqa: E402  (no TensorFlow: the trials run it in workers)
+from tfmulti.config.train_config import OPTIMIZERS, ZERO_STAGES
 
 _KILLS = flags.DEFINE_integer("kills", 30, "How many kills to count (trials whose kill never "
                               "fires are replaced).", lower_bound=1)
@@ -42,6 +45,12 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where the trials run (default: 
                                "temporary folder, removed when every kill resumed exactly).")
 _KEEP = flags.DEFINE_bool("keep", False, "Keep every trial's folder (logs, outputs); by "
                           "default only those of the trials that lost something stay.")
+_OPTIMIZER = flags.DEFINE_enum("optimizer", chaos.Setup.optimizer, OPTIMIZERS,
+                               "The run's optimizer.")
+_ZERO_STAGE = flags.DEFINE_enum("zero_stage", str(chaos.Setup.zero_stage),
+                                [str(stage) for stage in ZERO_STAGES],
+                                "Shard the run's optimizer state over its 2 workers (1 or 2; "
+                                "with an optimizer that has slots, --optimizer=adam).")
 _GRACE_PERIOD = flags.DEFINE_float("grace_period", chaos.Setup.grace_period,
                                    "The launcher's seconds between SIGTERM and SIGKILL.")
 
@@ -52,7 +61,8 @@ def main(argv):
     try:
         result = chaos.run_campaign(
             _KILLS.value, _OUTPUT.value, phases=tuple(_PHASES.value), seed=_SEED.value,
-            setup=chaos.Setup(grace_period=_GRACE_PERIOD.value), workdir=_WORKDIR.value,
+            setup=chaos.Setup(optimizer=_OPTIMIZER.value, zero_stage=int(_ZERO_STAGE.value),
+                              grace_period=_GRACE_PERIOD.value), workdir=_WORKDIR.value,
             keep=_KEEP.value, command=" ".join(["python", "recipes/chaos.py", *sys.argv[1:]]))
     except RuntimeError as e:  # the uninterrupted reference run failed: nothing to compare
         print(f"chaos: error: {e}", file=sys.stderr)

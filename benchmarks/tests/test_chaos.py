@@ -229,13 +229,16 @@ def test_the_table_counts_kills_where_they_landed(capsys):
 
 @pytest.mark.cluster
 def test_a_kill_inside_the_preemption_agreement_resumes_exactly(tmp_path, capsys):
-    """The campaign in small: the reference launch, then one trial: a worker gets
-    SIGTERM at a step, and a worker is killed inside the agreement that follows;
-    the launcher restarts the cluster, the run resumes, and the result equals
-    the reference's."""
+    """The campaign in small, of a sharded run (Adam's slots split over the 2
+    workers, `zero_stage=1`: the save gathers them, a collective): the reference
+    launch, then one trial: a worker gets SIGTERM at a step, and a worker is
+    killed inside the agreement that follows; the launcher restarts the cluster,
+    the run resumes, and the result equals the reference's, the optimizer's
+    slots included (the unsharded campaign: recipes/chaos.py by default)."""
     out, work = tmp_path / "chaos.json", tmp_path / "work"
     # seed 4: worker 0 gets SIGTERM at step 12; worker 1 is SIGKILLed on seeing it
-    result = chaos.run_campaign(1, str(out), phases=("agreement",), seed=4, workdir=str(work))
+    result = chaos.run_campaign(1, str(out), phases=("agreement",), seed=4, workdir=str(work),
+                                setup=chaos.Setup(optimizer="adam", zero_stage=1))
     printed = capsys.readouterr().out
     assert result["complete"] and result["fired"] == 1, printed[-3000:]
     (trial,) = result["trials"]

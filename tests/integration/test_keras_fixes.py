@@ -24,6 +24,7 @@ from tests.unit.test_keras_fixes import (
     EMPTY_BATCH_CONV,
     FIT_MULTI_WORKER,
     MODEL_WITHOUT_CALL,
+    REPEATED_ROWS,
     SCALAR_LOGS_MULTI_WORKER,
     STEPS_PER_CALL,
     UNEVEN_FIRST_BATCH,
@@ -193,6 +194,16 @@ _SINGLE_PROCESS = textwrap.dedent("""
     @part
     def built_in_the_step_upstream():
         return fit_gan(built_by_hand=True)
+
+    # An Embedding's rows repeated in its batch, Adam, plain Keras on one device
+    # (no strategy) and under 2 mirrored replicas (collective keys of their own, as
+    # fit_gan's: keys_upstream below needs the first strategies' keys as they are):
+    # how far the table trained from its rows is from the one its dense gradient trains.
+    @part
+    def repeated_rows_upstream():
+        from tests.workers import keras_upstream
+        return [float(np.max(np.abs(np.subtract(*keras_upstream.embedding_runs("adam", s)))))
+                for s in (None, keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"]))]
 
     # apply_keras_fixes on strategies the user built: the first call that
     # patches prints one line to stderr, no other call does.
@@ -503,6 +514,19 @@ def test_upstream_bug_optimizers_built_in_the_train_step_with_replicas(upstream)
 
 
 @pytest.mark.slow
+def test_upstream_bug_repeated_rows_of_a_sparse_gradient_are_updated_one_by_one(upstream):
+    # Keras' TensorFlow optimizers scatter their rule over an IndexedSlices'
+    # rows (keras-team/keras#18692), so a row repeated in the batch is updated
+    # as k steps of its k parts: Adam's table ends far from the one its dense
+    # gradient trains, on one device and under 2 replicas (equal within 1e-6
+    # with the fix: tests/unit/test_keras_fixes.py).
+    part = upstream["repeated_rows_upstream"]
+    assert part["error"] is None, part
+    one_device, mirrored = part["result"]
+    assert one_device > 0.01 and mirrored > 0.01, part
+
+
+@pytest.mark.slow
 def test_upstream_bug_batch_normalization_statistics_differ_between_replicas(upstream):
     # tensorflow/tensorflow#46488 (Keras 3: moving statistics made with
     # aggregation "none"): each replica's copy follows its own batches.
@@ -567,15 +591,17 @@ def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
     assert r["active_before"] == [] and r["default"] == [] and r["stderr_before"] == ""
     assert r["mirrored"] == r["again"] == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
                                            BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
-                                           MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP]
-    assert r["one_device"] == [MODEL_WITHOUT_CALL]
+                                           MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
+                                           REPEATED_ROWS]
+    assert r["one_device"] == [MODEL_WITHOUT_CALL, REPEATED_ROWS]
     assert r["everything"] == [FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER,
                                STEPS_PER_CALL, BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
-                               MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP]
+                               MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP, REPEATED_ROWS]
     assert r["stderr"] == ("tfmulti: Keras fixes active: a first batch split unevenly over "
                            "replicas (keras#20585), several steps per call with 2+ "
                            "replicas (keras#19246), BatchNormalization statistics that differ "
                            "between replicas (tensorflow#46488), convolutions on an empty "
                            "batch under oneDNN (tensorflow#30968), a model without call "
                            "under a strategy (keras#20051), optimizers and layers built in "
-                           "the train step with 2+ replicas (keras#23085)\n")
+                           "the train step with 2+ replicas (keras#23085), rows repeated in "
+                           "a sparse gradient (keras#18692)\n")

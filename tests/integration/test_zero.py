@@ -1,7 +1,8 @@
 """Sharded data parallelism (ZeRO stages 1 and 2) on 2 workers started by
 `tfmulti launch`: each stage trains to the weights of stage 0, each worker
-holds half of the optimizer's state, and a backup moves between 2 workers and
-one device either way as the unsharded one does. (Mirrored x 4, in process:
+holds half of the optimizer's state, a sharded run killed mid-epoch resumes
+to them, and a backup moves between 2 workers and one device either way as
+the unsharded one does. (Mirrored x 4, in process:
 tests/unit/test_zero.py.)"""
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def test_two_workers_train_every_stage_to_the_weights_of_stage_0(tmp_path):
                                       backup_dir=str(tmp_path / "one_device_backup0"),
                                       **SETTINGS))
     shutil.copytree(tmp_path / "one_device_backup0", tmp_path / "one_device_backup1")
-    code, output = launch_python([str(WORKERS / "zero.py"), str(tmp_path)])
+    code, output = launch_python([str(WORKERS / "zero.py"), str(tmp_path)], max_restarts=1,
+                                 grace_period=30)
     assert code == 0, output[-4000:]
+    assert "worker 1 failed with exit code 137 (killed by SIGKILL)" in output, output[-4000:]
     whole = keras.models.load_model(tmp_path / "stage0" / "model.keras").get_weights()
     held = {}
     for stage in (0, 1, 2):
@@ -37,15 +40,26 @@ def test_two_workers_train_every_stage_to_the_weights_of_stage_0(tmp_path):
         got = keras.models.load_model(tmp_path / f"stage{stage}" / "model.keras").get_weights()
         for a, b in zip(got, whole, strict=True):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
-        printed = re.findall(rf"\[worker \d\] stage {stage}: (\d+)", output)
-        assert len(printed) == 2, output[-4000:]
-        held[stage] = {int(n) for n in printed}
+        # (printed again after the restart, from the published metrics)
+        printed = set(re.findall(rf"\[worker (\d)\] stage {stage}: (\d+)", output))
+        assert {worker for worker, _ in printed} == {"0", "1"}, output[-4000:]
+        held[stage] = {int(n) for _, n in printed}
     # Each worker holds Adam's two moments of half of every parameter, the same on both.
     assert held[0] == {0}
     (one,) = held[1]
     assert held[2] == {one} and one > 0
     parameters = sum(w.size for w in whole)
     assert 2 * 4 * parameters / 2 <= one <= 2 * 4 * parameters / 2 + 2 * 4 * len(whole) + 64
+
+    # The stage-1 run killed mid-epoch resumed from its last backup to stage 0's weights.
+    metrics = json.loads((tmp_path / "killed" / "metrics.json").read_text())
+    resumed_at = metrics["resumed_from_step"]
+    assert resumed_at % metrics["steps_per_epoch"] != 0, resumed_at  # mid-epoch
+    assert f"global step {resumed_at}" in output, output[-4000:]
+    assert metrics["zero_stage"] == 1 and metrics["epochs_completed"] == 2
+    got = keras.models.load_model(tmp_path / "killed" / "model.keras").get_weights()
+    for a, b in zip(got, whole, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
     # The 2 workers' backups (kept at the end of 2 epochs) resumed on one device for a third
     # epoch: the stage-1 backup, its slots whole under the unsharded keys, resumes as the

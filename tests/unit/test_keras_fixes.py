@@ -27,6 +27,7 @@ BATCH_NORM_STATISTICS = "BatchNormalization statistics that differ between repli
 SCALAR_LOGS_MULTI_WORKER = "logged scalars under MultiWorkerMirroredStrategy"
 MODEL_WITHOUT_CALL = "a model without call under a strategy"
 BUILT_IN_THE_STEP = "optimizers and layers built in the train step with 2+ replicas"
+REPEATED_ROWS = "rows repeated in a sparse gradient"
 
 
 def test_fix_slurm_resolver_on_cpu_nodes(monkeypatch):
@@ -235,7 +236,7 @@ def test_fix_trains_a_model_without_call_on_one_device_strategy_as_without():
     from tests.workers import keras_upstream
 
     strategy = tfmulti.get_strategy("one_device", devices=["CPU:0"])
-    assert tfmulti.apply_keras_fixes(strategy) == [MODEL_WITHOUT_CALL]
+    assert tfmulti.apply_keras_fixes(strategy) == [MODEL_WITHOUT_CALL, REPEATED_ROWS]
     with strategy.scope():
         got = keras_upstream.own_step("gan")
     want = keras_upstream.own_step("gan")
@@ -335,6 +336,28 @@ def test_add_loss_summed_over_the_batch_counts_1_over_replicas():
 
 
 # --------------------------------------------------------------------------
+# Rows repeated in a sparse gradient (the scatter updates of keras#18692).
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "rmsprop", "adagrad"])
+def test_fix_updates_repeated_rows_by_their_summed_gradient(optimizer):
+    # Under 2 replicas (each batch's ids repeat, and the replicas' rows are
+    # concatenated by the all-reduce) and on one device, the table trains as its
+    # dense gradient trains it (the upstream bug, tests/integration: differs by
+    # more than 0.01).
+    import numpy as np
+
+    import tfmulti
+    from tests.workers import keras_upstream
+
+    for strategy in (tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"]),
+                     tfmulti.get_strategy("one_device", devices=["CPU:0"])):
+        assert REPEATED_ROWS in tfmulti.apply_keras_fixes(strategy)
+        got, want = keras_upstream.embedding_runs(optimizer, strategy)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+# --------------------------------------------------------------------------
 # apply_keras_fixes: the fixes for a strategy the user built.
 
 
@@ -350,7 +373,8 @@ def test_apply_keras_fixes_to_a_mirrored_strategy_the_user_built():
     strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
     assert tfmulti.apply_keras_fixes(strategy) == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
                                                    BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
-                                                   MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP]
+                                                   MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
+                                                   REPEATED_ROWS]
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
@@ -368,11 +392,12 @@ def test_apply_keras_fixes_by_strategy():
 
     keras_fixes.apply_keras_fixes()  # all of them, once
     assert keras_fixes.apply_keras_fixes(tf.distribute.OneDeviceStrategy("CPU:0")) == [
-        MODEL_WITHOUT_CALL]
+        MODEL_WITHOUT_CALL, REPEATED_ROWS]
     assert keras_fixes.apply_keras_fixes(tf.distribute.get_strategy()) == []
     assert keras_fixes.apply_keras_fixes() == keras_fixes.active_fixes() == [
         FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
-        BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV, MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP]
+        BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV, MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
+        REPEATED_ROWS]
 
 
 # --------------------------------------------------------------------------
@@ -400,6 +425,8 @@ def test_recorded_keras_functions_are_the_installed_ones():
     (MODEL_WITHOUT_CALL,
      "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build"),
     (BUILT_IN_THE_STEP, "keras.src.backend.tensorflow.core:Variable._initialize"),
+    (REPEATED_ROWS,
+     "keras.src.backend.tensorflow.optimizer:TFOptimizer._distributed_tf_update_step"),
 ])
 def test_guard_leaves_a_fix_off_where_keras_changed(fix, changed, monkeypatch):
     import importlib

@@ -231,6 +231,40 @@ def own_steps(strategy) -> None:
             print(f"own_steps: {name} ok {json.dumps(result)}", flush=True)
 
 
+def embedding_runs(optimizer: str, strategy=None):
+    """An `Embedding` (its gradient as rows, ids repeated within each batch and
+    across the replicas) trained under `strategy`, and the same table trained
+    through a one-hot product (its gradient dense) on one device, from the same
+    weights: both tables after 3 steps (`strategy` None: no strategy)."""
+    import contextlib
+
+    class OneHot(keras.layers.Layer):  # the same lookup, its gradient dense
+        def build(self, shape):
+            self.embeddings = self.add_weight(shape=(10, 3), initializer="uniform")
+
+        def call(self, ids):
+            return tf.matmul(tf.one_hot(ids, 10), self.embeddings)
+
+    def build(layer):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,), dtype="int32"), layer,
+                                  keras.layers.Flatten(), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.get({"class_name": optimizer,
+                                            "config": {"learning_rate": 0.1}}), "mse")
+        return model
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 10, size=(64, 4))  # 256 ids of 10 rows: every row repeats
+    y = rng.normal(size=(64, 1)).astype("float32")
+    dense = build(OneHot())
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        rows = build(keras.layers.Embedding(10, 3))
+    rows.set_weights(dense.get_weights())
+    for model in (dense, rows):
+        model.fit(x, y, batch_size=64, epochs=3, shuffle=False, verbose=0)
+    return rows.get_weights()[0], dense.get_weights()[0]
+
+
 def main(modes: list[str]) -> None:
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:

@@ -1,15 +1,20 @@
 """The same run at zero_stage 0, 1 and 2, one after the other in one process
 of a cluster (the strategy is the process's one), each backing up (kept, for
 the test to resume on one device); then a one-device run's backups (the
-test's) resumed on the 2 workers at stages 0 and 1.
+test's) resumed on the 2 workers at stages 0 and 1; then stage 1 again, worker 1
+killed (SIGKILL) in the middle of the first epoch: the launcher starts both
+workers again, the finished runs return their published metrics, and the
+killed one resumes from its last backup.
 
     tfmulti launch --num_workers 2 -- python zero.py OUT_DIR
         # each stage's run folder: OUT_DIR/stageK (metrics.json, model.keras),
         # its backup OUT_DIR/backupK; OUT_DIR/one_device_backupK resumed into
         # OUT_DIR/resumedK; every worker prints `stage K: BYTES` (its
-        # optimizer state's bytes)
+        # optimizer state's bytes); the killed run's folder OUT_DIR/killed
 """
 
+import json
+import os
 import sys
 
 import tfmulti
@@ -17,8 +22,14 @@ import tfmulti
 SETTINGS = {"dataset": "synthetic", "num_examples": 256, "global_batch_size": 32,
             "model": "mlp", "accumulate_steps": 2, "verbose": 0}
 """What every run here and its resumption on one device share."""
+KILL_AT, KILLED_BACKUP_EVERY = 7, 2
+"""The killed run (4 steps per epoch) backs up every KILLED_BACKUP_EVERY steps;
+worker 1 kills itself at step KILL_AT, so that the run resumes from step 6, in
+the middle of its second epoch."""
 
 if __name__ == "__main__":
+    import killer  # the workers' directory is sys.path[0]
+
     out = sys.argv[1]
     for stage in (0, 1, 2):
         metrics = tfmulti.train(tfmulti.TrainConfig(
@@ -32,3 +43,9 @@ if __name__ == "__main__":
             distribution="multi_worker", zero_stage=stage, epochs=2,
             model_dir=f"{out}/resumed{stage}", backup_dir=f"{out}/one_device_backup{stage}",
             **SETTINGS))
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    tfmulti.train(tfmulti.TrainConfig(
+        distribution="multi_worker", zero_stage=1, epochs=2, model_dir=f"{out}/killed",
+        backup_dir=f"{out}/killed_backup", backup_every_steps=KILLED_BACKUP_EVERY,
+        steps_per_execution=1, **SETTINGS),
+        callbacks=[killer.callback(out, index, [(KILL_AT, 1, "KILL")], "zero")])

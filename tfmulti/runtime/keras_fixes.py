@@ -24,6 +24,15 @@ Each fix is named by the symptom it cures and links its upstream issue:
 * "optimizers and layers built in the train step with 2+ replicas"
   (keras#23085): a patch of Keras' TensorFlow variables, made under
   `tf.init_scope()` where they are made inside a replica function.
+* "rows repeated in a sparse gradient" (not reported yet; the scatter
+  updates that keras#18692 added): an `Embedding`'s gradient comes as rows
+  (`tf.IndexedSlices`), a row once per occurrence of its id in the batch (and
+  once per replica that saw it); Keras' optimizers apply each occurrence on
+  its own, so Adam, RMSprop, Adagrad... update a repeated row by other
+  numbers than its summed gradient gives. A patch of Keras' TensorFlow update
+  step sums each row's occurrences first, as Keras 2's optimizers did
+  (`_deduplicate_indexed_slices`): the update is then the dense gradient's,
+  as on the JAX backend.
 * "SlurmClusterResolver without GPUs" (tensorflow#56894):
   `slurm_cluster_resolver`.
 
@@ -61,7 +70,8 @@ from typing import Mapping
 import tensorflow as tf
 
 __all__ = ["KERAS_ORIGINALS", "TESTED_KERAS", "active_fixes", "apply_keras_fixes",
-           "changed_keras_functions", "mirrored_strategy", "run_steps", "slurm_cluster_resolver"]
+           "changed_keras_functions", "combined_rows", "mirrored_strategy", "run_steps",
+           "slurm_cluster_resolver"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +89,7 @@ class _Fix:
 
 
 _TRAINER = "keras.src.backend.tensorflow.trainer:"
+_OPTIMIZER = "keras.src.backend.tensorflow.optimizer:"
 _NN = "keras.src.backend.tensorflow.nn:"
 _CONV_OPS = ("conv", "depthwise_conv", "separable_conv")
 
@@ -114,6 +125,10 @@ _BUILT_IN_THE_STEP = _Fix(
     "optimizers and layers built in the train step with 2+ replicas", "keras#23085",
     "https://github.com/keras-team/keras/issues/23085",
     ("keras.src.backend.tensorflow.core:Variable._initialize",))
+_REPEATED_ROWS = _Fix(
+    "rows repeated in a sparse gradient", "keras#18692",
+    "https://github.com/keras-team/keras/pull/18692",
+    (_OPTIMIZER + "TFOptimizer._distributed_tf_update_step",))
 
 # --------------------------------------------------------------------------
 # The guard: patch only the Keras functions the fixes were written for.
@@ -147,6 +162,8 @@ KERAS_ORIGINALS = {  # "module:qualified name" -> SHA-256 of its source in Keras
         "d163319653f9a8465c41d90834941a4a2ceeafe9b049d81d1dc66e43c902b95e",
     "keras.src.backend.tensorflow.core:Variable._initialize":
         "ab759c22f87fb300c93b8283ea280ff99a52fc483376bd43d1edc26b0080601d",
+    _OPTIMIZER + "TFOptimizer._distributed_tf_update_step":
+        "ec83c95231ba33ee08aec21749ca92dff304cb6f77bdb21376621e183f513b20",
 }
 """Each Keras function a fix replaces, with the SHA-256 of its source."""
 
@@ -227,12 +244,12 @@ def _needed(strategy) -> tuple[_Fix, ...]:
     if strategy is None or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return (_FIT_MULTI_WORKER, _UNEVEN_FIRST_BATCH, _SCALAR_LOGS_MULTI_WORKER,
                 _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV,
-                _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP)
+                _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP, _REPEATED_ROWS)
     if isinstance(strategy, tf.distribute.MirroredStrategy):
         return (_UNEVEN_FIRST_BATCH, _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV,
-                _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP)
+                _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP, _REPEATED_ROWS)
     if isinstance(strategy, tf.distribute.OneDeviceStrategy):
-        return (_MODEL_WITHOUT_CALL,)
+        return (_MODEL_WITHOUT_CALL, _REPEATED_ROWS)
     return ()
 
 
@@ -249,7 +266,8 @@ def active_fixes() -> list[str]:
         ...     "BatchNormalization statistics that differ between replicas",
         ...     "convolutions on an empty batch under oneDNN",
         ...     "a model without call under a strategy",
-        ...     "optimizers and layers built in the train step with 2+ replicas"}
+        ...     "optimizers and layers built in the train step with 2+ replicas",
+        ...     "rows repeated in a sparse gradient"}
         True
     """
     return [fix.name for fix in _needed(None) if fix.name in _applied]
@@ -280,11 +298,14 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
       model when a replica's share of the last batch is empty), "optimizers
       and layers built in the train step with 2+ replicas" (keras#23085: a
       `train_step` of one's own whose optimizers or layers are built on its
-      first call, as a GAN's two optimizers are) and the one below;
+      first call, as a GAN's two optimizers are) and the two below;
     * a `OneDeviceStrategy` too: "a model without call under a strategy"
       (the symbolic build that keras#20051 added: `fit` of a model without
-      `call`, such as a GAN written around its `train_step`);
-    * any other strategy: none. None: all eight (before the strategy exists).
+      `call`, such as a GAN written around its `train_step`) and "rows
+      repeated in a sparse gradient" (the scatter updates of keras#18692: an
+      `Embedding` whose batch repeats an id, trained by Adam, RMSprop,
+      Adagrad..., updated as if each occurrence were a step of its own);
+    * any other strategy: none. None: all nine (before the strategy exists).
 
     Calling it again does nothing more. The first call in a process that
     installs a fix prints one line to stderr naming the active fixes. A fix
@@ -307,7 +328,8 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
         ['a first batch split unevenly over replicas', 'several steps per call with 2+ replicas',
          'BatchNormalization statistics that differ between replicas',
          'convolutions on an empty batch under oneDNN', 'a model without call under a strategy',
-         'optimizers and layers built in the train step with 2+ replicas']
+         'optimizers and layers built in the train step with 2+ replicas',
+         'rows repeated in a sparse gradient']
     """
     global _announced
     patches = {_FIT_MULTI_WORKER: _patch_symbolic_build,
@@ -317,7 +339,8 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
                _BATCH_NORM_STATISTICS: _patch_batch_norm_statistics,
                _EMPTY_BATCH_CONV: _patch_conv,
                _MODEL_WITHOUT_CALL: _patch_symbolic_build,
-               _BUILT_IN_THE_STEP: _patch_variables_in_replicas}
+               _BUILT_IN_THE_STEP: _patch_variables_in_replicas,
+               _REPEATED_ROWS: _patch_repeated_rows}
     needed = _needed(strategy)
     with _lock:
         for fix in needed:
@@ -827,6 +850,59 @@ def _patch_variables_in_replicas() -> None:
 
     _initialize.__wrapped__ = original
     core.Variable._initialize = _initialize  # pylint: disable=protected-access
+
+
+# --------------------------------------------------------------------------
+# Rows repeated in a sparse gradient (the scatter updates of keras#18692).
+#
+# An `Embedding`'s gradient is a `tf.IndexedSlices`: a row per occurrence of
+# an id in the batch, and, after MirroredStrategy's all-reduce, the replicas'
+# rows one after the other. Keras 3's TensorFlow optimizers compute their
+# rule on those rows and scatter the result (`assign_add` of an
+# IndexedSlices is `scatter_add`), so a row that occurs k times is updated by
+# k rules applied to its k parts: Adam's second moment takes g1^2 + g2^2, not
+# (g1 + g2)^2, and its first moment's decay is counted k times. The loss's
+# gradient is the sum, which the JAX backend and Keras 2 (its optimizers'
+# `_deduplicate_indexed_slices`) update by. The patch sums each row's
+# occurrences before the rule runs, on the device that updates the variable.
+# --------------------------------------------------------------------------
+
+def combined_rows(gradient):
+    """`gradient` with each row once, its occurrences summed, where it is a
+    `tf.IndexedSlices`; any other gradient as it is.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from tfmulti.runtime import keras_fixes
+        >>> rows = tf.IndexedSlices(tf.constant([[1.0], [2.0], [4.0]]), tf.constant([3, 0, 3]),
+        ...                         tf.constant([5, 1]))
+        >>> combined = keras_fixes.combined_rows(rows)
+        >>> combined.indices.numpy().tolist(), combined.values.numpy().ravel().tolist()
+        ([3, 0], [5.0, 2.0])
+    """
+    if not isinstance(gradient, tf.IndexedSlices):
+        return gradient
+    rows, positions = tf.unique(gradient.indices)
+    values = tf.math.unsorted_segment_sum(gradient.values, positions, tf.shape(rows)[0])
+    return tf.IndexedSlices(values, rows, gradient.dense_shape)
+
+
+def _patch_repeated_rows() -> None:
+    from keras.src.backend.tensorflow import optimizer as tf_optimizer
+
+    original = tf_optimizer.TFOptimizer._distributed_tf_update_step
+
+    # Keras' own, the gradient's rows combined before its rule.
+    def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
+        def apply_grad_to_update_var(var, grad, learning_rate):
+            return self.update_step(combined_rows(grad), var, learning_rate)
+
+        for grad, var in grads_and_vars:
+            distribution.extended.update(var, apply_grad_to_update_var,
+                                         args=(grad, learning_rate), group=False)
+
+    _distributed_tf_update_step.__wrapped__ = original
+    tf_optimizer.TFOptimizer._distributed_tf_update_step = _distributed_tf_update_step
 
 
 def _patch_conv() -> None:
