@@ -92,7 +92,7 @@ demo: data
 # unmarked tests on 2 workers by worksteal, then the marked ones on 3) 90.8 +
 # 720.8 s: each tier collected the whole suite, and the first one's tail idled.
 PYTEST := $(PY) -m pytest -q
-DURATIONS := 40
+DURATIONS := 40  # the slowest tests listed (make test DURATIONS=0: every test's time)
 TEST_WORKERS := $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
 FAST := -m "not cluster and not notebook and not slow"
 SLOW_FIRST := $(wildcard benchmarks/tests/test_end_to_end.py tests/integration/test_corpus.py \
