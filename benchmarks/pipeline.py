@@ -29,6 +29,12 @@ Figures:
   naive split.
 * pipeline_efficiency = (serial / 2) / pipelined (goal >= 0.85), with the
   measured bubble (1 - efficiency) next to GPipe's (S-1)/(M+S-1).
+* memory: each pipelined configuration's step (and M=4 with remat), by
+  TensorFlow's allocator (`get_memory_info("CPU:0")`: the 2 virtual CPUs
+  share it), its peak during an epoch above the memory held before it, in
+  MiB, next to `tfmulti estimate-memory`'s activations and gradients for the
+  same configuration (`pipeline_footprint`): what the step holds beyond the
+  weights and slots, measured and predicted.
 """
 
 from __future__ import annotations
@@ -86,7 +92,8 @@ def matmul_gflops_by_rows(width: int, rows=MATMUL_ROWS,
 
 def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: int,
            steps: int, matmul_rows: bool = False, epochs: int = _EPOCHS,
-           rows: list | None = None, matmul_seconds: float = _MATMUL_SECONDS) -> dict:
+           rows: list | None = None, matmul_seconds: float = _MATMUL_SECONDS,
+           memory: bool = False) -> dict:
     """Step times of pipeline configurations sharing an inter-op setting, in
     this process: each built and warmed up once, then `repeats` rounds in
     which every configuration trains `epochs` epochs in turn (interleaved); a
@@ -96,10 +103,13 @@ def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: i
         microbatches: configuration name -> micro-batches (1: the naive split).
         inter_op: TensorFlow's inter-op threads (0: its default).
         rows, matmul_seconds: `matmul_gflops_by_rows`'s (default: `MATMUL_ROWS`).
+        memory: also measure each configuration's memory, and M=4 with remat's
+            (`_step_memory`).
 
     Returns:
-        {"step_seconds": name -> seconds per step, one per repeat}, and
-        "matmul_gflops_by_rows" when `matmul_rows`.
+        {"step_seconds": name -> seconds per step, one per repeat},
+        "matmul_gflops_by_rows" when `matmul_rows`, and "memory_mib" when
+        `memory`.
     """
     import tensorflow as tf
 
@@ -116,18 +126,44 @@ def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: i
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, width), dtype=np.float32)
     ds = tf.data.Dataset.from_tensors((x, x)).repeat()
-    models = {}
-    for name, m in microbatches.items():
+
+    def build(m, remat=False):
         layers = [keras.layers.Dense(width, activation="relu") for _ in range(_LAYERS)]
         model = PipelineModel(layers, input_shape=(width,), devices=devices,
-                              num_microbatches=m, partition=[_LAYERS // 2, _LAYERS // 2])
+                              num_microbatches=m, partition=[_LAYERS // 2, _LAYERS // 2],
+                              remat=remat)
         model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
-        models[name] = model
+        return model
+
+    models = {name: build(m) for name, m in microbatches.items()}
     out = {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, epochs)}
+    if memory:
+        models[f"M={max(MICROBATCHES)} remat"] = build(max(MICROBATCHES), remat=True)
+        out["memory_mib"] = {name: _step_memory(model, ds, steps, batch)
+                             for name, model in models.items()}
     if matmul_rows:
         out["matmul_gflops_by_rows"] = matmul_gflops_by_rows(
             width, MATMUL_ROWS if rows is None else rows, matmul_seconds)
     return out
+
+
+def _step_memory(model, ds, steps: int, batch: int) -> dict:
+    """What `model`'s training step holds beyond what it held before, in MiB:
+    "measured", the allocator's peak over an epoch above its current bytes
+    before it (after an epoch that built and traced everything), and
+    "estimated", `pipeline_footprint`'s activations and gradients."""
+    import tensorflow as tf
+
+    from tfmulti.memory import footprint
+
+    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    rows = footprint.pipeline_footprint(model, batch)
+    return {"measured": (peak - before) / 2**20,
+            "estimated": sum(r["activations"] + r["gradients"] for r in rows) / 2**20}
 
 
 def _sizes() -> dict:
@@ -137,15 +173,15 @@ def _sizes() -> dict:
                                "matmul_seconds": _MATMUL_SECONDS}, TOY)
 
 
-def _config(microbatches: dict, inter_op: int, repeats: int, matmul_rows: bool = False
-            ) -> tuple[str, dict]:
+def _config(microbatches: dict, inter_op: int, repeats: int, matmul_rows: bool = False,
+            memory: bool = False) -> tuple[str, dict]:
     """The worker call measuring `microbatches` with `inter_op` threads."""
     sizes = _sizes()
     return "pipeline", dict(
         microbatches=microbatches, inter_op=inter_op,
         repeats=repeats, **{k: sizes[k] for k in SHAPE}, epochs=sizes["epochs"],
         matmul_rows=matmul_rows, rows=list(sizes["matmul_rows"]),
-        matmul_seconds=sizes["matmul_seconds"])
+        matmul_seconds=sizes["matmul_seconds"], memory=memory)
 
 
 def check() -> None:
@@ -162,7 +198,7 @@ def run(repeats: int) -> dict:
     overlapped = {"naive": 1, **{f"M={m}": m for m in MICROBATCHES}}
     serial, rest = _harness.run_workers(  # one process at toy size
         [_config({"serial": 1}, inter_op=1, repeats=repeats, matmul_rows=True),
-         _config(overlapped, inter_op=0, repeats=repeats)], timeout=600)
+         _config(overlapped, inter_op=0, repeats=repeats, memory=True)], timeout=600)
     times = {**serial["step_seconds"], **rest["step_seconds"]}
     rates = serial["matmul_gflops_by_rows"]
     best_m = min(MICROBATCHES, key=lambda m: statistics.median(times[f"M={m}"]))
@@ -177,6 +213,7 @@ def run(repeats: int) -> dict:
         for i in range(repeats)])
     print(f"pipeline: single-thread Dense({shape['width']}) forward by rows: "
           + ", ".join(f"{n} rows {r:.0f}" for n, r in rates.items()) + " GFLOP/s", flush=True)
+    memory = rest["memory_mib"]
     summary = _harness.summary
     return {
         "description": f"2-stage pipeline, 2 virtual CPUs, intra-op threads 1, "
@@ -192,6 +229,7 @@ def run(repeats: int) -> dict:
         "bubble": {f"M={m}": {"measured": summary(bubbles[m]),
                               "gpipe_theory": (_STAGES - 1) / (m + _STAGES - 1)}
                    for m in MICROBATCHES},
+        "memory_mib": memory,
         "goals": {"pipeline_speedup": 1.3, "pipeline_efficiency": 0.85},
         "ceiling": "2 logical CPUs share 2 cores: a 2-stage pipeline can at most halve the "
                    "serial step (efficiency 1.0); the naive split already overlaps some "
@@ -201,9 +239,14 @@ def run(repeats: int) -> dict:
 
 def summarize(r: dict) -> list[str]:
     """The suite's headline lines."""
-    return [f"pipeline: M={r['pipeline_microbatches']}: speedup over naive "
-            f"{_harness.fmt(r['pipeline_speedup'])}; efficiency "
-            f"{_harness.fmt(r['pipeline_efficiency'], '')}; {r['ceiling']}"]
+    lines = [f"pipeline: M={r['pipeline_microbatches']}: speedup over naive "
+             f"{_harness.fmt(r['pipeline_speedup'])}; efficiency "
+             f"{_harness.fmt(r['pipeline_efficiency'], '')}; {r['ceiling']}"]
+    if "memory_mib" in r:  # (records before 2026-12-06 have none)
+        lines.append("pipeline: a step's memory beyond the weights, measured (estimated): "
+                     + ", ".join(f"{n} {m['measured']:.0f} ({m['estimated']:.0f}) MiB"
+                                 for n, m in r["memory_mib"].items()))
+    return lines
 
 
 def plot(r: dict, ax) -> None:

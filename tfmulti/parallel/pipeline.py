@@ -20,7 +20,16 @@ a step equals a full-batch step. Each stage's backward for each micro-batch
 has a tape of its own (`tape.gradient(..., output_gradients=...)` on the
 stage's device): inside the step's `tf.function`, TensorFlow then runs stage
 s on micro-batch m+1 while stage s+1 works on micro-batch m, which a single
-tape over the whole forward does not allow.
+tape over the whole forward does not allow. A graph runs an op once its
+inputs are ready, whatever order the code wrote it in, so the backward's
+order is made explicit by control dependencies: stage s's backward of
+micro-batch m waits for its gradient from stage s+1 and for its own backward
+of m - 1. Without them all M backwards of a stage ran at once, each with its
+own parameter gradients and temporaries, and remat's recomputations ran with
+the forwards, held as long as the activations they replace (measured, by the
+allocator's peak above the steady state, 2 stages of 4 Dense(1024) at batch
+4096: M=8 290 MB, 300 MB with remat; ordered, 188 and 142 MB, against the
+estimator's 176 and 120 MB of activations and gradients).
 
 The loss is the compiled one (`compile(loss=..., loss_weights=...)`, a
 dict or list per output as Keras takes it), computed on the last stage for
@@ -663,7 +672,16 @@ class PipelineModel(keras.Model):
             for s in reversed(range(S)):
                 stage, device = stages[s], devices[s]
                 variables = stage.trainable_variables
-                with tf.device(device):
+                # The order the schedule says, made explicit: a graph runs an op as soon as
+                # its inputs are ready, not in the order it was written, so without these
+                # a recomputation (remat) would run with the forwards and be held as the
+                # activations it replaces, and the micro-batches' backwards of a stage
+                # would all run at once, each with its temporaries. So a stage's backward
+                # of micro-batch m starts once its gradient from the stage after has come
+                # (remat: its recomputation too) and its backward of m - 1 is done.
+                after = [t for t in [upstream, *(g for g in grads[s] if g is not None)]
+                         if t is not None]
+                with tf.device(device), tf.control_dependencies(after):
                     if tapes[s][m] is None:  # remat: recompute under a tape now
                         tape = tf.GradientTape()
                         with tape:
