@@ -29,7 +29,9 @@ Figures:
   naive split.
 * pipeline_efficiency = (serial / 2) / pipelined (goal >= 0.85), with the
   measured bubble (1 - efficiency) next to GPipe's (S-1)/(M+S-1).
-* memory: each pipelined configuration's step (and M=4 with remat), by
+* remat_step_ratio = the step with remat (M=4, each stage's activations
+  recomputed in the backward) / the same step without.
+* memory: each configuration's step (M=4 with remat among them), by
   TensorFlow's allocator (`get_memory_info("CPU:0")`: the 2 virtual CPUs
   share it), its peak during an epoch above the memory held before it, in
   MiB, next to `tfmulti estimate-memory`'s activations and gradients for the
@@ -45,8 +47,8 @@ import time
 from tfmulti.utils import checks
 from benchmarks import _harness
 
-__all__ = ["MATMUL_ROWS", "MICROBATCHES", "SHAPE", "TOY", "check", "matmul_gflops_by_rows", "plot",
-           "run", "summarize", "worker"]
+__all__ = ["MATMUL_ROWS", "MICROBATCHES", "REMAT", "SHAPE", "TOY", "check",
+           "matmul_gflops_by_rows", "plot", "run", "summarize", "worker"]
 
 MICROBATCHES = (2, 4)
 """The pipelined configurations' micro-batch counts (GPipe, 2 stages)."""
@@ -55,6 +57,8 @@ MICROBATCHES = (2, 4)
 SHAPE = {"width": 1024, "batch": 2048, "steps": 3}
 """Layer width, global batch and steps per timed epoch."""
 MATMUL_ROWS = (64, 128, 256, 384, 512, 1024)
+REMAT = f"M={max(MICROBATCHES)} remat"
+"""The configuration with remat: the largest M's, its activations recomputed."""
 _STAGES = 2
 _LAYERS = 8
 _EPOCHS = 3
@@ -100,11 +104,11 @@ def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: i
     repeat's figure is the median epoch's seconds per step.
 
     Args:
-        microbatches: configuration name -> micro-batches (1: the naive split).
+        microbatches: configuration name -> micro-batches (1: the naive split);
+            a name that ends in " remat" recomputes the stages' activations.
         inter_op: TensorFlow's inter-op threads (0: its default).
         rows, matmul_seconds: `matmul_gflops_by_rows`'s (default: `MATMUL_ROWS`).
-        memory: also measure each configuration's memory, and M=4 with remat's
-            (`_step_memory`).
+        memory: also measure each configuration's memory (`_step_memory`).
 
     Returns:
         {"step_seconds": name -> seconds per step, one per repeat},
@@ -135,10 +139,9 @@ def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: i
         model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
         return model
 
-    models = {name: build(m) for name, m in microbatches.items()}
+    models = {name: build(m, remat=name.endswith(" remat")) for name, m in microbatches.items()}
     out = {"step_seconds": interleaved_step_seconds(models, ds, steps, repeats, epochs)}
     if memory:
-        models[f"M={max(MICROBATCHES)} remat"] = build(max(MICROBATCHES), remat=True)
         out["memory_mib"] = {name: _step_memory(model, ds, steps, batch)
                              for name, model in models.items()}
     if matmul_rows:
@@ -195,7 +198,7 @@ def run(repeats: int) -> dict:
     # The serial step needs inter-op threads 1, so a process of its own; the
     # others share one, interleaved within each repeat.
     start = time.monotonic()
-    overlapped = {"naive": 1, **{f"M={m}": m for m in MICROBATCHES}}
+    overlapped = {"naive": 1, **{f"M={m}": m for m in MICROBATCHES}, REMAT: max(MICROBATCHES)}
     serial, rest = _harness.run_workers(  # one process at toy size
         [_config({"serial": 1}, inter_op=1, repeats=repeats, matmul_rows=True),
          _config(overlapped, inter_op=0, repeats=repeats, memory=True)], timeout=600)
@@ -207,6 +210,7 @@ def run(repeats: int) -> dict:
     efficiencies = [times["serial"][i] / _STAGES / best[i] for i in range(repeats)]
     bubbles = {m: [1 - s / _STAGES / t for s, t in zip(times["serial"], times[f"M={m}"])]
                for m in MICROBATCHES}
+    remat_ratios = [r / t for r, t in zip(times[REMAT], times[f"M={max(MICROBATCHES)}"])]
     _harness.report("pipeline", start, [
         ", ".join(f"{n} {t[i] * 1000:.0f} ms" for n, t in times.items())
         + f"; speedup {speedups[i]:.2f}x, efficiency {efficiencies[i]:.2f}"
@@ -229,6 +233,7 @@ def run(repeats: int) -> dict:
         "bubble": {f"M={m}": {"measured": summary(bubbles[m]),
                               "gpipe_theory": (_STAGES - 1) / (m + _STAGES - 1)}
                    for m in MICROBATCHES},
+        "remat_step_ratio": summary(remat_ratios),
         "memory_mib": memory,
         "goals": {"pipeline_speedup": 1.3, "pipeline_efficiency": 0.85},
         "ceiling": "2 logical CPUs share 2 cores: a 2-stage pipeline can at most halve the "
@@ -243,6 +248,8 @@ def summarize(r: dict) -> list[str]:
              f"{_harness.fmt(r['pipeline_speedup'])}; efficiency "
              f"{_harness.fmt(r['pipeline_efficiency'], '')}; {r['ceiling']}"]
     if "memory_mib" in r:  # (records before 2026-12-06 have none)
+        lines.append(f"pipeline: {REMAT}: step {_harness.fmt(r['remat_step_ratio'])} the "
+                     f"step without remat")
         lines.append("pipeline: a step's memory beyond the weights, measured (estimated): "
                      + ", ".join(f"{n} {m['measured']:.0f} ({m['estimated']:.0f}) MiB"
                                  for n, m in r["memory_mib"].items()))
