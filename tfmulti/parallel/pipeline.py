@@ -28,8 +28,8 @@ of m - 1. Without them all M backwards of a stage ran at once, each with its
 own parameter gradients and temporaries, and remat's recomputations ran with
 the forwards, held as long as the activations they replace (measured, by the
 allocator's peak above the steady state, 2 stages of 4 Dense(1024) at batch
-4096: M=8 290 MB, 300 MB with remat; ordered, 188 and 142 MB, against the
-estimator's 176 and 120 MB of activations and gradients).
+4096: M=8 290 MiB, 300 MiB with remat; ordered, 188 and 142 MiB, against the
+estimator's 176 and 120 MiB of activations and gradients).
 
 The loss is the compiled one (`compile(loss=..., loss_weights=...)`, a
 dict or list per output as Keras takes it), computed on the last stage for
