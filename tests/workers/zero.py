@@ -2,7 +2,7 @@
 of a cluster (the strategy is the process's one), each backing up (kept, for
 the test to resume on one device); then a one-device run's backups (the
 test's) resumed on the 2 workers at stages 0 and 1; then stage 1 again, worker 1
-killed (SIGKILL) in the middle of the first epoch: the launcher starts both
+killed (SIGKILL) in the middle of the second epoch: the launcher starts both
 workers again, the finished runs return their published metrics, and the
 killed one resumes from its last backup.
 
