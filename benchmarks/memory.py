@@ -63,22 +63,12 @@ _IDEAL_PARAMETER_BYTES = {0: 0, 1: 4, 2: 6}
 """Bytes per parameter a stage saves on each of 2 workers with Adam (float32):
 half of the slots' 8 (stage 1), and half of the gradients' 4 (stage 2)."""
 _LAUNCH_TIMEOUT = 1200
-_CGROUP_ROOT = "/sys/fs/cgroup/memory"
 
 
 def parameters(width: int, layers: int) -> int:
     """The MLP's parameters."""
     sizes = [28 * 28, *[width] * layers, 10]
     return sum(a * b + b for a, b in itertools.pairwise(sizes))
-
-
-def cap_unavailable() -> str | None:
-    """Why a per-worker memory cap cannot be set here, or None."""
-    if os.geteuid() != 0:
-        return "not root: cgroups cannot be made"
-    if not os.path.exists(os.path.join(_CGROUP_ROOT, "memory.limit_in_bytes")):
-        return f"no cgroup v1 memory controller at {_CGROUP_ROOT}"
-    return None
 
 
 def _train(stage: int, settings: dict, folder: str, limit_bytes: int | None = None) -> dict:
@@ -201,7 +191,9 @@ def _cap(stages: list[int], peaks: dict, settings: dict, folder: str) -> dict:
     between their `peaks` of anonymous memory (what a limit cannot reclaim:
     the resident set also counts the libraries' pages, which the kernel drops
     under a limit and reads again); none at toy size."""
-    why = cap_unavailable() or (
+    from benchmarks import peak_rss  # pylint: disable=import-outside-toplevel  (see _train)
+
+    why = peak_rss.limit_unavailable() or (
         "toy size, where the peaks are close (benchmarks/tests/test_peak_rss.py tests the "
         "limit)" if _harness.toy() else None)
     sharded = min((s for s in stages if s), key=lambda s: peaks[s], default=None)

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["ANON_LINE", "LINE", "OOM_LINE", "main", "parse"]
+__all__ = ["ANON_LINE", "LINE", "OOM_LINE", "limit_unavailable", "main", "parse"]
 
 LINE = "peak_rss_kb"
 """The word before the kilobytes on the line it prints."""
@@ -42,6 +42,15 @@ def parse(output: str, word: str = LINE) -> list[int]:
     scale = 1 if word == OOM_LINE else 1024
     return [int(line.split(word, 1)[1].split()[0]) * scale
             for line in output.splitlines() if word + " " in line]
+
+
+def limit_unavailable() -> str | None:
+    """Why `--limit_bytes` cannot be given here (no cgroup can be made), or None."""
+    if os.geteuid() != 0:
+        return "not root: cgroups cannot be made"
+    if not os.path.exists(os.path.join(_CGROUPS, "memory.limit_in_bytes")):
+        return f"no cgroup v1 memory controller at {_CGROUPS}"
+    return None
 
 
 def _cgroup(limit_bytes: int) -> str:

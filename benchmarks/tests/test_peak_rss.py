@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from benchmarks import memory, peak_rss
+from benchmarks import peak_rss
 
 pytestmark = pytest.mark.slow  # starts processes
 
@@ -41,8 +41,8 @@ def test_the_commands_status_comes_back():
     assert _run().returncode == 2
 
 
-@pytest.mark.skipif(memory.cap_unavailable() is not None,
-                    reason=f"a memory cap needs a cgroup: {memory.cap_unavailable()}")
+@pytest.mark.skipif(peak_rss.limit_unavailable() is not None,
+                    reason=f"a memory cap needs a cgroup: {peak_rss.limit_unavailable()}")
 def test_over_its_limit_the_command_is_killed_for_memory_and_the_cgroup_removed():
     before = set(os.listdir(peak_rss._CGROUPS))
     killed = _run(f"--limit_bytes={100 * MB}", "--", sys.executable, "-c", _HOLD, "300")

@@ -679,8 +679,7 @@ class PipelineModel(keras.Model):
                 # would all run at once, each with its temporaries. So a stage's backward
                 # of micro-batch m starts once its gradient from the stage after has come
                 # (remat: its recomputation too) and its backward of m - 1 is done.
-                after = [t for t in [upstream, *(g for g in grads[s] if g is not None)]
-                         if t is not None]
+                after = [t for t in (upstream, *grads[s]) if t is not None]
                 with tf.device(device), tf.control_dependencies(after):
                     if tapes[s][m] is None:  # remat: recompute under a tape now
                         tape = tf.GradientTape()
