@@ -1,6 +1,6 @@
-"""Sharded data parallelism (ZeRO stages 1 and 2) on 2 workers started by
+"""Sharded data parallelism (ZeRO stages 1, 2 and 3) on 2 workers started by
 `tfmulti launch`: each stage trains to the weights of stage 0, each worker
-holds half of the optimizer's state, a sharded run killed mid-epoch resumes
+holds half of the optimizer's state (and at stage 3 half of the parameters), a sharded run killed mid-epoch resumes
 to them, and a backup moves between 2 workers and one device either way as
 the unsharded one does. (Mirrored x 4, in process:
 tests/unit/test_zero.py.)"""
@@ -50,6 +50,19 @@ def test_two_workers_train_every_stage_to_the_weights_of_stage_0(tmp_path):
     assert held[2] == {one} and one > 0
     parameters = sum(w.size for w in whole)
     assert 2 * 4 * parameters / 2 <= one <= 2 * 4 * parameters / 2 + 2 * 4 * len(whole) + 64
+
+    # Stage 3 against stage 0 of its settings (no accumulation loop): the same weights, and
+    # each worker holds half of the parameters and half of Adam's moments.
+    whole3 = keras.models.load_model(tmp_path / "stage3-0" / "model.keras").get_weights()
+    metrics = json.loads((tmp_path / "stage3" / "metrics.json").read_text())
+    assert (metrics["zero_stage"], metrics["num_workers"]) == (3, 2)
+    got = keras.models.load_model(tmp_path / "stage3" / "model.keras").get_weights()
+    for a, b in zip(got, whole3, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    (three,) = {int(n) for n in re.findall(r"\[worker \d\] stage3: (\d+)", output)}
+    assert three == one, (three, one)  # the same slots' shards as stage 1
+    (held_parameters,) = metrics["parameter_bytes"].values()
+    assert 4 * parameters / 2 <= held_parameters <= 4 * parameters / 2 + 4 * len(whole)
 
     # The stage-1 run killed mid-epoch resumed from its last backup to stage 0's weights.
     metrics = json.loads((tmp_path / "killed" / "metrics.json").read_text())

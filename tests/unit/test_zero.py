@@ -1,6 +1,7 @@
 """Tests for tfmulti.parallel.zero: the optimizer's state sharded over the
-replicas (ZeRO stages 1 and 2) trains to the weights of the whole state
-(stage 0), and each replica's device really holds 1/N of it.
+replicas (ZeRO stages 1 and 2, and the parameters too at stage 3) trains to
+the weights of the whole state (stage 0), and each replica's device really
+holds 1/N of it.
 
 Keras' own `fit` under `MirroredStrategy` over the 4 test devices, a model
 whose variables do not split evenly in 4 (7 x 13, 13, 13 x 3, 3): the last
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import keras
 import numpy as np
@@ -54,11 +56,11 @@ def _assert_same_weights(got, want):
 
 @pytest.fixture(scope="module")
 def adam_runs():
-    """Adam at stages 0, 1 and 2, and at stage 2 a bucket per variable (the
+    """Adam at stages 0 to 3, and at stage 2 a bucket per variable (the
     step's reduce, update, gather and assign bucket after bucket, each waiting
     for the previous one's assignments: "2-per-variable")."""
     adam = {"class_name": "Adam", "config": {"learning_rate": 0.01}}
-    runs = {stage: _train(stage, adam) for stage in (0, 1, 2)}
+    runs = {stage: _train(stage, adam) for stage in (0, 1, 2, 3)}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(zero, "BUCKET_BYTES", 4)  # under any variable's bytes
         runs["2-per-variable"] = _train(2, adam)
@@ -72,7 +74,7 @@ def test_buckets_group_consecutive_sizes_up_to_the_cap():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [1, 2, "2-per-variable"])
+@pytest.mark.parametrize("stage", [1, 2, "2-per-variable", 3])
 def test_a_stage_trains_to_the_weights_of_the_whole_state(stage, adam_runs):
     model, optimizer = adam_runs[stage]
     _assert_same_weights(model, adam_runs[0][0])
@@ -102,7 +104,7 @@ def test_the_slots_kept_whole_for_saving_are_the_gathered_ones_then_removed(adam
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_each_device_holds_one_nth_of_the_slots(stage, adam_runs):
     """Read from the variables: each device holds its shard of every
     parameter (ceil(size / 4) elements) in Adam's two moments, and
@@ -159,11 +161,63 @@ def test_any_keras_optimizer_shards_exactly(optimizer):
     _assert_same_weights(_train(2, optimizer)[0], whole)
 
 
+@pytest.mark.slow
+def test_stage_3_holds_one_nth_of_the_parameters_and_reads_them_whole(adam_runs):
+    """Each device holds its shard of every parameter (ceil(size / 4)
+    elements, read from the variables), where stage 0 holds them whole on each;
+    outside the step the parameters read whole (`get_weights`), an assignment
+    of a whole value gives each replica its shard, and the model saves as an
+    ordinary one; at the end of a run they are made whole again."""
+    model, optimizer = adam_runs[3]
+    sharding = zero.sharding_of(optimizer)
+    chunks = sum(math.ceil(math.prod(v.shape) / len(DEVICES)) for v in model.trainable_variables)
+    parameters = sum(math.prod(v.shape) for v in model.trainable_variables)
+    assert set(sharding.parameter_bytes_by_device().values()) == {4 * chunks}
+    assert set(zero.sharding_of(adam_runs[2][1]).parameter_bytes_by_device().values()) == {
+        4 * parameters}
+    assert all(isinstance(v, zero.ShardedParameter) for v in model.trainable_variables)
+    weights = model.get_weights()
+    assert [w.shape for w in weights] == [tuple(v.shape) for v in model.weights]
+    kernel = model.trainable_variables[0]
+    doubled = 2 * np.asarray(kernel)
+    kernel.assign(doubled)
+    np.testing.assert_array_equal(np.asarray(kernel), doubled)
+    kernel.assign(weights[0])
+    sharding.unshard_parameters()
+    assert not any(isinstance(v, zero.ShardedParameter) for v in model.trainable_variables)
+    for a, b in zip(model.get_weights(), weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert set(sharding.parameter_bytes_by_device().values()) == {4 * parameters}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", [
+    {"class_name": "AdamW", "config": {"learning_rate": 0.01, "weight_decay": 0.1}},
+    {"class_name": "SGD", "config": {"learning_rate": 0.05, "momentum": 0.9}},
+], ids=lambda o: o["class_name"])
+def test_stage_3_with_weight_decay_and_momentum_trains_exactly(optimizer):
+    """At stage 3 the decay is the shards' own (Keras decays the whole
+    variables before the rule): the same weights as stage 0."""
+    _assert_same_weights(_train(3, optimizer)[0], _train(0, optimizer)[0])
+
+
+@pytest.mark.parametrize("option", ["clipnorm", "global_clipnorm", "use_ema"])
+def test_stage_3_refuses_what_reads_a_parameter_or_gradient_whole(option):
+    strategy = get_strategy("mirrored", devices=DEVICES)
+    optimizer = keras.optimizers.Adam(**{option: True if option == "use_ema" else 1.0})
+    with pytest.raises(ValueError, match=rf"^zero_stage=3 cannot shard Adam with {option}="):
+        zero.shard_optimizer(optimizer, [], strategy, 3)
+    for fields, words in (({"accumulate_steps": 2}, "accumulate_steps=2 runs in a loop"),
+                          ({"mixed_precision": "float16"}, "mixed_precision='float16'")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            tfmulti.TrainConfig(distribution="mirrored", zero_stage=3, **fields).validate()
+
+
 def test_a_stage_it_does_not_know_is_refused():
     strategy = get_strategy("mirrored", devices=DEVICES)
-    with pytest.raises(ValueError, match=r"^zero_stage=3 is not a sharding stage; use one of "
-                                         r"0, 1, 2\.$"):
-        zero.shard_optimizer(keras.optimizers.Adam(), [], strategy, 3)
+    with pytest.raises(ValueError, match=r"^zero_stage=4 is not a sharding stage; use one of "
+                                         r"0, 1, 2, 3\.$"):
+        zero.shard_optimizer(keras.optimizers.Adam(), [], strategy, 4)
     optimizer = keras.optimizers.Adam()
     optimizer.build([keras.Variable(np.zeros(3, "float32"))])
     with pytest.raises(ValueError, match="already built"):
@@ -178,7 +232,7 @@ def test_the_configuration_refuses_a_stage_without_data_parallel_replicas(distri
                                          rf"'multi_worker', got '{distribution}'"):
         config.validate()
     with pytest.raises(ValueError, match="zero_stage"):
-        tfmulti.TrainConfig(zero_stage=3).validate()
+        tfmulti.TrainConfig(zero_stage=4).validate()
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ HOOK_PATTERN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 LR_SCALINGS = ("none", "linear", "sqrt")
 SHARDINGS = ("auto", "examples", "files", "batches")
 """How several workers split the input (`tfmulti.data.distribute`)."""
-ZERO_STAGES = (0, 1, 2)
+ZERO_STAGES = (0, 1, 2, 3)
 """`zero_stage`'s values (`tfmulti.parallel.zero`)."""
 CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
 """How a multi-worker strategy finds its cluster (`tfmulti.get_strategy(cluster_resolver=...)`)."""
@@ -333,8 +333,8 @@ class TrainConfig:
         0, "Sharded data parallelism (ZeRO) under mirrored and multi_worker: 0 keeps a whole "
         "copy of the training state on every replica; 1 splits the optimizer's slots (Adam's "
         "moments) over the replicas, each holding and updating 1/N of them; 2 also splits the "
-        "gradients (reduce-scattered, no replica holds their whole sum). The same weights as "
-        "0.")
+        "gradients (reduce-scattered, no replica holds their whole sum); 3 also splits the "
+        "parameters (each gathered whole where the step reads it). The same weights as 0.")
     seed: int | None = _field(0, "Seed for the weights and the data order.")
     steps_per_execution: int | str = _field(
         "auto", "Training steps per tf.function call (less per-step overhead): a divisor of "
@@ -480,6 +480,16 @@ class TrainConfig:
                 f"`zero_stage` ({self.zero_stage}) shards the training state over data-parallel "
                 f"replicas: distribution 'mirrored' or 'multi_worker', got "
                 f"{self.distribution!r}; set zero_stage=0 for {self.distribution!r}.")
+        if self.zero_stage == 3 and self.accumulate_steps > 1:
+            raise ValueError(
+                f"zero_stage=3 gathers each parameter inside the step, which accumulate_steps="
+                f"{self.accumulate_steps} runs in a loop, where TensorFlow's cross-replica "
+                f"calls cannot run; use a global_batch_size {self.accumulate_steps} times larger "
+                f"with accumulate_steps=1, or zero_stage=2.")
+        if self.zero_stage == 3 and self.mixed_precision == "float16":
+            raise ValueError(
+                "zero_stage=3 does not take mixed_precision='float16' (its loss scaling checks "
+                "the gradients whole); use mixed_precision='bfloat16', or zero_stage=2.")
         _check_hook("model", self.model, tuple(BUILTIN_MODELS))
         _check_hook("dataset", self.dataset, None)
         self._check_keras_forms()

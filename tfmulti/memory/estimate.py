@@ -115,13 +115,16 @@ def estimate_memory(
         num_layers: the transformer's blocks.
         task: "auto", "classification" or "regression", as for training (your
             own model's function is offered `num_classes` for classification).
-        zero_stage: 0 (the default), or 1 or 2 under "mirrored": the
+        zero_stage: 0 (the default), or 1, 2 or 3 under "mirrored": the
             optimizer's slots sharded over the replicas as a run shards them
             (`tfmulti.parallel.zero`: each device holds ceil(size / N)
             elements of every variable's slots). Stage 2 holds what stage 1
             does: the gradients it shards are the reduced ones, one bucket at
             a time; each replica's own gradients are whole, as Keras computes
-            them before any update.
+            them before any update. Stage 3 also holds its shard of each
+            parameter and of the parameter's gradient (the gradient of the
+            gather); the step gathers a parameter whole where it reads it and
+            holds it until its gradient is computed (not counted here).
 
     Returns:
         A dict with the arguments and "devices": one row per device with
@@ -237,6 +240,12 @@ def _shard_slots(summary: dict, rows: list[dict], trainable, slots: int, stage: 
         for row in rows:
             row["total"] += sharded - row["optimizer_slots"]
             row["optimizer_slots"] = sharded
+    if stage == 3:  # the parameters and their gradients: each replica's shards
+        shard = footprint.sharded_slot_bytes(trainable, 1, len(rows))
+        for row in rows:
+            for column in ("parameters", "gradients"):
+                row["total"] += shard - row[column]
+                row[column] = shard
 
 
 class _DeviceWeights:
@@ -505,4 +514,7 @@ def format_memory_estimate(estimate: dict) -> str:
     if estimate.get("zero_stage"):
         text += (f"\noptimizer_slots: zero_stage={estimate['zero_stage']}, each device's "
                  f"shard (1/{estimate['num_replicas']}) of every weight's slots.")
+        if estimate["zero_stage"] == 3:
+            text += ("\nparameters, gradients: zero_stage=3, each device's shard of them too "
+                     "(the step gathers each whole where it reads it, until its gradient is computed).")
     return text

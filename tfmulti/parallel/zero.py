@@ -11,7 +11,14 @@ the N data-parallel replicas instead:
   share of the parameters; the updated shards are then all-gathered, so every
   replica again holds the whole, updated parameters;
 - stage 2: also the gradients: each replica receives only its shard's sum
-  over the replicas (a reduce-scatter), never the whole reduced gradient.
+  over the replicas (a reduce-scatter), never the whole reduced gradient;
+- stage 3: also the parameters: each replica holds only its shard of every
+  parameter. A read of the parameter inside the replica's step gathers it
+  whole from the replicas' shards (an all-gather whose gradient is the
+  reduce-scatter of stage 2), so the backward gives each replica its shard's
+  gradient, summed over the replicas, and the update needs no gather; a read
+  outside the step (saving, `get_weights`, a checkpoint) gathers it whole, and
+  an assignment of a whole value gives each replica its shard.
 
 `shard_optimizer` does this to a Keras optimizer under TensorFlow's own
 `MirroredStrategy` or `MultiWorkerMirroredStrategy`, through the strategy's
@@ -39,6 +46,11 @@ import weakref
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.backend.common.stateless_scope import (
+    get_stateless_scope,
+    in_stateless_scope,
+)
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.trackable import base as trackable
 
@@ -46,7 +58,7 @@ from tfmulti.config.train_config import ZERO_STAGES
 from tfmulti.models import optimizers
 from tfmulti.utils.sizes import dtype_bytes
 
-__all__ = ["STAGES", "WholeSlot", "ZeroSharding", "shard_optimizer", "sharding_of", "updating",
+__all__ = ["STAGES", "ShardedParameter", "WholeSlot", "ZeroSharding", "shard_optimizer", "sharding_of", "updating",
            "whole_slots"]
 
 STAGES = ZERO_STAGES
@@ -77,7 +89,7 @@ class ZeroSharding:
     """How an optimizer's state is sharded.
 
     Attributes:
-        stage: 1 (slots) or 2 (slots and gradients).
+        stage: 1 (slots), 2 (slots and gradients) or 3 (also the parameters).
         num_shards: N, the replicas in sync.
         devices: each local replica's device, by its index among this
             process's replicas.
@@ -217,6 +229,22 @@ class ZeroSharding:
         strategy's all-gather (one function for every bucket: its length
         left open), waiting `GATHER_TIMEOUT_S` at most for the other
         processes."""
+        flats = self.strategy.experimental_distribute_values_from_function(
+            lambda context: self._flat(context.replica_id_in_sync_group, bucket))
+        try:
+            result = self.strategy.run(self.gather_function(), args=(flats,))
+            flat = self.strategy.experimental_local_results(result)[0].numpy()
+        except tf.errors.DeadlineExceededError:
+            raise RuntimeError(
+                f"gathering the sharded optimizer's slots waited {GATHER_TIMEOUT_S} s for the "
+                f"other workers: it is a collective, so every worker saves the model (calls "
+                f"model.save, the others to a temporary path) at the same point.") from None
+        return list(flat.reshape(self.num_shards, -1))
+
+    def gather_function(self):
+        """A replica function all-gathering a flat tensor (each replica's,
+        of one length) in replica order, waiting `GATHER_TIMEOUT_S` at most for
+        the other processes: one `tf.function` for every length."""
         if self._gather_function is None:
             options = tf.distribute.experimental.CommunicationOptions(
                 timeout_seconds=GATHER_TIMEOUT_S)
@@ -229,17 +257,7 @@ class ZeroSharding:
                     return context.all_gather(tf.identity(flat), axis=0, options=options)
 
             self._gather_function = tf.function(gather, reduce_retracing=True)
-        flats = self.strategy.experimental_distribute_values_from_function(
-            lambda context: self._flat(context.replica_id_in_sync_group, bucket))
-        try:
-            result = self.strategy.run(self._gather_function, args=(flats,))
-            flat = self.strategy.experimental_local_results(result)[0].numpy()
-        except tf.errors.DeadlineExceededError:
-            raise RuntimeError(
-                f"gathering the sharded optimizer's slots waited {GATHER_TIMEOUT_S} s for the "
-                f"other workers: it is a collective, so every worker saves the model (calls "
-                f"model.save, the others to a temporary path) at the same point.") from None
-        return list(flat.reshape(self.num_shards, -1))
+        return self._gather_function
 
     def bytes_by_device(self) -> dict[str, int]:
         """The bytes of the sharded state on each of this process's devices,
@@ -252,6 +270,32 @@ class ZeroSharding:
                 plain = _plain(variable)
                 device = tf.DeviceSpec.from_string(plain.device).to_string()
                 held[device] = held.get(device, 0) + _bytes(plain)
+        return held
+
+    def unshard_parameters(self) -> None:
+        """Stage 3's parameters made whole again, each an ordinary (mirrored)
+        variable of its class, its shards let go: at the end of a run, so that
+        the model saves, exports and evaluates as any. A collective where some
+        shards are other processes' (every process calls it at the same point)."""
+        for variable in self.variables:
+            if not isinstance(variable, ShardedParameter):
+                continue
+            whole = _whole_across_replicas(variable, self)
+            variable.__class__ = type(variable).__mro__[2]  # its own (after ShardedParameter)
+            with self.strategy.scope():
+                variable._value = tf.Variable(  # pylint: disable=protected-access
+                    whole, trainable=variable.trainable, name=variable.name)
+
+    def parameter_bytes_by_device(self) -> dict[str, int]:
+        """The bytes of the model's trainable parameters on each of this
+        process's devices, read from the variables themselves: at stage 3 each
+        replica's shards, else the whole copies."""
+        held: dict[str, int] = {}
+        for variable in self.variables:
+            value = variable._value  # pylint: disable=protected-access
+            for component in getattr(value, "values", (value,)):
+                device = tf.DeviceSpec.from_string(component.device).to_string()
+                held[device] = held.get(device, 0) + _bytes(component)
         return held
 
 
@@ -315,12 +359,16 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
         variables: the variables it will update, in the order of its
             gradients (`model.trainable_variables`).
         strategy: a `MirroredStrategy` or `MultiWorkerMirroredStrategy`.
-        stage: 1 (optimizer slots) or 2 (slots and gradients); 0 leaves the
-            optimizer as it is.
+        stage: 1 (optimizer slots), 2 (slots and gradients) or 3 (also
+            the parameters: `variables` become `ShardedParameter`s); 0 leaves
+            the optimizer as it is.
 
     Raises:
-        ValueError: a stage other than 0, 1 or 2; an optimizer already
-            built; an optimizer whose rule is not per element.
+        ValueError: a stage other than 0 to 3; an optimizer already built; an
+            optimizer whose rule is not per element; at stage 3, what reads a
+            parameter or a gradient whole in the update (`clipnorm`,
+            `global_clipnorm`, `use_ema`, Keras' `gradient_accumulation_steps`,
+            a loss-scale optimizer) or a regularized variable.
     """
     if stage not in STAGES:
         raise ValueError(f"zero_stage={stage!r} is not a sharding stage; use one of "
@@ -328,6 +376,8 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
     if stage == 0:
         return optimizer
     _check_rule(optimizer)
+    if stage == 3:
+        _check_stage_3(optimizer, variables)
     if getattr(optimizer, "built", False):
         raise ValueError(f"{type(optimizer).__name__} is already built: its slots are whole on "
                          f"every replica; shard it before its first step.")
@@ -352,6 +402,17 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
     sharding = ZeroSharding(stage, num_shards, devices, first, variables, shards, copies,
                             strategy, _slots(copies[first], shards[first]))
     setattr(optimizer, _ATTRIBUTE, sharding)
+    if stage == 3:
+        keys = {}
+        for variable in variables:
+            keys[id(variable)] = optimizer._var_key(variable)
+            _shard_parameter(variable, sharding)
+        # The optimizer knows each variable by the key it had when built (Keras reads it
+        # from the variable's value, which is now the gathered whole).
+        var_key = optimizer._var_key
+        optimizer._var_key = lambda variable: keys.get(id(variable)) or var_key(variable)
+        # The decay is the shards' own (`_update_parameter_shards`), before the rule, as Keras'.
+        optimizer._apply_weight_decay = lambda variables: None
     optimizer._backend_update_step = _update_step(optimizer, sharding)
     optimizer.save_own_variables = _save_own_variables(optimizer, sharding)
     return optimizer
@@ -473,6 +534,8 @@ def _update_step(optimizer, sharding: ZeroSharding):
         with tf.device(device):
             # The copy counts the optimizer's steps (Adam's bias correction reads them).
             copy.iterations.assign(optimizer.iterations)
+        if sharding.stage == 3:
+            return _update_parameter_shards(optimizer, sharding, replica, pairs, learning_rate)
         done = []
         sizes = [_bytes(sharding.variables[p]) for _, p in pairs]
         for bucket in buckets(sizes, BUCKET_BYTES):
@@ -624,6 +687,8 @@ def _first_replica(strategy) -> int:
 
 
 def _plain(variable):
+    if isinstance(variable, ShardedParameter):
+        return variable
     return variable.value if isinstance(variable, keras.Variable) else variable
 
 
@@ -633,3 +698,222 @@ def _size(variable) -> int:
 
 def _bytes(variable) -> int:
     return _size(variable) * dtype_bytes(variable.dtype)
+
+
+# ---------------------------------------------------------------------------
+# Stage 3: the parameters sharded.
+
+STAGE_3_REFUSED = {
+    "clipnorm": "clips each gradient by its whole norm",
+    "global_clipnorm": "clips the gradients by their whole norm",
+    "use_ema": "keeps a moving average of the whole parameters",
+    "gradient_accumulation_steps": "accumulates the whole gradients (use tfmulti's "
+                                   "accumulate_steps, which accumulates before the step)",
+}
+"""What an optimizer may not do at stage 3, and why: each reads a whole
+parameter or gradient in the update, where a replica holds its shard only."""
+
+
+def _check_stage_3(optimizer, variables) -> None:
+    """Refuses, at stage 3, an optimizer or variables that read whole what a
+    replica holds a shard of (`STAGE_3_REFUSED`, a loss-scale optimizer, a
+    regularizer)."""
+    for name, why in STAGE_3_REFUSED.items():
+        if getattr(optimizer, name, None):
+            raise ValueError(
+                f"zero_stage=3 cannot shard {type(optimizer).__name__} with {name}="
+                f"{getattr(optimizer, name)!r}: it {why}, and each replica holds a shard of "
+                f"the parameters; leave {name} unset, or use zero_stage=2.")
+    if hasattr(optimizer, "inner_optimizer"):
+        raise ValueError(
+            "zero_stage=3 does not take a loss-scale optimizer (mixed_precision=float16): its "
+            "check for infinite gradients reads them whole; use bfloat16 or zero_stage=2.")
+    for variable in variables:
+        if getattr(variable, "regularizer", None) is not None:
+            raise ValueError(
+                f"zero_stage=3 cannot shard {variable.path}: it has a regularizer, whose loss "
+                f"reads the parameter whole outside the layer's call; add the penalty in the "
+                f"loss (model.add_loss in call), or use zero_stage=2.")
+
+
+class ShardedParameter:
+    """A Keras variable whose value each replica holds a shard of (stage 3).
+
+    `shard_optimizer` gives each parameter this class (mixed into its own
+    Keras variable class), and replaces its value by a `MirroredVariable`
+    whose component on each local replica's device is that replica's shard
+    (ceil(size / N) elements, flat; the last padded). Then:
+
+    - in a replica's step, `value` is the parameter gathered whole from the
+      shards (the gradient of the gather is the reduce-scatter: the tape's
+      gradient for the variable is the replica's shard of the summed
+      gradient), and `handle` is the replica's shard, so that Keras' trainer
+      and a user's `train_step` take gradients as they do of any variable;
+    - elsewhere (saving, `get_weights`, a checkpoint, a callback) `value` is
+      the whole, gathered (a collective where some shards are other
+      processes': every process reads at the same point, as Keras' saving and
+      callbacks do), and in Keras' symbolic build, zeros of its shape;
+    - `assign` of a whole value (restoring, `set_weights`, a constraint)
+      gives each replica its shard.
+    """
+
+    _tfmulti_sharding: ZeroSharding
+    _tfmulti_shared_name: str
+
+    @property
+    def value(self):
+        if in_stateless_scope():  # (Keras' stateless calls, mapped as it maps them)
+            mapped = get_stateless_scope().get_current_value(self)
+            if mapped is not None:
+                return self._maybe_autocast(mapped)
+        if in_symbolic_scope():
+            return self._maybe_autocast(tf.zeros(self._shape, self._dtype))
+        return self._maybe_autocast(self._whole())
+
+    @property
+    def handle(self):
+        return self._value.handle
+
+    def numpy(self):
+        return self._whole().numpy()
+
+    def _whole(self):
+        sharding = self._tfmulti_sharding
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync == sharding.num_shards:
+            return _gather_parameter(self._value, self, context, sharding)
+        return _whole_across_replicas(self, sharding)
+
+    def _direct_assign(self, value):
+        sharding = self._tfmulti_sharding
+        value = tf.cast(value, self._value.dtype)
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync == sharding.num_shards:
+            replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+            local = self._value._get_on_device_or_primary()  # pylint: disable=protected-access
+            return local.assign(_shard(value, self, replica, sharding))
+        for local, component in enumerate(self._value.values):
+            component.assign(_shard(value, self, sharding.first_replica + local, sharding))
+        return None
+
+    @property
+    def _shared_name(self):  # the whole variable's, as a checkpoint names it
+        return self._tfmulti_shared_name
+
+    def _serialize_to_tensors(self):
+        return {trackable.VARIABLE_VALUE_KEY: self._whole()}
+
+    def _copy_trackable_to_cpu(self, object_map):
+        object_map[self] = tf.Variable(self._whole())
+
+    def _restore_from_tensors(self, restored_tensors):
+        self._direct_assign(restored_tensors[trackable.VARIABLE_VALUE_KEY])
+        return tf.no_op()
+
+
+_SHARDED_CLASSES: dict[type, type] = {}
+
+
+def _shard_parameter(variable, sharding: ZeroSharding) -> None:
+    """`variable` (the model's, mirrored) made a `ShardedParameter`: its value
+    replaced by the local replicas' shards of it, its whole let go."""
+    cls = type(variable)
+    if cls not in _SHARDED_CLASSES:
+        _SHARDED_CLASSES[cls] = type(f"Sharded{cls.__name__}", (ShardedParameter, cls), {})
+    whole = variable._value  # pylint: disable=protected-access
+    primary = np.asarray(tf.convert_to_tensor(
+        whole.values[0] if hasattr(whole, "values") else whole))
+    components = []
+    for local, device in enumerate(sharding.devices):
+        replica = sharding.first_replica + local
+        with tf.device(device):
+            components.append(tf.Variable(
+                _shard(primary, variable, replica, sharding), trainable=True,
+                name=f"{variable.name}_zero_shard_{replica}"))
+    variable._value = values_lib.MirroredVariable(  # pylint: disable=protected-access
+        sharding.strategy, tuple(components), tf.VariableAggregation.NONE)
+    variable._tfmulti_sharding = sharding  # pylint: disable=protected-access
+    variable._tfmulti_shared_name = whole._shared_name  # pylint: disable=protected-access
+    variable.__class__ = _SHARDED_CLASSES[cls]
+
+
+def _gather_parameter(shards, variable, context, sharding: ZeroSharding):
+    """`variable` whole on this replica, gathered from every replica's shard
+    (`shards`: the mirrored shards; read here, so that the tape sees the
+    replica's own): the gradient of the gather gives this replica its shard of
+    the gradient summed over the replicas (a reduce-scatter)."""
+    replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+    device = sharding.devices[replica - sharding.first_replica]
+
+    @tf.custom_gradient
+    def gather(own):
+        with tf.device(device):
+            (flat,) = _all_gather(context, sharding, [own])
+
+        def grad(upstream):
+            # (the padding's gradient is 0: the whole is the gather's first `size` elements)
+            upstream = tf.convert_to_tensor(upstream)[:_size(variable)]
+            with tf.device(device):
+                if len(sharding.devices) == sharding.num_shards:
+                    (scattered,) = _reduce_scatter(context, [upstream], [variable], sharding)
+                    return scattered
+                total = context.all_reduce(tf.distribute.ReduceOp.SUM, upstream)
+                return _shard(total, variable, replica, sharding)
+
+        return flat, grad
+
+    flat = gather(tf.convert_to_tensor(shards))
+    return tf.reshape(flat[:_size(variable)], variable.shape)
+
+
+def _whole_across_replicas(variable, sharding: ZeroSharding):
+    """`variable` whole outside a replica's step: the local shards joined where
+    every shard is here, else gathered from the other processes (a collective,
+    `GATHER_TIMEOUT_S` at most)."""
+    components = variable._value.values  # pylint: disable=protected-access
+    if len(sharding.devices) == sharding.num_shards:
+        flat = tf.concat([tf.convert_to_tensor(c) for c in components], axis=0)
+    else:
+        flat = _gather_across_processes(sharding, components)
+    return tf.reshape(flat[:_size(variable)], variable.shape)
+
+
+def _gather_across_processes(sharding: ZeroSharding, components):
+    """The replicas' shards of one parameter joined, through the strategy's
+    all-gather (the slots' gather function), on every process."""
+    flats = sharding.strategy.experimental_distribute_values_from_function(
+        lambda context: tf.convert_to_tensor(
+            components[context.replica_id_in_sync_group - sharding.first_replica]))
+    try:
+        result = sharding.strategy.run(sharding.gather_function(), args=(flats,))
+        return sharding.strategy.experimental_local_results(result)[0]
+    except tf.errors.DeadlineExceededError:
+        raise RuntimeError(
+            f"gathering a sharded parameter (zero_stage=3) waited {GATHER_TIMEOUT_S} s for the "
+            f"other workers: it is a collective, so every worker reads the weights (saves, "
+            f"calls get_weights) at the same point.") from None
+
+
+def _update_parameter_shards(optimizer, sharding: ZeroSharding, replica: int, pairs,
+                             learning_rate):
+    """Stage 3's update on `replica`: each gradient is already the replica's
+    shard of the sum (the gather's gradient), so the replica's copy of the
+    optimizer updates its shard of the parameter in place (its decay first, as
+    Keras decays before the rule); nothing is gathered."""
+    own = sharding.shards[replica]
+    copy = sharding.optimizers[replica]
+    updates = []
+    with tf.device(sharding.devices[replica - sharding.first_replica]):
+        for grad, position in pairs:
+            variable = sharding.variables[position]
+            local = variable._value._get_on_device_or_primary()  # pylint: disable=protected-access
+            shard = own[position]
+            shard.value = tf.convert_to_tensor(local)
+            if optimizer.weight_decay is not None and optimizer._use_weight_decay(variable):
+                rate = tf.cast(learning_rate, shard.value.dtype)
+                shard.value = shard.value - shard.value * tf.cast(
+                    optimizer.weight_decay, shard.value.dtype) * rate
+            copy.update_step(tf.convert_to_tensor(grad), shard, learning_rate)
+            updates.append(local.assign(shard.value))
+            shard.value = None
+    return updates

@@ -231,7 +231,8 @@ def _shard(model, strategy, stage: int) -> None:
             f"model {type(model).__name__} has none yet: build it in your model function "
             f"(keras.Input, or model.build(input_shape)).")
     zero.shard_optimizer(optimizer, model.trainable_variables, strategy, stage)
-    what = "its slots" if stage == 1 else "its slots and the gradients"
+    what = {1: "its slots", 2: "its slots and the gradients",
+            3: "its slots, the gradients and the parameters"}[stage]
     print(f"tfmulti: zero_stage={stage}: {type(optimizer).__name__}'s state sharded over "
           f"{replicas} replicas ({what}: 1/{replicas} on each)", flush=True)
 

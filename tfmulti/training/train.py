@@ -392,6 +392,9 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         sharding.keep_whole(keep=writes)
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
                        last_epoch)
+    if sharding is not None and sharding.stage == 3:
+        # On every worker (a collective), after the bytes held were read: a whole model.
+        sharding.unshard_parameters()
     extra, line = dataset_metrics(config, results)
     metrics.update(extra)
     if line:
@@ -577,6 +580,7 @@ def _metrics(run: runs.Run, history: dict, results: dict, epoch_seconds: list[fl
     metrics["zero_stage"] = sharding.stage if sharding is not None else 0
     if sharding is not None:  # this process's devices: the optimizer state they hold
         metrics["optimizer_state_bytes"] = sharding.bytes_by_device()
+        metrics["parameter_bytes"] = sharding.parameter_bytes_by_device()
     if config.model_parallel:
         metrics.update(num_stages=model.num_stages, num_microbatches=model.num_microbatches,
                        partition_sizes=list(model.plan.sizes),
