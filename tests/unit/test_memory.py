@@ -469,6 +469,19 @@ def test_a_sharded_stage_holds_each_devices_shard_of_the_slots(stage):
                          f"every weight's slots.")
 
 
+def test_stage_3_also_holds_each_devices_shard_of_the_parameters_and_gradients():
+    whole, sharded = (_one(distribution="mirrored", num_devices=4, zero_stage=s) for s in (0, 3))
+    for a, b in zip(whole["devices"], sharded["devices"], strict=True):
+        assert b["optimizer_slots"] == 2 * F32 * _ceil_shards(4)
+        assert b["parameters"] == b["gradients"] == F32 * _ceil_shards(4) < a["parameters"] / 3
+        assert b["activations"] == a["activations"]
+        assert b["total"] == sum(b[k] for k in ("parameters", "gradients", "optimizer_slots",
+                                                "activations"))
+    assert memory.format_memory_estimate(sharded).endswith(
+        "parameters, gradients: zero_stage=3, each device's shard of them too (the step gathers "
+        "them whole when the model is called, until their gradients are computed).")
+
+
 def test_the_transformer_and_your_own_model_shard_their_slots_too():
     for model, dataset in (("transformer", None), ("tests.own_model:build",
                                                    "tests.own_model:data")):
@@ -486,8 +499,8 @@ def test_a_sharded_stage_needs_data_parallel_replicas(distribution):
                                          rf"data-parallel replicas: distribution 'mirrored' .*got "
                                          rf"'{distribution}'; leave zero_stage=0\.$"):
         _one(distribution=distribution, zero_stage=1)
-    with pytest.raises(ValueError, match=r"`zero_stage` must be one of \[0, 1, 2\], got 3"):
-        _one(distribution="mirrored", num_devices=2, zero_stage=3)
+    with pytest.raises(ValueError, match=r"`zero_stage` must be one of \[0, 1, 2, 3\], got 4"):
+        _one(distribution="mirrored", num_devices=2, zero_stage=4)
 
 
 def test_check_fits_names_the_stage_that_makes_it_fit():

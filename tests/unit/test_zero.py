@@ -43,7 +43,8 @@ def _train(stage: int, optimizer: dict):
                                   keras.layers.Dense(3)])
         opt = keras.optimizers.deserialize(optimizer)
         model.compile(opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    assert zero.shard_optimizer(opt, model.trainable_variables, strategy, stage) is opt
+    assert zero.shard_optimizer(opt, model.trainable_variables, strategy, stage,
+                                model=model) is opt
     x, y = _data()
     model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
     return model, opt
@@ -201,12 +202,40 @@ def test_stage_3_with_weight_decay_and_momentum_trains_exactly(optimizer):
     _assert_same_weights(_train(3, optimizer)[0], _train(0, optimizer)[0])
 
 
+@pytest.mark.slow
+def test_stage_3_gathers_outside_the_loops_and_conditions_of_layers():
+    """An RNN reads its kernel inside a loop, and a convolution (with the fix for an
+    empty batch) inside a condition, where the replicas cannot exchange the shards:
+    the model gathers them when it is called, and stage 3 trains as stage 0."""
+    def train(stage):
+        strategy = get_strategy("mirrored", devices=DEVICES[:2])
+        keras.utils.set_random_seed(1)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((12, 3)), keras.layers.Conv1D(4, 3),
+                                      keras.layers.LSTM(5), keras.layers.Dropout(0.2),
+                                      keras.layers.Dense(3)])
+            model.compile(keras.optimizers.Adam(0.01),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          steps_per_execution=3)
+        zero.shard_optimizer(model.optimizer, model.trainable_variables, strategy, stage,
+                             model=model)
+        rng = np.random.default_rng(2)
+        x, y = rng.normal(size=(96, 12, 3)).astype("float32"), rng.integers(0, 3, 96)
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        return model
+
+    _assert_same_weights(train(3), train(0))
+
+
 @pytest.mark.parametrize("option", ["clipnorm", "global_clipnorm", "use_ema"])
 def test_stage_3_refuses_what_reads_a_parameter_or_gradient_whole(option):
     strategy = get_strategy("mirrored", devices=DEVICES)
     optimizer = keras.optimizers.Adam(**{option: True if option == "use_ema" else 1.0})
     with pytest.raises(ValueError, match=rf"^zero_stage=3 cannot shard Adam with {option}="):
         zero.shard_optimizer(optimizer, [], strategy, 3)
+    with pytest.raises(ValueError, match=r"^zero_stage=3 gathers the parameters where the "
+                                         r"model is called: pass the model"):
+        zero.shard_optimizer(keras.optimizers.Adam(), [], strategy, 3)
     for fields, words in (({"accumulate_steps": 2}, "accumulate_steps=2 runs in a loop"),
                           ({"mixed_precision": "float16"}, "mixed_precision='float16'")):
         with pytest.raises(ValueError, match=re.escape(words)):
@@ -305,7 +334,8 @@ def test_an_embeddings_gradient_given_as_rows_shards_exactly():
                                       keras.layers.Dense(3)])
             model.compile(keras.optimizers.Adam(0.01),
                           keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        zero.shard_optimizer(model.optimizer, model.trainable_variables, strategy, stage)
+        zero.shard_optimizer(model.optimizer, model.trainable_variables, strategy, stage,
+                             model=model)
         x = np.random.default_rng(1).integers(0, 16, (64, 4)).astype("int32")  # repeated
         y = np.random.default_rng(0).integers(0, 3, 64)
         model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)

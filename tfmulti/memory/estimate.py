@@ -123,8 +123,9 @@ def estimate_memory(
             a time; each replica's own gradients are whole, as Keras computes
             them before any update. Stage 3 also holds its shard of each
             parameter and of the parameter's gradient (the gradient of the
-            gather); the step gathers a parameter whole where it reads it and
-            holds it until its gradient is computed (not counted here).
+            gather); the step gathers the parameters whole when the model is
+            called and holds them until their gradients are computed (not
+            counted here).
 
     Returns:
         A dict with the arguments and "devices": one row per device with
@@ -516,5 +517,6 @@ def format_memory_estimate(estimate: dict) -> str:
                  f"shard (1/{estimate['num_replicas']}) of every weight's slots.")
         if estimate["zero_stage"] == 3:
             text += ("\nparameters, gradients: zero_stage=3, each device's shard of them too "
-                     "(the step gathers each whole where it reads it, until its gradient is computed).")
+                     "(the step gathers them whole when the model is called, until their "
+                     "gradients are computed).")
     return text

@@ -47,6 +47,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras.src.backend.common.stateless_scope import (
+    StatelessScope,
     get_stateless_scope,
     in_stateless_scope,
 )
@@ -58,8 +59,8 @@ from tfmulti.config.train_config import ZERO_STAGES
 from tfmulti.models import optimizers
 from tfmulti.utils.sizes import dtype_bytes
 
-__all__ = ["STAGES", "ShardedParameter", "WholeSlot", "ZeroSharding", "shard_optimizer", "sharding_of", "updating",
-           "whole_slots"]
+__all__ = ["STAGES", "ShardedParameter", "WholeSlot", "ZeroSharding", "shard_optimizer",
+           "sharding_of", "updating", "whole_slots"]
 
 STAGES = ZERO_STAGES
 """The stages `shard_optimizer` takes (0: replication, Keras' own)."""
@@ -229,22 +230,31 @@ class ZeroSharding:
         strategy's all-gather (one function for every bucket: its length
         left open), waiting `GATHER_TIMEOUT_S` at most for the other
         processes."""
-        flats = self.strategy.experimental_distribute_values_from_function(
-            lambda context: self._flat(context.replica_id_in_sync_group, bucket))
-        try:
-            result = self.strategy.run(self.gather_function(), args=(flats,))
-            flat = self.strategy.experimental_local_results(result)[0].numpy()
-        except tf.errors.DeadlineExceededError:
-            raise RuntimeError(
-                f"gathering the sharded optimizer's slots waited {GATHER_TIMEOUT_S} s for the "
-                f"other workers: it is a collective, so every worker saves the model (calls "
-                f"model.save, the others to a temporary path) at the same point.") from None
+        flat = self.gather_across_processes(
+            lambda replica: self._flat(replica, bucket),
+            "the sharded optimizer's slots", "saves the model (calls model.save, the others to "
+            "a temporary path)").numpy()
         return list(flat.reshape(self.num_shards, -1))
 
-    def gather_function(self):
-        """A replica function all-gathering a flat tensor (each replica's,
-        of one length) in replica order, waiting `GATHER_TIMEOUT_S` at most for
-        the other processes: one `tf.function` for every length."""
+    def gather_across_processes(self, flat_of, what: str, reads: str):
+        """Every replica's `flat_of(global replica index)` (one length),
+        joined in replica order on every process through the strategy's
+        all-gather: a collective, waiting `GATHER_TIMEOUT_S` at most for the
+        other processes, then raising that every worker `reads` `what` at the
+        same point."""
+        flats = self.strategy.experimental_distribute_values_from_function(
+            lambda context: flat_of(context.replica_id_in_sync_group))
+        try:
+            result = self.strategy.run(self._gather_replica_function(), args=(flats,))
+            return self.strategy.experimental_local_results(result)[0]
+        except tf.errors.DeadlineExceededError:
+            raise RuntimeError(
+                f"gathering {what} waited {GATHER_TIMEOUT_S} s for the other workers: it is a "
+                f"collective, so every worker {reads} at the same point.") from None
+
+    def _gather_replica_function(self):
+        """The replica function of `gather_across_processes`: one
+        `tf.function` for every length."""
         if self._gather_function is None:
             options = tf.distribute.experimental.CommunicationOptions(
                 timeout_seconds=GATHER_TIMEOUT_S)
@@ -344,7 +354,8 @@ def updating(optimizer):
 
 
 def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
-                    strategy: tf.distribute.Strategy, stage: int) -> keras.optimizers.Optimizer:
+                    strategy: tf.distribute.Strategy, stage: int,
+                    model: keras.Model | None = None) -> keras.optimizers.Optimizer:
     """Shards `optimizer`'s state for `variables` over `strategy`'s replicas
     (ZeRO stage `stage`, see the module doc); returns the optimizer.
 
@@ -362,13 +373,19 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
         stage: 1 (optimizer slots), 2 (slots and gradients) or 3 (also
             the parameters: `variables` become `ShardedParameter`s); 0 leaves
             the optimizer as it is.
+        model: at stage 3, the model whose calls read `variables`: each of
+            its models (itself, and those it holds: a GAN's generator and
+            discriminator) gathers its parameters when it is called, outside
+            the loops and conditions of its layers (an RNN's, a convolution's
+            guard for an empty batch), where the replicas cannot exchange them.
 
     Raises:
         ValueError: a stage other than 0 to 3; an optimizer already built; an
             optimizer whose rule is not per element; at stage 3, what reads a
             parameter or a gradient whole in the update (`clipnorm`,
             `global_clipnorm`, `use_ema`, Keras' `gradient_accumulation_steps`,
-            a loss-scale optimizer) or a regularized variable.
+            a loss-scale optimizer) or a regularized variable; stage 3
+            without `model`.
     """
     if stage not in STAGES:
         raise ValueError(f"zero_stage={stage!r} is not a sharding stage; use one of "
@@ -377,7 +394,7 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
         return optimizer
     _check_rule(optimizer)
     if stage == 3:
-        _check_stage_3(optimizer, variables)
+        _check_stage_3(optimizer, variables, model)
     if getattr(optimizer, "built", False):
         raise ValueError(f"{type(optimizer).__name__} is already built: its slots are whole on "
                          f"every replica; shard it before its first step.")
@@ -413,6 +430,9 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
         optimizer._var_key = lambda variable: keys.get(id(variable)) or var_key(variable)
         # The decay is the shards' own (`_update_parameter_shards`), before the rule, as Keras'.
         optimizer._apply_weight_decay = lambda variables: None
+        for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+            if isinstance(layer, keras.Model):
+                _gather_when_called(layer, sharding)
     optimizer._backend_update_step = _update_step(optimizer, sharding)
     optimizer.save_own_variables = _save_own_variables(optimizer, sharding)
     return optimizer
@@ -520,8 +540,8 @@ def _update_step(optimizer, sharding: ZeroSharding):
     original = optimizer._backend_update_step
 
     def update_step(grads, trainable_variables, learning_rate):
-        context = tf.distribute.get_replica_context()
-        if context is None or context.num_replicas_in_sync != sharding.num_shards:
+        context = _step_context(sharding)
+        if context is None:
             return original(grads, trainable_variables, learning_rate)
         replica = int(tf.get_static_value(context.replica_id_in_sync_group))
         index = {id(_plain(v)): i for i, v in enumerate(sharding.variables)}
@@ -679,6 +699,15 @@ def buckets(sizes: list[int], cap: int) -> list[list[int]]:
     return groups
 
 
+def _step_context(sharding: ZeroSharding):
+    """The replica context of a step over `sharding`'s replicas, else None
+    (cross-replica, or another strategy's replicas)."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync != sharding.num_shards:
+        return None
+    return context
+
+
 def _first_replica(strategy) -> int:
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not resolver.cluster_spec().as_dict():
@@ -714,10 +743,10 @@ STAGE_3_REFUSED = {
 parameter or gradient in the update, where a replica holds its shard only."""
 
 
-def _check_stage_3(optimizer, variables) -> None:
+def _check_stage_3(optimizer, variables, model) -> None:
     """Refuses, at stage 3, an optimizer or variables that read whole what a
     replica holds a shard of (`STAGE_3_REFUSED`, a loss-scale optimizer, a
-    regularizer)."""
+    regularizer), and no model to gather them in."""
     for name, why in STAGE_3_REFUSED.items():
         if getattr(optimizer, name, None):
             raise ValueError(
@@ -734,6 +763,10 @@ def _check_stage_3(optimizer, variables) -> None:
                 f"zero_stage=3 cannot shard {variable.path}: it has a regularizer, whose loss "
                 f"reads the parameter whole outside the layer's call; add the penalty in the "
                 f"loss (model.add_loss in call), or use zero_stage=2.")
+    if not isinstance(model, keras.Model):
+        raise ValueError(
+            f"zero_stage=3 gathers the parameters where the model is called: pass the model "
+            f"(shard_optimizer(..., model=model)), got {type(model).__name__}.")
 
 
 class ShardedParameter:
@@ -779,16 +812,16 @@ class ShardedParameter:
 
     def _whole(self):
         sharding = self._tfmulti_sharding
-        context = tf.distribute.get_replica_context()
-        if context is not None and context.num_replicas_in_sync == sharding.num_shards:
+        context = _step_context(sharding)
+        if context is not None:
             return _gather_parameter(self._value, self, context, sharding)
         return _whole_across_replicas(self, sharding)
 
     def _direct_assign(self, value):
         sharding = self._tfmulti_sharding
         value = tf.cast(value, self._value.dtype)
-        context = tf.distribute.get_replica_context()
-        if context is not None and context.num_replicas_in_sync == sharding.num_shards:
+        context = _step_context(sharding)
+        if context is not None:
             replica = int(tf.get_static_value(context.replica_id_in_sync_group))
             local = self._value._get_on_device_or_primary()  # pylint: disable=protected-access
             return local.assign(_shard(value, self, replica, sharding))
@@ -837,6 +870,37 @@ def _shard_parameter(variable, sharding: ZeroSharding) -> None:
     variable.__class__ = _SHARDED_CLASSES[cls]
 
 
+def _gather_when_called(model, sharding: ZeroSharding) -> None:
+    """`model.call` made to gather its sharded parameters first, in a replica's
+    step: its layers read them from a Keras `StatelessScope` that maps each to
+    its gathered whole (outside their loops and conditions, where a layer may
+    read them: the replicas exchange them here), and what its layers assign
+    meanwhile (BatchNormalization's statistics, a dropout's seed) is assigned
+    after. A model called inside another's call reads the outer one's."""
+    call = model.call
+    own = [v for v in model.trainable_variables if isinstance(v, ShardedParameter)]
+
+    def gathering_call(*args, **kwargs):
+        context = _step_context(sharding)
+        if context is None or in_symbolic_scope() or all(
+                in_stateless_scope() and get_stateless_scope().get_current_value(v) is not None
+                for v in own):
+            return call(*args, **kwargs)
+        gathered = [(v, _gather_parameter(v._value, v, context, sharding))  # pylint: disable=protected-access
+                    for v in own]
+        with StatelessScope(state_mapping=gathered) as scope:
+            outputs = call(*args, **kwargs)
+        for variable in model.variables:
+            if isinstance(variable, ShardedParameter):
+                continue
+            value = scope.get_current_value(variable)
+            if value is not None:
+                variable.assign(value)
+        return outputs
+
+    model.call = gathering_call
+
+
 def _gather_parameter(shards, variable, context, sharding: ZeroSharding):
     """`variable` whole on this replica, gathered from every replica's shard
     (`shards`: the mirrored shards; read here, so that the tape sees the
@@ -874,24 +938,10 @@ def _whole_across_replicas(variable, sharding: ZeroSharding):
     if len(sharding.devices) == sharding.num_shards:
         flat = tf.concat([tf.convert_to_tensor(c) for c in components], axis=0)
     else:
-        flat = _gather_across_processes(sharding, components)
+        flat = sharding.gather_across_processes(
+            lambda replica: tf.convert_to_tensor(components[replica - sharding.first_replica]),
+            "a sharded parameter (zero_stage=3)", "reads the weights (saves, calls get_weights)")
     return tf.reshape(flat[:_size(variable)], variable.shape)
-
-
-def _gather_across_processes(sharding: ZeroSharding, components):
-    """The replicas' shards of one parameter joined, through the strategy's
-    all-gather (the slots' gather function), on every process."""
-    flats = sharding.strategy.experimental_distribute_values_from_function(
-        lambda context: tf.convert_to_tensor(
-            components[context.replica_id_in_sync_group - sharding.first_replica]))
-    try:
-        result = sharding.strategy.run(sharding.gather_function(), args=(flats,))
-        return sharding.strategy.experimental_local_results(result)[0]
-    except tf.errors.DeadlineExceededError:
-        raise RuntimeError(
-            f"gathering a sharded parameter (zero_stage=3) waited {GATHER_TIMEOUT_S} s for the "
-            f"other workers: it is a collective, so every worker reads the weights (saves, "
-            f"calls get_weights) at the same point.") from None
 
 
 def _update_parameter_shards(optimizer, sharding: ZeroSharding, replica: int, pairs,

@@ -230,7 +230,7 @@ def _shard(model, strategy, stage: int) -> None:
             f"zero_stage={stage} shards the optimizer over the model's variables, and your "
             f"model {type(model).__name__} has none yet: build it in your model function "
             f"(keras.Input, or model.build(input_shape)).")
-    zero.shard_optimizer(optimizer, model.trainable_variables, strategy, stage)
+    zero.shard_optimizer(optimizer, model.trainable_variables, strategy, stage, model=model)
     what = {1: "its slots", 2: "its slots and the gradients",
             3: "its slots, the gradients and the parameters"}[stage]
     print(f"tfmulti: zero_stage={stage}: {type(optimizer).__name__}'s state sharded over "
