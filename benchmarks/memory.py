@@ -22,7 +22,8 @@ stage 0's peak of anonymous memory and the lowest sharded stage's (the
 resident set also counts the pages of TensorFlow's libraries, which the
 kernel drops under a limit and reads again, so a cap between the RSS peaks
 binds neither; measured: stage 0 trained under a cap 260 MiB below its peak
-RSS): stage 0 is killed for memory, the sharded stage trains. Where cgroups cannot be made
+RSS), every stage run under it: stage 0 is killed for memory, the sharded
+stages train. Where cgroups cannot be made
 (not root, no memory controller) the record says why and has no cap.
 """
 
@@ -188,23 +189,25 @@ def run(repeats: int) -> dict:
 
 
 def _cap(stages: list[int], peaks: dict, settings: dict, folder: str) -> dict:
-    """Stage 0 and the lowest sharded stage under a per-worker cap halfway
-    between their `peaks` of anonymous memory (what a limit cannot reclaim:
-    the resident set also counts the libraries' pages, which the kernel drops
-    under a limit and reads again); none at toy size."""
+    """Every stage under one per-worker cap, halfway between the `peaks` of
+    anonymous memory (what a limit cannot reclaim: the resident set also
+    counts the libraries' pages, which the kernel drops under a limit and
+    reads again) of stage 0 and of the lowest sharded stage; none at toy size.
+    {"limit_bytes", "lowest_stage", "<stage>": {"returncode", "oom_kills",
+    "peak_rss_bytes"}}."""
     from benchmarks import peak_rss  # pylint: disable=import-outside-toplevel  (see _train)
 
     why = peak_rss.limit_unavailable() or (
         "toy size, where the peaks are close (benchmarks/tests/test_peak_rss.py tests the "
         "limit)" if _harness.toy() else None)
-    sharded = min((s for s in stages if s), key=lambda s: peaks[s], default=None)
-    if why or sharded is None:
+    lowest = min((s for s in stages if s), key=lambda s: peaks[s], default=None)
+    if why or lowest is None:
         return {"skipped": why or "no sharded stage measured"}
-    if not peaks[0] or not peaks[sharded]:
+    if not all(peaks[s] for s in stages):
         return {"skipped": "the anonymous memory of the workers could not be read"}
-    limit = (peaks[0] + peaks[sharded]) // 2
-    out = {"limit_bytes": limit, "sharded_stage": sharded}
-    for stage in (0, sharded):
+    limit = (peaks[0] + peaks[lowest]) // 2
+    out = {"limit_bytes": limit, "lowest_stage": lowest}
+    for stage in stages:
         run = _train(stage, settings, folder, limit_bytes=limit)
         out[str(stage)] = {"returncode": run["returncode"], "oom_kills": run["oom_kills"],
                            "peak_rss_bytes": run["peak_rss_bytes"]}
@@ -230,11 +233,11 @@ def summarize(r: dict) -> list[str]:
     if "skipped" in cap:
         lines.append(f"memory: no cap: {cap['skipped']}")
     else:
-        sharded = str(cap["sharded_stage"])
-        lines.append(f"memory: under a cap of {cap['limit_bytes'] / 2**20:.0f} MiB per worker, "
-                     f"zero_stage=0 exits {cap['0']['returncode']} ({cap['0']['oom_kills']} "
-                     f"killed for memory), zero_stage={sharded} exits "
-                     f"{cap[sharded]['returncode']} ({cap[sharded]['oom_kills']})")
+        exits = ", ".join(f"zero_stage={stage} exits {cap[stage]['returncode']} "
+                          f"({cap[stage]['oom_kills']} killed for memory)"
+                          for stage in r["stages_measured"] if stage in cap)
+        lines.append(f"memory: under a cap of {cap['limit_bytes'] / 2**20:.0f} MiB per worker: "
+                     f"{exits}")
     return lines
 
 

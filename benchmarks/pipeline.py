@@ -150,23 +150,33 @@ def worker(microbatches: dict, inter_op: int, repeats: int, width: int, batch: i
     return out
 
 
+NO_ALLOCATOR_STATS = ("TensorFlow's CPU allocator keeps no count with oneDNN off (its default "
+                      "on CPUs without AVX-512); TF_ENABLE_ONEDNN_OPTS=1 or "
+                      "TF_CPU_ALLOCATOR_USE_BFC=true gives one")
+
+
 def _step_memory(model, ds, steps: int, batch: int) -> dict:
     """What `model`'s training step holds beyond what it held before, in MiB:
     "measured", the allocator's peak over an epoch above its current bytes
-    before it (after an epoch that built and traced everything), and
+    before it (after an epoch that built and traced everything; None, and
+    "not_measured" says why, where the allocator keeps no count), and
     "estimated", `pipeline_footprint`'s activations and gradients."""
     import tensorflow as tf
 
     from tfmulti.memory import footprint
 
+    rows = footprint.pipeline_footprint(model, batch)
+    out = {"measured": None,
+           "estimated": sum(r["activations"] + r["gradients"] for r in rows) / 2**20}
     model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
-    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    try:
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    except ValueError:  # "Allocator stats not available": oneDNN off, TensorFlow's default
+        return {**out, "not_measured": NO_ALLOCATOR_STATS}  # on CPUs without AVX-512
     tf.config.experimental.reset_memory_stats("CPU:0")
     model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
     peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-    rows = footprint.pipeline_footprint(model, batch)
-    return {"measured": (peak - before) / 2**20,
-            "estimated": sum(r["activations"] + r["gradients"] for r in rows) / 2**20}
+    return {**out, "measured": (peak - before) / 2**20}
 
 
 def _sizes() -> dict:
@@ -242,6 +252,10 @@ def run(repeats: int) -> dict:
     }
 
 
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def summarize(r: dict) -> list[str]:
     """The suite's headline lines."""
     lines = [f"pipeline: M={r['pipeline_microbatches']}: speedup over naive "
@@ -250,9 +264,12 @@ def summarize(r: dict) -> list[str]:
     if "memory_mib" in r:  # (records before 2026-12-06 have none)
         lines.append(f"pipeline: {REMAT}: step {_harness.fmt(r['remat_step_ratio'])} the "
                      f"step without remat")
+        why = next((m["not_measured"] for m in r["memory_mib"].values()
+                    if m.get("not_measured")), None)
         lines.append("pipeline: a step's memory beyond the weights, measured (estimated): "
-                     + ", ".join(f"{n} {m['measured']:.0f} ({m['estimated']:.0f}) MiB"
-                                 for n, m in r["memory_mib"].items()))
+                     + ", ".join(f"{n} {_mib(m['measured'])} ({m['estimated']:.0f}) MiB"
+                                 for n, m in r["memory_mib"].items())
+                     + (f"; not measured: {why}" if why else ""))
     return lines
 
 

@@ -58,6 +58,15 @@ def test_every_suite_runs_end_to_end(tmp_path):
             assert len(times) == 1 and min(times) > 0, (suite, name, times)
     rates = record["suites"]["pipeline"]["matmul_gflops_by_rows"]
     assert rates and min(rates.values()) > 0
+    # The pipeline's memory: measured by TensorFlow's allocator where it keeps a count
+    # (oneDNN on), else none and why (its default on CPUs without AVX-512: this machine's
+    # record says which); estimated either way.
+    for name, memory in record["suites"]["pipeline"]["memory_mib"].items():
+        assert memory["estimated"] > 0, (name, memory)
+        if machine["onednn"]:
+            assert memory["measured"] is not None, (name, memory)
+        else:
+            assert memory["measured"] is None and "oneDNN off" in memory["not_measured"]
     # The all-reduce the scaling suite times is the CNN's gradients (its 6 weight
     # tensors, 34,826 floats), summed over both workers of a pinned launch (each
     # worker's sum checked by the suite: scaling.all_reduce_milliseconds).

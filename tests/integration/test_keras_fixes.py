@@ -155,6 +155,15 @@ _SINGLE_PROCESS = textwrap.dedent("""
         copies = strategy.experimental_local_results(model.layers[1].moving_mean.value)
         return float(np.max(np.abs(copies[0].numpy() - copies[1].numpy())))
 
+    # A forward that assigns a mean-aggregated variable (a merge_call, where the
+    # replicas take turns), then adds a loss of 1.0: the reported losses on one
+    # device and on 2 plain mirrored replicas (collective keys of their own).
+    @part
+    def added_loss_upstream():
+        from tests.workers import keras_upstream
+        return [keras_upstream.added_loss_runs(s)
+                for s in (None, keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"]))]
+
     # Convolutions on an empty batch.
     def conv_model(**compile_args):
         model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(4, 3),
@@ -524,6 +533,20 @@ def test_upstream_bug_repeated_rows_of_a_sparse_gradient_are_updated_one_by_one(
     assert part["error"] is None, part
     one_device, mirrored = part["result"]
     assert one_device > 0.01 and mirrored > 0.01, part
+
+
+@pytest.mark.slow
+def test_upstream_bug_losses_added_in_a_call_mix_between_replicas_that_take_turns(upstream):
+    # Keras keeps a layer's added losses in one list for all replicas: where the
+    # replicas' threads take turns in the forward (a merge_call: a mean-aggregated
+    # assignment, as BatchNormalization's statistics are with the fix below), the
+    # second replica's loss also holds the first one's term: a loss of 1.0 added in
+    # the call is reported as 1.5 on 2 replicas (equal to one device's with the fix:
+    # tests/unit/test_keras_fixes.py).
+    part = upstream["added_loss_upstream"]
+    assert part["error"] is None, part
+    one_device, mirrored = part["result"]
+    assert all(abs(m - o - 0.5) < 1e-4 for m, o in zip(mirrored, one_device, strict=True)), part
 
 
 @pytest.mark.slow

@@ -152,19 +152,17 @@ def test_accumulation_refuses_a_batch_it_cannot_split():
         model.fit(dynamic, shuffle=False, verbose=0)
 
 
-def test_accumulation_refuses_a_synchronized_update_in_the_forward_pass():
-    # A layer that updates a variable with aggregation "mean" in its forward
-    # pass needs a merge_call, which the micro-batch loop cannot hold.
+def _counted(aggregation: str):
+    """A Keras Sequential on 2 replicas, accumulating 2 micro-batches, whose
+    layer adds 1 to a variable of `aggregation` in each training call."""
     import keras
-    import numpy as np
-    import tensorflow as tf
 
     from tfmulti.models import accumulation
 
     class Counter(keras.layers.Layer):
         def build(self, input_shape):
             self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False,
-                                         aggregation="mean")
+                                         aggregation=aggregation)
 
         def call(self, x, training=False):
             if training:
@@ -175,11 +173,67 @@ def test_accumulation_refuses_a_synchronized_update_in_the_forward_pass():
     with strategy.scope():
         model = keras.Sequential([keras.Input((3,)), Counter(), keras.layers.Dense(2)])
         model.compile("sgd", "mse")
-    accumulation.accumulate_gradients(model, 2)
-    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 3), "float32"),
-                                               np.ones((8, 2), "float32"))).batch(8)
-    with pytest.raises(ValueError, match="a layer there updates a variable synchronized"):
-        model.fit(data, shuffle=False, verbose=0)
+    return accumulation.accumulate_gradients(model, 2), strategy
+
+
+def _ones(rows: int = 8):
+    import numpy as np
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((np.ones((rows, 3), "float32"),
+                                               np.ones((rows, 2), "float32"))).batch(rows)
+
+
+def test_accumulation_assigns_a_mean_synchronized_variable_per_replica_then_their_mean():
+    # A variable synchronized by its mean (BatchNormalization's statistics, with the
+    # fix for tensorflow#46488) is assigned through a merge_call, which the
+    # micro-batch loop cannot hold: each replica assigns its copy in the loop, and
+    # the copies are made their mean after it. 2 steps of 2 micro-batches: each
+    # replica counted 4 calls, the mean 4.
+    model, strategy = _counted("mean")
+    model.fit(_ones().repeat(2), shuffle=False, verbose=0)
+    counts = strategy.experimental_local_results(model.layers[0].calls.value)
+    assert [float(c) for c in counts] == [4.0, 4.0]
+
+
+def test_accumulation_refuses_a_summed_update_in_the_forward_pass():
+    # A variable summed across replicas cannot be assigned per replica and summed
+    # after the loop: refused, naming it.
+    model, _ = _counted("sum")
+    with pytest.raises(ValueError, match=r"the forward pass runs in a loop, and it assigns "
+                                         r"\S*counter\S*, summed across replicas"):
+        model.fit(_ones(), shuffle=False, verbose=0)
+
+
+def test_accumulation_with_batch_normalization_on_replicas_equals_one_device():
+    # Both replicas see the same half of every batch: 2 replicas accumulating 2
+    # micro-batches train BatchNormalization (its statistics mean-synchronized
+    # across replicas by the fix) as one device accumulating the same micro-batches:
+    # the same weights and moving statistics.
+    import keras
+    import numpy as np
+
+    from tfmulti.models import accumulation
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 5)).astype("float32")
+    y = rng.normal(size=(64, 1)).astype("float32")
+
+    def train(strategy, batch, features, labels):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8),
+                                      keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+            model.compile(keras.optimizers.SGD(0.1), "mse")
+        accumulation.accumulate_gradients(model, 2)
+        model.fit(features, labels, batch_size=batch, epochs=2, shuffle=False, verbose=0)
+        return model
+
+    one = train(accumulate.strategy_of(1), 16, x, y)
+    halves = lambda a: np.concatenate([np.concatenate([b, b]) for b in np.split(a, 4)])  # noqa: E731
+    two = train(accumulate.strategy_of(2), 32, halves(x), halves(y))
+    for a, b in zip(two.get_weights(), one.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
 def test_accumulation_refuses_a_step_of_its_own():

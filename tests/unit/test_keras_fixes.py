@@ -164,6 +164,20 @@ def test_the_fixed_build_reads_no_batch_where_the_shapes_are_known():
     assert unknown.get_weights()[0].shape == fixed.get_weights()[0].shape == (5, 2)
 
 
+def test_fix_keeps_the_losses_added_in_each_replicas_call_its_own():
+    # With the fix, BatchNormalization's statistics are assigned by a merge_call in
+    # the forward, where the replicas take turns: the losses a call adds stay its
+    # replica's (tests/integration/test_keras_fixes.py shows them mixed upstream):
+    # a loss of 1.0 added in a call is 1.0 on 2 replicas, as on one device.
+    import tfmulti
+    from tests.workers import keras_upstream
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    assert BATCH_NORM_STATISTICS in tfmulti.apply_keras_fixes(strategy)
+    one_device = keras_upstream.added_loss_runs(None)
+    assert keras_upstream.added_loss_runs(strategy) == pytest.approx(one_device, abs=1e-5)
+
+
 def test_fix_keeps_the_replicas_batch_normalization_statistics_equal():
     # Two replicas see batches of different statistics (the second half of
     # every batch shifted by 3): without the fix each keeps its own moving

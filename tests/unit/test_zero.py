@@ -236,10 +236,92 @@ def test_stage_3_refuses_what_reads_a_parameter_or_gradient_whole(option):
     with pytest.raises(ValueError, match=r"^zero_stage=3 gathers the parameters where the "
                                          r"model is called: pass the model"):
         zero.shard_optimizer(keras.optimizers.Adam(), [], strategy, 3)
-    for fields, words in (({"accumulate_steps": 2}, "accumulate_steps=2 runs in a loop"),
-                          ({"mixed_precision": "float16"}, "mixed_precision='float16'")):
-        with pytest.raises(ValueError, match=re.escape(words)):
-            tfmulti.TrainConfig(distribution="mirrored", zero_stage=3, **fields).validate()
+    with pytest.raises(ValueError, match=re.escape("mixed_precision='float16'")):
+        tfmulti.TrainConfig(distribution="mirrored", zero_stage=3,
+                            mixed_precision="float16").validate()
+    # (accumulate_steps > 1 trains at stage 3: test_stage_3_accumulates_micro_batches_exactly)
+    tfmulti.TrainConfig(distribution="mirrored", zero_stage=3, accumulate_steps=2).validate()
+
+
+def test_a_model_without_variables_yet_is_refused():
+    """A subclassed model makes its variables at its first call (`build(shape)`
+    makes none without a build method): sharding nothing would fail at the
+    first step with Keras' "Unknown variable"; it is refused, saying what to do."""
+    strategy = get_strategy("mirrored", devices=DEVICES)
+    with pytest.raises(ValueError, match=r"^shard_optimizer got no variables to shard: .*call "
+                                         r"the model on a batch first"):
+        zero.shard_optimizer(keras.optimizers.Adam(), [], strategy, 2)
+
+
+class Penalized(keras.Model):
+    """A subclassed model with Dropout, and optionally losses its layers add
+    (`penalties`: its call's `add_loss`, an activity regularizer) and
+    BatchNormalization (`norm`)."""
+
+    def __init__(self, penalties: bool, norm: bool):
+        super().__init__()
+        self.penalties = penalties
+        self.hidden = keras.layers.Dense(
+            8, activation="relu",
+            activity_regularizer=keras.regularizers.L2(0.05) if penalties else None)
+        self.norm = keras.layers.BatchNormalization() if norm else None
+        self.drop = keras.layers.Dropout(0.2)
+        self.out = keras.layers.Dense(3)
+
+    def call(self, x, training=False):
+        h = self.hidden(x)
+        if self.penalties:
+            self.add_loss(0.01 * tf.reduce_sum(tf.square(h)))
+        if self.norm is not None:
+            h = self.norm(h, training=training)
+        return self.out(self.drop(h, training=training))
+
+
+def _train_penalized(stage: int, penalties: bool, norm: bool, accumulate_steps: int = 1):
+    """`Penalized` trained 2 epochs by `fit` on 2 devices at `stage`, its
+    gradients accumulated over `accumulate_steps` micro-batches: (model, losses)."""
+    from tfmulti.models import accumulation
+
+    strategy = get_strategy("mirrored", devices=DEVICES[:2])
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = Penalized(penalties, norm)
+        model(np.zeros((1, 7), "float32"))
+        model.compile(keras.optimizers.Adam(0.01),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    accumulation.accumulate_gradients(model, accumulate_steps)
+    zero.shard_optimizer(model.optimizer, model.trainable_variables, strategy, stage,
+                         model=model)
+    x, y = _data()
+    history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    return model, history.history["loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("penalties,norm", [(True, False), (False, True)],
+                         ids=["added-losses", "batch-norm"])
+def test_stage_3_keeps_what_layers_add_and_assign_in_the_call(penalties, norm):
+    """The parameters are read from a scope while the model is called: the
+    losses its layers add there (`add_loss`, an activity regularizer) count, each
+    replica's own (the replicas' calls interleave at the gathers), and its
+    BatchNormalization statistics and its dropout's seed are assigned as
+    without sharding: the same losses and weights as stage 0."""
+    sharded, sharded_losses = _train_penalized(3, penalties, norm)
+    whole, whole_losses = _train_penalized(0, penalties, norm)
+    np.testing.assert_allclose(sharded_losses, whole_losses, rtol=1e-5)
+    _assert_same_weights(sharded, whole)
+
+
+@pytest.mark.slow
+def test_stage_3_accumulates_micro_batches_exactly():
+    """accumulate_steps=2 runs the micro-batches in a loop, where the replicas
+    cannot exchange shards: stage 3 gathers the parameters once before it and
+    reduce-scatters the summed gradient after it, and trains as stage 0 does
+    with the same accumulation."""
+    sharded, sharded_losses = _train_penalized(3, True, False, accumulate_steps=2)
+    whole, whole_losses = _train_penalized(0, True, False, accumulate_steps=2)
+    np.testing.assert_allclose(sharded_losses, whole_losses, rtol=1e-5)
+    _assert_same_weights(sharded, whole)
 
 
 def test_a_stage_it_does_not_know_is_refused():

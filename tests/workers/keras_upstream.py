@@ -287,3 +287,32 @@ def main(modes: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def added_loss_runs(strategy=None) -> list[float]:
+    """A model whose call assigns a mean-aggregated variable (as BatchNormalization's
+    statistics are with tfmulti's fix for tensorflow#46488: under 2+ replicas, a
+    `merge_call` in the forward, where the replicas' threads take turns) and then
+    adds a constant loss of 1.0, trained 2 epochs under `strategy` (None: one
+    device): its reported losses. On one device, and on each replica, the loss is
+    the model's mean squared error plus 1.0."""
+    import contextlib
+
+    class Counted(keras.layers.Layer):
+        def build(self, shape):
+            self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                         aggregation="mean")
+
+        def call(self, x):
+            self.calls.assign(self.calls + 1.0)
+            self.add_loss(tf.constant(1.0))
+            return x
+
+    keras.utils.set_random_seed(0)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = keras.Sequential([keras.Input((3,)), Counted(), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 3)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
+    history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    return history.history["loss"]

@@ -480,12 +480,6 @@ class TrainConfig:
                 f"`zero_stage` ({self.zero_stage}) shards the training state over data-parallel "
                 f"replicas: distribution 'mirrored' or 'multi_worker', got "
                 f"{self.distribution!r}; set zero_stage=0 for {self.distribution!r}.")
-        if self.zero_stage == 3 and self.accumulate_steps > 1:
-            raise ValueError(
-                f"zero_stage=3 gathers each parameter inside the step, which accumulate_steps="
-                f"{self.accumulate_steps} runs in a loop, where TensorFlow's cross-replica "
-                f"calls cannot run; use a global_batch_size {self.accumulate_steps} times larger "
-                f"with accumulate_steps=1, or zero_stage=2.")
         if self.zero_stage == 3 and self.mixed_precision == "float16":
             raise ValueError(
                 "zero_stage=3 does not take mixed_precision='float16' (its loss scaling checks "

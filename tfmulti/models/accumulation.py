@@ -89,7 +89,9 @@ def sum_gradients(loss_fn, data, variables, steps: int):
     contiguous chunks and, one chunk after the other in a `tf.while_loop`
     (only one chunk's activations alive at a time), adds the gradients of
     `loss_fn(chunk)` with respect to `variables`. No synchronization happens
-    inside the loop: the caller applies the sum once, after it. With
+    inside the loop: the caller applies the sum once, after it (at ZeRO stage
+    3, the parameters are gathered once before the loop and the sum
+    reduce-scattered after it: `tfmulti.parallel.zero.GatheredOnce`). With
     `steps == 1`, the gradients of `loss_fn(data)`, no loop. Shared by
     `accumulate_gradients` (Keras' `fit`) and `tfmulti.training.loops`.
 
@@ -109,8 +111,12 @@ def sum_gradients(loss_fn, data, variables, steps: int):
     Raises:
         ValueError: a static batch not divisible by `steps` (a dynamic one
             fails a run-time assertion with the same advice), or, with 2+
-            replicas, a forward pass that updates a variable synchronized
-            across replicas (a `merge_call` inside the loop).
+            replicas, a forward pass that assigns a variable summed across
+            replicas or otherwise exchanges data across them (a `merge_call`
+            inside the loop). A variable synchronized by its mean
+            (BatchNormalization's statistics, with tfmulti's fix) is assigned
+            on each replica's copy inside the loop, and the copies made their
+            mean after it.
     """
     variables = list(variables)
     if steps == 1:
@@ -119,12 +125,22 @@ def sum_gradients(loss_fn, data, variables, steps: int):
         return tape.gradient(loss, variables), report
     chunks = _micro_batches(data, steps)
     no_gradient = []  # per variable: found when the loop body is traced
+    # ZeRO stage 3 (tfmulti.parallel.zero): the sharded parameters gathered once, before
+    # the loop, where the replicas can exchange them; their summed gradient scattered after.
+    sharding = next((v._tfmulti_sharding for v in variables  # pylint: disable=protected-access
+                     if hasattr(v, "_tfmulti_sharding")), None)
+    gathered = sharding.gathered_once(variables) if sharding is not None else None
+
+    synchronized: dict[int, object] = {}  # variables the loop assigned each replica's copy of
 
     def body(i, reported, sums):
         chunk = tf.nest.map_structure(lambda t: None if t is None else t[i], chunks)
-        with tf.GradientTape() as tape:
+        mapping, sources = ([], variables) if gathered is None else gathered.micro_batch()
+        with _micro_batch_scope(mapping, synchronized), tf.GradientTape() as tape:
+            if gathered is not None:
+                tape.watch([sources[p] for p in gathered.positions])
             loss, report = loss_fn(chunk)
-        grads = tape.gradient(loss, variables)
+        grads = tape.gradient(loss, sources)
         no_gradient[:] = [g is None for g in grads]
         sums = [s if g is None else s + tf.cast(tf.convert_to_tensor(g), s.dtype)
                 for s, g in zip(sums, grads)]
@@ -140,11 +156,75 @@ def sum_gradients(loss_fn, data, variables, steps: int):
             raise
         raise ValueError(
             f"With {steps} micro-batches per update, the forward pass runs inside a loop, and "
-            f"a layer there updates a variable synchronized across replicas (aggregation "
-            f"'sum', 'mean' or 'only_first_replica'), which TensorFlow cannot do inside "
-            f"control flow; create that variable with aggregation='none' (as Keras' own "
-            f"layers do: each replica keeps its copy) or train without accumulation.") from e
-    return [None if missing else s for s, missing in zip(sums, no_gradient)], reported
+            f"a layer there exchanges data across replicas (a merge_call), which TensorFlow "
+            f"cannot do inside control flow; train without accumulation, or keep that "
+            f"exchange out of the layer's call.") from e
+    for variable in synchronized.values():  # each replica's copy made their mean (or first)
+        variable.assign(variable.value)
+    sums = [None if missing else s for s, missing in zip(sums, no_gradient)]
+    return (sums if gathered is None else gathered.scatter(sums)), reported
+
+
+@functools.cache
+def _micro_batch_scope_class():
+    from keras.src.backend.common.stateless_scope import StatelessScope
+    from tensorflow.python.distribute import values as values_lib
+
+    class MicroBatchScope(StatelessScope):
+        """Keras' variables as a micro-batch's forward reads and assigns them
+        inside the loop: each in `state_mapping` (ZeRO stage 3's gathered
+        parameters) read as mapped, any other as it is; a variable synchronized on write across
+        replicas (BatchNormalization's statistics, mean-aggregated by
+        tfmulti's fix for tensorflow#46488), whose assignment is a merge_call
+        that a loop cannot hold, assigned on this replica's copy only and
+        recorded in `synchronized` (`sum_gradients` assigns the mean of the
+        copies after the loop: for a moving average, the same as each
+        micro-batch's mean); any other assigned as without a scope; the
+        losses the layers add kept in `losses` (a model's `losses` reads them
+        inside the scope)."""
+
+        def __init__(self, state_mapping, synchronized: dict):
+            super().__init__(state_mapping=state_mapping, collect_losses=True,
+                             initialize_variables=False)
+            self.synchronized = synchronized
+
+        def get_current_value(self, variable):
+            # Keras reads a variable from its scope (a regularizer's loss takes the value
+            # it returns): the mapped value, else the variable's own, read now.
+            value = super().get_current_value(variable)
+            inner = getattr(variable, "_value", None)
+            if value is not None or inner is None or hasattr(variable, "_tfmulti_sharding"):
+                return value
+            return tf.convert_to_tensor(inner)
+
+        def add_update(self, update):
+            variable, value = update
+            if id(variable) in self.state_mapping or hasattr(
+                    variable, "_tfmulti_sharding"):  # (a sharded parameter: read as assigned)
+                self.state_mapping[id(variable)] = value
+                return
+            inner = getattr(variable, "_value", None)
+            aggregation = getattr(inner, "aggregation", tf.VariableAggregation.NONE)
+            if (not isinstance(inner, values_lib.MirroredVariable)
+                    or aggregation == tf.VariableAggregation.NONE
+                    or tf.distribute.get_replica_context() is None):
+                variable._direct_assign(value)  # pylint: disable=protected-access
+                return
+            if aggregation == tf.VariableAggregation.SUM:
+                raise ValueError(
+                    f"With accumulate_steps above 1 the forward pass runs in a loop, and it "
+                    f"assigns {variable.path}, summed across replicas (aggregation 'sum'), "
+                    f"which a loop cannot do; make it aggregation='mean' or 'none', or train "
+                    f"without accumulation.")
+            local = inner._get_on_device_or_primary()  # pylint: disable=protected-access
+            local.assign(tf.cast(value, local.dtype))
+            self.synchronized[id(variable)] = variable
+
+    return MicroBatchScope
+
+
+def _micro_batch_scope(state_mapping, synchronized: dict):
+    return _micro_batch_scope_class()(state_mapping, synchronized)
 
 
 def _check_keras_accumulation(model, steps: int) -> None:

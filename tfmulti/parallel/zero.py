@@ -41,6 +41,7 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 
 import keras
@@ -59,7 +60,7 @@ from tfmulti.config.train_config import ZERO_STAGES
 from tfmulti.models import optimizers
 from tfmulti.utils.sizes import dtype_bytes
 
-__all__ = ["STAGES", "ShardedParameter", "WholeSlot", "ZeroSharding", "shard_optimizer",
+__all__ = ["STAGES", "GatheredOnce", "ShardedParameter", "WholeSlot", "ZeroSharding", "shard_optimizer",
            "sharding_of", "updating", "whole_slots"]
 
 STAGES = ZERO_STAGES
@@ -123,6 +124,15 @@ class ZeroSharding:
     def chunk(self, variable) -> int:
         """The elements of `variable` in each shard (the last ones padded)."""
         return math.ceil(_size(variable) / self.num_shards)
+
+    def gathered_once(self, variables: list) -> "GatheredOnce | None":
+        """At stage 3 in a step's replica context, `variables`' sharded ones
+        gathered once for several micro-batches (`GatheredOnce`); else None."""
+        context = _step_context(self)
+        if self.stage != 3 or context is None or not any(
+                isinstance(v, ShardedParameter) for v in variables):
+            return None
+        return GatheredOnce(list(variables), self, context)
 
     def whole_slots(self) -> list[np.ndarray]:
         """Each slot whole (the model variable's shape), in `slots`' order,
@@ -380,7 +390,8 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
             guard for an empty batch), where the replicas cannot exchange them.
 
     Raises:
-        ValueError: a stage other than 0 to 3; an optimizer already built; an
+        ValueError: a stage other than 0 to 3; an optimizer already built; no
+            variables (a model not built yet); an
             optimizer whose rule is not per element; at stage 3, what reads a
             parameter or a gradient whole in the update (`clipnorm`,
             `global_clipnorm`, `use_ema`, Keras' `gradient_accumulation_steps`,
@@ -401,6 +412,12 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
     if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
         raise ValueError("shard_optimizer makes each replica's own variables: call it outside "
                          "the strategy's scope.")
+    if not list(variables):
+        raise ValueError(
+            "shard_optimizer got no variables to shard: the model has none yet (a subclassed "
+            "model makes them at its first call; model.build(shape) makes none without a "
+            "build method); call the model on a batch first, then pass "
+            "model.trainable_variables.")
     extended = strategy.extended
     devices = tuple(extended.worker_devices)
     num_shards = strategy.num_replicas_in_sync
@@ -872,33 +889,113 @@ def _shard_parameter(variable, sharding: ZeroSharding) -> None:
 
 def _gather_when_called(model, sharding: ZeroSharding) -> None:
     """`model.call` made to gather its sharded parameters first, in a replica's
-    step: its layers read them from a Keras `StatelessScope` that maps each to
-    its gathered whole (outside their loops and conditions, where a layer may
-    read them: the replicas exchange them here), and what its layers assign
-    meanwhile (BatchNormalization's statistics, a dropout's seed) is assigned
-    after. A model called inside another's call reads the outer one's."""
+    step: its layers read them from a `_GatheredScope` that maps each to its
+    gathered whole (outside their loops and conditions, where a layer may read
+    them: the replicas exchange them here). A model called inside another's
+    call (or in a step that gathered them already: `GatheredOnce`) reads
+    theirs. The losses its layers add in the call are its replica's own
+    (`model.losses` in that replica's step)."""
     call = model.call
     own = [v for v in model.trainable_variables if isinstance(v, ShardedParameter)]
+    # The losses its layers added in the call (add_loss, activity regularizers), kept per
+    # replica: the replicas' calls interleave at each gather, and a model's own list of
+    # losses is one for all of them.
+    added = threading.local()
 
     def gathering_call(*args, **kwargs):
         context = _step_context(sharding)
-        if context is None or in_symbolic_scope() or all(
-                in_stateless_scope() and get_stateless_scope().get_current_value(v) is not None
-                for v in own):
+        if context is None or in_symbolic_scope() or _mapped(own):
             return call(*args, **kwargs)
         gathered = [(v, _gather_parameter(v._value, v, context, sharding))  # pylint: disable=protected-access
                     for v in own]
-        with StatelessScope(state_mapping=gathered) as scope:
+        with _GatheredScope(gathered) as scope:
             outputs = call(*args, **kwargs)
-        for variable in model.variables:
-            if isinstance(variable, ShardedParameter):
-                continue
-            value = scope.get_current_value(variable)
-            if value is not None:
-                variable.assign(value)
+        added.losses = list(scope.losses)
         return outputs
 
+    def get_own_losses():
+        return type(model)._get_own_losses(model) + getattr(added, "losses", [])  # pylint: disable=protected-access
+
+    def clear():
+        added.losses = []
+        type(model)._clear_losses(model)  # pylint: disable=protected-access
+
     model.call = gathering_call
+    model._get_own_losses = get_own_losses  # pylint: disable=protected-access
+    model._clear_losses = clear  # pylint: disable=protected-access
+
+
+def _mapped(variables) -> bool:
+    """Whether a scope already maps every one of `variables` to a value."""
+    return in_stateless_scope() and all(
+        get_stateless_scope().get_current_value(v) is not None for v in variables)
+
+
+class _GatheredScope(StatelessScope):
+    """A Keras `StatelessScope` in which the layers read each sharded
+    parameter as its gathered whole (`state_mapping`), and the rest as
+    without a scope: another variable's assignment (BatchNormalization's
+    statistics, a dropout's seed) is made where the layer makes it, and the
+    losses the layers add (`add_loss`, an activity regularizer) are kept in
+    `losses` (Keras' stateless scope would drop them)."""
+
+    def __init__(self, state_mapping):
+        super().__init__(state_mapping=state_mapping, collect_losses=True,
+                         initialize_variables=False)
+
+    def add_update(self, update):
+        variable, value = update
+        if isinstance(variable, ShardedParameter):  # read back as assigned, in this call
+            self.state_mapping[id(variable)] = value
+        else:
+            variable._direct_assign(value)  # pylint: disable=protected-access
+
+
+class GatheredOnce:
+    """Stage 3 over several micro-batches (`accumulate_steps`): each sharded
+    parameter gathered once, before the micro-batches' loop (inside it the
+    replicas cannot exchange data), each micro-batch's gradient taken with
+    respect to the gathered wholes and summed, and the sum reduce-scattered
+    once, after the loop (`scatter`): the gathered parameters and their
+    summed gradient are whole for the step, as at stage 2.
+
+    Made by `ZeroSharding.gathered_once`; `tfmulti.models.accumulation.
+    sum_gradients` uses it."""
+
+    def __init__(self, variables: list, sharding: ZeroSharding, context):
+        self.variables = variables
+        self.positions = [i for i, v in enumerate(variables) if isinstance(v, ShardedParameter)]
+        with tf.GradientTape() as tape:  # (it sees each replica's read of its own shard)
+            self.whole = [_gather_parameter(variables[i]._value, variables[i], context,  # pylint: disable=protected-access
+                                            sharding) for i in self.positions]
+        self._tape = tape
+
+    def micro_batch(self) -> tuple[list, list]:
+        """For one micro-batch's forward and backward, inside the loop: the
+        state mapping of a scope to read the sharded parameters from (each to
+        its gathered whole: an identity of it, made in the loop's body, so that
+        a tape there sees it), and the sources of its gradient (the variables,
+        each sharded one replaced by that identity: watch `sources[i]` for i
+        in `positions`)."""
+        local = [tf.identity(w) for w in self.whole]
+        sources = list(self.variables)
+        for i, tensor in zip(self.positions, local):
+            sources[i] = tensor
+        return [(self.variables[i], t) for i, t in zip(self.positions, local)], sources
+
+    def scatter(self, gradients: list) -> list:
+        """The summed gradients (whole, one per variable or None), each
+        sharded variable's reduce-scattered: this replica's shard of the sum
+        over the replicas, as stage 3's step gives it."""
+        out = list(gradients)
+        used = [(k, i) for k, i in enumerate(self.positions) if gradients[i] is not None]
+        if used:
+            shards = self._tape.gradient(
+                [self.whole[k] for k, _ in used], [self.variables[i] for _, i in used],
+                output_gradients=[gradients[i] for _, i in used])
+            for (_, i), shard in zip(used, shards):
+                out[i] = shard
+        return out
 
 
 def _gather_parameter(shards, variable, context, sharding: ZeroSharding):

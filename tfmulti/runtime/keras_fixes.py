@@ -788,11 +788,33 @@ def _empty_batch_safe(op):
 # equal to one device's on the whole batch). We do the same, for the
 # non-trainable weights BatchNormalization makes; the patch adds an
 # `add_weight` to the class and replaces nothing.
+#
+# A mean-aggregated assignment in a replica's forward is a `merge_call`: the
+# replicas' threads then take turns within the model's call, and a layer's
+# list of added losses (`add_loss`, an activity regularizer), one for all
+# replicas, mixed them: a replica's loss took in another's terms (measured: a
+# model with BatchNormalization and `add_loss` on 2 replicas reported 2.21
+# instead of 2.18 and trained to other weights). So, with the fix, the
+# losses added inside a replica function are kept per replica (per thread):
+# `Layer.add_loss`, `_get_own_losses` and `_clear_losses` wrapped, Keras'
+# own run as they are.
 # Upstream: https://github.com/tensorflow/tensorflow/issues/46488.
 # --------------------------------------------------------------------------
 
+_replica_losses = threading.local()
+
+
+def _own_replica_losses(layer) -> list:
+    """`layer`'s losses added in this thread's replica function."""
+    by_layer = getattr(_replica_losses, "by_layer", None)
+    if by_layer is None:
+        by_layer = _replica_losses.by_layer = {}
+    return by_layer.setdefault(id(layer), [])
+
+
 def _patch_batch_norm_statistics() -> None:
     import keras
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
     from keras.src.layers.normalization import batch_normalization
 
     def add_weight(self, *args, **kwargs):
@@ -801,6 +823,40 @@ def _patch_batch_norm_statistics() -> None:
         return keras.layers.Layer.add_weight(self, *args, **kwargs)
 
     batch_normalization.BatchNormalization.add_weight = add_weight
+
+    layer_class = keras.layers.Layer
+    add_loss, get_own_losses, clear_losses = (
+        layer_class.add_loss, layer_class._get_own_losses,  # pylint: disable=protected-access
+        layer_class._clear_losses)  # pylint: disable=protected-access
+
+    def per_replica(self) -> bool:
+        return _in_replica_function() and not in_stateless_scope()
+
+    @functools.wraps(add_loss)
+    def add_loss_per_replica(self, loss):
+        if not per_replica(self):
+            return add_loss(self, loss)
+        before = len(self._losses)  # pylint: disable=protected-access
+        add_loss(self, loss)
+        _own_replica_losses(self).extend(self._losses[before:])  # pylint: disable=protected-access
+        del self._losses[before:]  # pylint: disable=protected-access
+        return None
+
+    @functools.wraps(get_own_losses)
+    def get_own_losses_per_replica(self):
+        own = get_own_losses(self)
+        return own + _own_replica_losses(self) if per_replica(self) else own
+
+    @functools.wraps(clear_losses)
+    def clear_losses_per_replica(self):
+        by_layer = getattr(_replica_losses, "by_layer", None)
+        if by_layer:
+            by_layer.pop(id(self), None)
+        clear_losses(self)
+
+    layer_class.add_loss = add_loss_per_replica
+    layer_class._get_own_losses = get_own_losses_per_replica  # pylint: disable=protected-access
+    layer_class._clear_losses = clear_losses_per_replica  # pylint: disable=protected-access
 
 
 # --------------------------------------------------------------------------
