@@ -426,3 +426,38 @@ def test_an_embeddings_gradient_given_as_rows_shards_exactly():
     whole = train(0)
     for stage in (1, 2):
         _assert_same_weights(train(stage), whole)
+
+
+class _Wrapper(keras.Model):
+    """keras-io's VAE's shape: a subclassed model never called itself, holding
+    models built from `keras.Input` (so its variables exist), trained by a
+    `train_step` of its own; `own_optimizers`: the GAN's shape, whose
+    train_step applies optimizers of its own."""
+
+    def __init__(self, own_optimizers: bool):
+        super().__init__()
+        self.inner = keras.Sequential([keras.Input((7,)), keras.layers.Dense(3)])
+        if own_optimizers:
+            self.d_optimizer = keras.optimizers.Adam()
+
+
+@pytest.mark.parametrize("own_optimizers", [False, True])
+def test_tfmulti_shards_a_model_of_built_models_and_refuses_optimizers_of_its_own(
+        own_optimizers, capsys):
+    from tfmulti.training import run
+
+    strategy = get_strategy("mirrored", devices=DEVICES[:2])
+    with strategy.scope():
+        model = _Wrapper(own_optimizers)
+        model.compile(keras.optimizers.Adam())
+    assert not model.built and model.trainable_variables
+    if own_optimizers:
+        with pytest.raises(ValueError, match=r"^zero_stage=1 shards the model's optimizer "
+                                             r"\(model.optimizer\), and your model _Wrapper "
+                                             r"trains with optimizers of its own in its "
+                                             r"train_step \(d_optimizer\)"):
+            run._shard(model, strategy, 1)
+        return
+    run._shard(model, strategy, 3)
+    assert zero.sharding_of(model.optimizer).stage == 3
+    assert "zero_stage=3: Adam's state sharded over 2 replicas" in capsys.readouterr().out

@@ -384,8 +384,8 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
             the parameters: `variables` become `ShardedParameter`s); 0 leaves
             the optimizer as it is.
         model: at stage 3, the model whose calls read `variables`: each of
-            its models (itself, and those it holds: a GAN's generator and
-            discriminator) gathers its parameters when it is called, outside
+            its models (itself, and those it holds: a VAE's encoder and
+            decoder) gathers its parameters when it is called, outside
             the loops and conditions of its layers (an RNN's, a convolution's
             guard for an empty batch), where the replicas cannot exchange them.
 

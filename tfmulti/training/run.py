@@ -225,7 +225,17 @@ def _shard(model, strategy, stage: int) -> None:
               f"one, so its optimizer state is whole, as with zero_stage=0", flush=True)
         return
     optimizer = zero.updating(model.optimizer)
-    if not model.built or not model.trainable_variables:
+    own = sorted(name for name, value in vars(model).items()
+                 if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer
+                 and not name.startswith("_"))
+    if own:
+        raise ValueError(
+            f"zero_stage={stage} shards the model's optimizer (model.optimizer), and your "
+            f"model {type(model).__name__} trains with optimizers of its own in its "
+            f"train_step ({', '.join(own)}), which would stay whole; use zero_stage=0.")
+    layers = list(model._flatten_layers(include_self=False))  # pylint: disable=protected-access
+    built = model.built or (layers and all(layer.built for layer in layers))  # (keras-io's VAE:
+    if not built or not model.trainable_variables:  # built models in one of its own)
         raise ValueError(
             f"zero_stage={stage} shards the optimizer over the model's variables, and your "
             f"model {type(model).__name__} has none yet: build it in your model function "
