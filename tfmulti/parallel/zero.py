@@ -60,8 +60,8 @@ from tfmulti.config.train_config import ZERO_STAGES
 from tfmulti.models import optimizers
 from tfmulti.utils.sizes import dtype_bytes
 
-__all__ = ["STAGES", "GatheredOnce", "ShardedParameter", "WholeSlot", "ZeroSharding", "shard_optimizer",
-           "sharding_of", "updating", "whole_slots"]
+__all__ = ["STAGES", "GatheredOnce", "ShardedParameter", "WholeSlot", "ZeroSharding",
+           "shard_optimizer", "sharding_of", "updating", "whole_slots"]
 
 STAGES = ZERO_STAGES
 """The stages `shard_optimizer` takes (0: replication, Keras' own)."""
@@ -914,7 +914,8 @@ def _gather_when_called(model, sharding: ZeroSharding) -> None:
         return outputs
 
     def get_own_losses():
-        return type(model)._get_own_losses(model) + getattr(added, "losses", [])  # pylint: disable=protected-access
+        own = type(model)._get_own_losses(model)  # pylint: disable=protected-access
+        return own + getattr(added, "losses", [])
 
     def clear():
         added.losses = []
@@ -966,8 +967,9 @@ class GatheredOnce:
         self.variables = variables
         self.positions = [i for i, v in enumerate(variables) if isinstance(v, ShardedParameter)]
         with tf.GradientTape() as tape:  # (it sees each replica's read of its own shard)
-            self.whole = [_gather_parameter(variables[i]._value, variables[i], context,  # pylint: disable=protected-access
-                                            sharding) for i in self.positions]
+            self.whole = [_gather_parameter(variables[i]._value,  # pylint: disable=protected-access
+                                            variables[i], context, sharding)
+                          for i in self.positions]
         self._tape = tape
 
     def micro_batch(self) -> tuple[list, list]:

@@ -804,12 +804,17 @@ def _empty_batch_safe(op):
 _replica_losses = threading.local()
 
 
+def _replica_loss_key(layer) -> tuple[int, int]:
+    """`layer` in the graph being traced (a list kept from another trace is not read)."""
+    return id(layer), id(tf.compat.v1.get_default_graph())
+
+
 def _own_replica_losses(layer) -> list:
     """`layer`'s losses added in this thread's replica function."""
     by_layer = getattr(_replica_losses, "by_layer", None)
     if by_layer is None:
         by_layer = _replica_losses.by_layer = {}
-    return by_layer.setdefault(id(layer), [])
+    return by_layer.setdefault(_replica_loss_key(layer), [])
 
 
 def _patch_batch_norm_statistics() -> None:
@@ -851,7 +856,7 @@ def _patch_batch_norm_statistics() -> None:
     def clear_losses_per_replica(self):
         by_layer = getattr(_replica_losses, "by_layer", None)
         if by_layer:
-            by_layer.pop(id(self), None)
+            by_layer.pop(_replica_loss_key(self), None)
         clear_losses(self)
 
     layer_class.add_loss = add_loss_per_replica
