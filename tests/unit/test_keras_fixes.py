@@ -164,17 +164,22 @@ def test_the_fixed_build_reads_no_batch_where_the_shapes_are_known():
     assert unknown.get_weights()[0].shape == fixed.get_weights()[0].shape == (5, 2)
 
 
-def test_fix_keeps_the_losses_added_in_each_replicas_call_its_own():
+def test_fix_keeps_the_losses_added_in_each_replicas_call_its_own(monkeypatch):
     # With the fix, BatchNormalization's statistics are assigned by a merge_call in
     # the forward, where the replicas take turns: the losses a call adds stay its
     # replica's (tests/integration/test_keras_fixes.py shows them mixed upstream):
-    # a loss of 1.0 added in a call is 1.0 on 2 replicas, as on one device.
+    # a loss of 1.0 added in a call is 1.0 on 2 replicas, as on one device; and
+    # still after the fixes are installed again (each loss counted once).
     import tfmulti
+    from tfmulti.runtime import keras_fixes
     from tests.workers import keras_upstream
 
     strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
     assert BATCH_NORM_STATISTICS in tfmulti.apply_keras_fixes(strategy)
     one_device = keras_upstream.added_loss_runs(None)
+    assert keras_upstream.added_loss_runs(strategy) == pytest.approx(one_device, abs=1e-5)
+    monkeypatch.setattr(keras_fixes, "_applied", set())
+    assert BATCH_NORM_STATISTICS in tfmulti.apply_keras_fixes(strategy)
     assert keras_upstream.added_loss_runs(strategy) == pytest.approx(one_device, abs=1e-5)
 
 

@@ -830,6 +830,8 @@ def _patch_batch_norm_statistics() -> None:
     batch_normalization.BatchNormalization.add_weight = add_weight
 
     layer_class = keras.layers.Layer
+    if getattr(layer_class._clear_losses, "_tfmulti_per_replica", False):  # pylint: disable=protected-access
+        return  # (wrapped already: a test reinstalling the fixes)
     add_loss, get_own_losses, clear_losses = (
         layer_class.add_loss, layer_class._get_own_losses,  # pylint: disable=protected-access
         layer_class._clear_losses)  # pylint: disable=protected-access
@@ -859,6 +861,8 @@ def _patch_batch_norm_statistics() -> None:
             by_layer.pop(_replica_loss_key(self), None)
         clear_losses(self)
 
+    for wrapper in (add_loss_per_replica, get_own_losses_per_replica, clear_losses_per_replica):
+        wrapper._tfmulti_per_replica = True  # pylint: disable=protected-access
     layer_class.add_loss = add_loss_per_replica
     layer_class._get_own_losses = get_own_losses_per_replica  # pylint: disable=protected-access
     layer_class._clear_losses = clear_losses_per_replica  # pylint: disable=protected-access
