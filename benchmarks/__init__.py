@@ -46,6 +46,8 @@ explains its method and figures):
              same work, interleaved in one process
   streaming  an input pipeline and a training step of equal cost on a core
              each, overlapped by prefetch-to-device
+  input_service  an input-bound job on one core: its input in-process vs
+             from a tf.data service worker on the other core
   own        the user's own model and data functions vs the built-in MLP
              (`fit`, same network), and TFRecord files read by 2 pinned
              workers sharding by files vs by examples
@@ -83,14 +85,14 @@ from collections.abc import Mapping, Sequence
 
 from tfmulti.utils import checks
 from tfmulti.utils.atomic import write_json_atomic
-from benchmarks import (_harness, baseline, memory, overhead, own, pipeline, scaling, streaming,
-                        tensor)
+from benchmarks import (_harness, baseline, input_service, memory, overhead, own, pipeline,
+                        scaling, streaming, tensor)
 
 __all__ = ["SUITES", "run_benchmark", "run_suite"]
 
 SUITES = {"scaling": scaling, "pipeline": pipeline, "baseline": baseline,
-          "overhead": overhead, "streaming": streaming, "own": own, "tensor": tensor,
-          "memory": memory}
+          "overhead": overhead, "streaming": streaming, "input_service": input_service,
+          "own": own, "tensor": tensor, "memory": memory}
 """Suite name -> its module, in the order `all` runs them."""
 
 

@@ -21,10 +21,12 @@ import sys
 import tempfile
 import time
 
+from tfmulti.utils import checks
+
 __all__ = ["REPO_ROOT", "TOY_DEVICES", "TOY_ENV", "ceiling_seconds", "close_shared_worker",
            "first_examples", "fmt", "launch_pinned", "machine_worker", "plot_results",
-           "plot_step_seconds", "report", "run_worker", "run_workers", "set_threads", "summary",
-           "toy", "toy_sized", "worker_env"]
+           "plot_step_seconds", "report", "run_sized_worker", "run_worker", "run_workers",
+           "set_threads", "summary", "toy", "toy_sized", "worker_env"]
 
 WORKER_MODULE = "benchmarks.worker"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -210,6 +212,17 @@ def run_worker(kind: str, timeout: float = 900, **config) -> dict:
         raise RuntimeError(f"benchmark worker {kind} {config} failed ({result.returncode}):\n"
                            f"{result.stderr[-3000:]}")
     return json.loads(lines[-1])
+
+
+def run_sized_worker(kind: str, repeats: int, real: dict,
+                     toy_values: dict) -> tuple[dict, float, dict]:
+    """A one-worker suite's run: `repeats` checked, worker `kind` run at the
+    settings of its size (`toy_sized`); (the settings, the start time for
+    `report`, the worker's result)."""
+    checks.positive_int("repeats", repeats)
+    settings = toy_sized(real, toy_values)
+    start = time.monotonic()
+    return settings, start, run_worker(kind, repeats=repeats, **settings)
 
 
 def run_workers(calls: list[tuple[str, dict]], timeout: float = 900) -> list[dict]:

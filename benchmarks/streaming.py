@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 
-from tfmulti.utils import checks
 from benchmarks import _harness, cpus
 from tfmulti.config.train_config import TrainConfig
 
@@ -152,10 +150,7 @@ def check() -> None:
 
 def run(repeats: int) -> dict:
     """Runs the suite; returns its JSON record."""
-    checks.positive_int("repeats", repeats)
-    settings = _harness.toy_sized(SETTINGS, TOY)
-    start = time.monotonic()
-    r = _harness.run_worker("streaming", repeats=repeats, **settings)
+    settings, start, r = _harness.run_sized_worker("streaming", repeats, SETTINGS, TOY)
     # 2 busy single-threaded processes on the 2 cores vs 1: each runs at
     # ceiling / 2 of its speed alone, so together / max >= 2 / ceiling. Measured
     # twice (once at toy size, where the figure means nothing).

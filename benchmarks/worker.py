@@ -34,6 +34,7 @@ WORKERS = {
     "tfmulti": "benchmarks.baseline:tfmulti_worker",
     "overhead": "benchmarks.overhead:worker",
     "streaming": "benchmarks.streaming:worker",
+    "input_service": "benchmarks.input_service:worker",
     "devices": "benchmarks.devices:worker",
     "tensor": "benchmarks.tensor:tensor_worker",
     "tensor_pipeline": "benchmarks.tensor:pipeline_worker",

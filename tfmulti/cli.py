@@ -18,7 +18,9 @@
     tfmulti launch --num_workers N [--oversubscribe] [--pin_cpus] [--port P]
                    [--startup_timeout S] [--no_isolate] [--grace_period S] [--max_restarts K]
                    [--hosts HOST[:N],... --host_rank R | --hosts slurm] [--secret_file PATH]
-                   [--gpus_per_worker K] -- COMMAND ...
+                   [--gpus_per_worker K] [--data_service N] -- COMMAND ...
+    tfmulti data-service [--workers N] [--cpus LIST] [--port P] [--host HOST]
+                         [--dispatcher HOST:PORT] [--import MODULE]
     tfmulti diagnose [--config FILE] [training flags] [--no_prefetch] [--no_cache]
                      [--seconds S] [--no_measure] [--profile_dir DIR] [--plot FILE.png]
                      [--json]
@@ -43,8 +45,10 @@ import zipfile
 
 from tfmulti import __version__
 from tfmulti.config import flags as config_flags
-from tfmulti.config.train_config import (MAX_COUNT, MAX_DEVICES, check_directory, check_limits,
-                                         check_posix_path, validate_for_diagnose)
+from tfmulti.config.train_config import (DATA_SERVICE_ENV, MAX_COUNT, MAX_DEVICES,
+                                         check_directory, check_limits,
+                                         check_posix_path, data_service_target,
+                                         validate_for_diagnose)
 from tfmulti.memory.arguments import config_arguments
 from tfmulti.cluster import exit_codes, tf_config
 from tfmulti.utils import checks, deferred_imports, quiet
@@ -155,6 +159,12 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     command = args.worker_command
     if command[:1] == ["--"]:
         command = command[1:]
+    if args.data_service:
+        checks.positive_int("data_service", args.data_service, maximum=MAX_DEVICES,
+                            hint="tf.data service workers per worker")
+        # Each worker starts its own service (in the job's namespace, stopped with it):
+        # `tfmulti train` reads TFMULTI_DATA_SERVICE when --data_service is not given.
+        os.environ[DATA_SERVICE_ENV] = f"local:{args.data_service}"
     return launch(
         command, num_workers=args.num_workers, pin_cpus=args.pin_cpus, port=args.port,
         startup_timeout=args.startup_timeout, isolate=args.isolate,
@@ -221,6 +231,10 @@ def _add_launch_parser(sub) -> None:
     p.add_argument("--gpus_per_worker", type=int, default=0,
                    help="give each local worker its own K GPUs (CUDA_VISIBLE_DEVICES) of "
                         "the GPUs this host has (default 0: every worker sees every GPU)")
+    p.add_argument("--data_service", type=int, default=0, metavar="N",
+                   help="give each worker N tf.data service workers of its own, started "
+                        "with it, that run its training input (tfmulti train reads it: "
+                        "TFMULTI_DATA_SERVICE=local:N); default 0: none")
     p.add_argument("worker_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the worker's command line")
     p.set_defaults(func=_cmd_launch, parser=p)
@@ -256,12 +270,76 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = config_flags.config_from_args(args)
     config.validate()  # before TensorFlow starts: a bad flag fails at once
     chief = tf_config.process_is_chief(config.distribution, config.cluster_resolver)
+    from tfmulti.data.service import ServiceLost
     from tfmulti.training import outputs
     from tfmulti.training.train import train
 
-    metrics = train(config)  # every worker has the metrics; the chief's line says them
+    try:
+        metrics = train(config)  # every worker has the metrics; the chief's line says them
+    except ServiceLost as e:  # not a usage error: a restart resumes from the backup
+        print(f"tfmulti train: error: {e}", file=sys.stderr, flush=True)
+        return 1
     print(outputs.summary_line(metrics) if chief else outputs.OTHER_WORKER_LINE, flush=True)
     return 0
+
+
+def _cmd_data_service(args: argparse.Namespace) -> int:
+    cpus = _cpu_list(args.cpus)
+    checks.positive_int("workers", args.workers, maximum=MAX_DEVICES)
+    if args.port is not None and not 0 < args.port < 65536:
+        raise ValueError(f"`port` must be a TCP port from 1 to 65535, got {args.port}.")
+    if args.dispatcher is not None:
+        data_service_target(args.dispatcher)  # its form, before TensorFlow starts
+        if args.port is not None:
+            raise ValueError("`port` is the dispatcher's, and with --dispatcher this host "
+                             "starts workers only; drop one of them.")
+    from tfmulti.data import service
+
+    return service.serve(args.workers, port=args.port or 0, cpus=cpus, host=args.host,
+                         imports=args.imports, dispatcher=args.dispatcher)
+
+
+def _cpu_list(text: str | None) -> set[int] | None:
+    """--cpus: "1", "2-3" or "1,3", checked against the cores this process may use."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ValueError(f"`cpus` {text!r} is not a list of cores; e.g. 1, 2-3 or 1,3.") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise ValueError(f"`cpus` {text!r}: this process may use cores {sorted(allowed)}; "
+                         "pick among them.")
+    return cpus
+
+
+def _add_data_service_parser(sub) -> None:
+    p = sub.add_parser(
+        "data-service", help="run a tf.data service: input pipelines prepared by other "
+                             "processes or hosts",
+        description="Starts a tf.data service dispatcher and its workers on this host and "
+                    "keeps them until Ctrl-C or SIGTERM (a worker that ends is started "
+                    "anew). Trainers read from it with --data_service=grpc://HOST:PORT (the "
+                    "address it prints): each input pipeline runs in a service worker, the "
+                    "same batches in the same order. With --dispatcher, starts workers only, "
+                    "for another host's dispatcher. The ports are unauthenticated: run it on "
+                    "a private network.")
+    p.add_argument("--workers", type=int, default=1, help="service workers (default 1)")
+    p.add_argument("--cpus", default=None,
+                   help="the cores the workers run on, e.g. 1 or 2-3 (default: all)")
+    p.add_argument("--port", type=int, default=None,
+                   help="the dispatcher's port (default: a free one)")
+    p.add_argument("--host", default="localhost",
+                   help="this host's name as trainers reach it (default localhost)")
+    p.add_argument("--dispatcher", default=None,
+                   help="start workers only, for the dispatcher at HOST:PORT")
+    p.add_argument("--import", dest="imports", action="append", default=[],
+                   help="a module each worker imports first (custom ops); repeatable")
+    p.set_defaults(func=_cmd_data_service, parser=p)
 
 
 def _add_train_parser(sub) -> None:
@@ -396,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.set_defaults(func=_cmd_prepare_data, parser=prep)
     _add_estimate_memory_parser(sub)
     _add_launch_parser(sub)
+    _add_data_service_parser(sub)
     _add_diagnose_parser(sub)
     _add_export_parser(sub)
     return parser

@@ -56,6 +56,11 @@ def test_every_suite_runs_end_to_end(tmp_path):
         # pipeline and tensor suites' workers: each configuration once per repeat).
         for name, times in record["suites"][suite].get("step_seconds_per_repeat", {}).items():
             assert len(times) == 1 and min(times) > 0, (suite, name, times)
+    # The input service suite: both ways timed, through a service worker of its own.
+    served = record["suites"]["input_service"]
+    assert min(served["service_seconds_per_step"]) > 0, served
+    assert min(served["in_process_seconds_per_step"]) > 0 and served["map_rounds"] >= 1
+    assert served["ceiling"]["median"] >= 1.0, served
     rates = record["suites"]["pipeline"]["matmul_gflops_by_rows"]
     assert rates and min(rates.values()) > 0
     # The pipeline's memory: measured by TensorFlow's allocator where it keeps a count

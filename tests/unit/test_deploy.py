@@ -228,3 +228,27 @@ def test_the_gpu_image_installs_the_readmes_gpu_line_then_tfmulti():
 def test_the_build_line_in_each_dockerfile_names_it(dockerfile):
     text = (DEPLOY / "docker" / dockerfile).read_text()
     assert f"docker build -f deploy/docker/{dockerfile} " in text
+
+
+def test_the_data_service_beside_the_tfjob_parses_and_admits_the_jobs_pods_only():
+    """deploy/k8s/data-service.yaml: its command is `tfmulti data-service` with flags
+    the CLI takes, on the port its Service exposes; the NetworkPolicy admits the
+    TFJob's pods (the training operator's job-name label) and nothing else."""
+    from tfmulti import cli
+
+    deployment, service, policy = manifest("data-service.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["sh", "-c"]
+    words = shlex.split(container["args"][0].replace('"$POD_IP"', "10.0.0.7"))
+    assert words[:3] == ["exec", "tfmulti", "data-service"], words
+    args = cli.build_parser().parse_args(words[2:])
+    assert args.func.__name__ == "_cmd_data_service" and args.host == "10.0.0.7"
+    assert [p["port"] for p in service["spec"]["ports"]] == [args.port]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
+    (tfjob,) = manifest("tfjob.yaml")
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {
+        "training.kubeflow.org/job-name": tfjob["metadata"]["name"]}}}]
+    assert args.workers == sum(spec["replicas"]
+                               for spec in tfjob["spec"]["tfReplicaSpecs"].values())

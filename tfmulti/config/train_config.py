@@ -36,11 +36,12 @@ from tfmulti.config import keras_forms
 from tfmulti.utils import checks
 from tfmulti.utils import human
 
-__all__ = ["AUTO_STEPS_PER_EXECUTION", "BUILTIN_MODELS", "COUNT_LIMITS", "DEFAULT_LEARNING_RATE",
+__all__ = ["AUTO_STEPS_PER_EXECUTION", "BUILTIN_MODELS", "COUNT_LIMITS", "DATA_SERVICE_ENV",
+           "DEFAULT_LEARNING_RATE",
            "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "HOOK_PATTERN", "MAX_COUNT", "MAX_DEVICES", "MAX_SEED",
            "MAX_SYNTHETIC_EXAMPLES", "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS",
            "TRANSFORMER", "TRANSFORMER_LIMITS", "TrainConfig", "check_directory", "check_limits",
-           "check_posix_path", "check_transformer_sizes", "is_hook", "largest_divisor",
+           "check_posix_path", "check_transformer_sizes", "data_service_target", "is_hook", "largest_divisor",
            "parse_profile_steps", "parse_steps_per_execution", "resolve_steps_per_execution",
            "validate_for_diagnose"]
 
@@ -113,6 +114,38 @@ def _field(default: Any, help: str, **metadata) -> Any:  # noqa: A002  (the flag
 def largest_divisor(n: int, limit: int) -> int:
     """The largest divisor of `n` that is at most `limit` (n, limit >= 1)."""
     return max(d for d in range(1, min(limit, n) + 1) if n % d == 0)
+
+
+DATA_SERVICE_ENV = "TFMULTI_DATA_SERVICE"
+"""The environment variable that gives `data_service` when it is unset."""
+
+
+def data_service_target(value) -> str:
+    """`data_service` checked: "local:N" for a service started with the run,
+    else the dispatcher's address as grpc://HOST:PORT.
+
+    Raises:
+        ValueError: naming the value and the forms accepted.
+    """
+    text = value.strip() if isinstance(value, str) else value
+    forms = ("use local, local:N (N service workers started with the run) or a dispatcher's "
+             "address, grpc://HOST:PORT (tfmulti data-service prints it)")
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"`data_service` must be text, got {value!r}; {forms}.")
+    if text == "local" or text.startswith("local:"):
+        count = text.partition(":")[2] or "1"
+        if not count.isdigit() or not 1 <= int(count) <= MAX_DEVICES:
+            raise ValueError(f"`data_service` {value!r}: N in local:N must be a number of "
+                             f"service workers from 1 to {MAX_DEVICES}; e.g. local:2.")
+        return f"local:{int(count)}"
+    address = text.partition("://")[2] if "://" in text else text
+    if "://" in text and not text.startswith("grpc://"):
+        raise ValueError(f"`data_service` {value!r}: the tf.data service speaks grpc; "
+                         f"{forms}.")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in address:
+        raise ValueError(f"`data_service` {value!r} is not an address; {forms}.")
+    return f"grpc://{host}:{int(port)}"
 
 
 def check_transformer_sizes(*, seq_len: int, d_model: int, num_heads: int, num_layers: int,
@@ -352,6 +385,17 @@ class TrainConfig:
     cluster_resolver: str = _field(
         "auto", "Where multi_worker finds its cluster: auto (TF_CONFIG when set, else SLURM "
         "under srun with 2 or more tasks), tf_config or slurm.", choices=CLUSTER_RESOLVERS)
+    data_service: str | None = _field(
+        None, "Read the training batches from a tf.data service, whose workers run the input "
+        "pipeline (reading, maps, batching) in other processes: local (one service worker on "
+        "this host, started and stopped with the run), local:N (N of them), or the address "
+        "of a service started by tfmulti data-service (grpc://HOST:PORT). The batches and "
+        "their order are those of the run without it. Default: the TFMULTI_DATA_SERVICE "
+        "environment variable (tfmulti launch --data_service sets it), else none.")
+    data_service_timeout: float = _field(
+        300.0, "Seconds a training step may wait for its batch from the tf.data service "
+        "before the run stops with a message (a lost service worker); the first step, which "
+        "also builds the model, 4 times as long.")
     num_stages: int = _field(2, "Pipeline stages per replica (pipeline, hybrid).")
     num_microbatches: int = _field(4, "Micro-batches per replica batch (pipeline, hybrid).")
     num_replicas: int = _field(2, "Data-parallel pipelines (hybrid).")
@@ -484,6 +528,9 @@ class TrainConfig:
             raise ValueError(
                 "zero_stage=3 does not take mixed_precision='float16' (its loss scaling checks "
                 "the gradients whole); use mixed_precision='bfloat16', or zero_stage=2.")
+        if self.data_service is not None:
+            data_service_target(self.data_service)
+        c.positive_number("data_service_timeout", self.data_service_timeout)
         _check_hook("model", self.model, tuple(BUILTIN_MODELS))
         _check_hook("dataset", self.dataset, None)
         self._check_keras_forms()

@@ -63,7 +63,8 @@ import tensorflow as tf
 from tfmulti.utils import checks
 from tfmulti.utils import human
 from tfmulti.runtime import roles
-from tfmulti.config.train_config import SHARDINGS
+from tfmulti.config.train_config import SHARDINGS, data_service_target
+from tfmulti.data import service
 from tfmulti.data.loaders import LoaderSource, as_source, is_loader
 from tfmulti.data.sources import FileSource, as_dataset
 
@@ -170,6 +171,7 @@ def input_pipeline(
     input_threads: int | None = None,
     sharding: str = "examples",
     epoch_steps: int | None = None,
+    data_service: str | None = None,
 ) -> tf.data.Dataset:
     """One input pipeline's per-replica batches (see `distribute`).
 
@@ -181,7 +183,9 @@ def input_pipeline(
     of each) or by "files" (every pipeline reads its own files and batches its
     share of each step from them). `epoch_steps`: the global steps of one
     pass, for data of unknown size (each pass is cut to it, so every worker
-    runs the same steps).
+    runs the same steps). `data_service`: a tf.data service's address; the
+    pipeline (training only) runs there (`tfmulti.data.service`), the prefetch
+    here.
     """
     pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
     share = global_batch_size // pipelines
@@ -252,7 +256,8 @@ def input_pipeline(
             return split(out)
 
         dataset = tf.data.Dataset.range(1).flat_map(one_iteration)
-        if repeat:
+        if repeat and data_service is None:  # (the service's reader says it: a service
+            # worker without the pipeline's one split serves nothing, and must not fail)
             # flat_map hides that the data repeats; said explicitly, a
             # distributed iterator's get_next_as_optional (Keras' multi-step
             # loop) skips its per-step partial-batch handling.
@@ -275,6 +280,8 @@ def input_pipeline(
         options.threading.private_threadpool_size = input_threads
         options.threading.max_intra_op_parallelism = 1
     dataset = dataset.with_options(options)
+    if data_service is not None and training:
+        dataset = service.through_service(dataset, data_service, infinite=repeat)
     return dataset.prefetch(tf.data.AUTOTUNE) if prefetch else dataset
 
 
@@ -402,6 +409,7 @@ def distribute(
     label: str | None = None,
     sharding: str = "auto",
     steps_per_epoch: int | None = None,
+    data_service: str | None = None,
 ) -> DistributedInput:
     """Batches, shards and streams a dataset to the replicas of `strategy`.
 
@@ -461,6 +469,11 @@ def distribute(
         steps_per_epoch: for data of unknown size only: the global steps of
             one pass (each pass is cut to it); default: counted once by
             reading the data.
+        data_service: training only: the address of a tf.data service
+            (grpc://HOST:PORT; `tfmulti data-service`, or
+            `tfmulti.data.service.LocalService(...).target`) whose workers run
+            each input pipeline, the same batches in the same order
+            (`tfmulti.data.service`); the prefetch to the devices stays here.
 
     Returns:
         A `DistributedInput`.
@@ -482,6 +495,14 @@ def distribute(
     checks.positive_int("shuffle_buffer", shuffle_buffer, none_ok=True,
                          hint="a number of examples")
     checks.positive_int("steps_per_epoch", steps_per_epoch, none_ok=True)
+    if data_service is not None:
+        if not training:
+            raise ValueError("`data_service` serves training input; evaluate without it.")
+        data_service = data_service_target(data_service)
+        if data_service.startswith("local"):
+            raise ValueError(f"`data_service` {data_service!r}: distribute takes a running "
+                             "service's address; start one with tfmulti.data.service."
+                             "LocalService(...) and pass its target.")
     role = roles.cluster_role(strategy)
     if is_loader(dataset):
         dataset = as_source(dataset, role=role)
@@ -548,7 +569,8 @@ def distribute(
             source, ctx, global_batch_size, training=training, seed=seed,
             shuffle_buffer=shuffle_buffer, cache=cache, map_fn=map_fn, repeat=repeat,
             batch_map_fn=batch_map_fn, prefetch=prefetch, input_threads=input_threads,
-            skip_steps=skip_steps, sharding=sharding, epoch_steps=epoch_steps)
+            skip_steps=skip_steps, sharding=sharding, epoch_steps=epoch_steps,
+            data_service=data_service)
 
     dist = strategy.distribute_datasets_from_function(
         input_fn,

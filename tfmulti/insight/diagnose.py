@@ -24,6 +24,7 @@ import platform
 import statistics
 import time
 
+from tfmulti.data import service as data_service
 from tfmulti.data.loaders import LoaderSource
 from tfmulti.utils import checks
 from tfmulti.utils import human
@@ -478,6 +479,7 @@ class _Diagnoser:
                 cache=True)
         if d.bottleneck == "input":
             self.advise_input(d, advice, measure)
+            self.advise_service(d, add, measure)
         if self.on_gpu and d.bottleneck == "compute" and not c.jit_compile:
             add("compile the step with XLA", {"jit_compile": True},
                 "fuses the step's ops into fewer, larger kernels", batch, per_call,
@@ -528,12 +530,40 @@ class _Diagnoser:
                    "GIL (decoding, augmentation in NumPy or PIL), or vectorized work per batch")
         else:
             how = ("a cheaper or vectorized map (batch first, then map), more cores for tf.data, "
-                   "or tf.data service")
+                   "or a tf.data service worker (--data_service, below)")
         advice.append(Advice(
             "more input parallelism", {}, ceiling, False,
             f"the input needs {t.input_s * 1e3:.2f} ms per step and the step "
             f"{t.compute_s * 1e3:.2f} ms: hiding the input entirely gains at most this",
             how=how))
+
+
+    def advise_service(self, d: Diagnosis, add, measure: bool) -> None:
+        """An input-bound step: the input run by a tf.data service worker on
+        this host, measured through one started here (an input that runs
+        Python, which a service worker cannot, gets a note instead)."""
+        if self.first.data_service is not None:
+            return
+        change, settings = "run the input in a tf.data service worker", {"data_service": "local"}
+        detail = ("the input pipeline runs in a process of its own (on this host's cores, or "
+                  "other hosts' with tfmulti data-service), the same batches in the same "
+                  "order; it pays where cores are idle while the step runs")
+        if not measure:
+            add(change, settings, detail + " (not for input that runs Python code)",
+                d.global_batch_size, d.steps_per_execution)
+            return
+        # On the cores this process may not use (`taskset -c 0 tfmulti diagnose`: the
+        # trainer on core 0, the service on the others), else on its own cores.
+        spare = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
+        where = (f"CPUs {sorted(spare)}, which the trainer does not use" if spare
+                 else "the trainer's cores")
+        self.say(f"  starting a tf.data service worker on {where}")
+        try:
+            with data_service.LocalService(1, cpus=spare or None) as service:
+                add(change, settings, f"{detail} (measured with a worker on {where})",
+                    d.global_batch_size, d.steps_per_execution, data_service=service.target)
+        except ValueError as e:  # the input runs Python code
+            d.notes.append(f"not tried: a tf.data service worker (--data_service): {e}")
 
 
 def profile_fit(model, dist, profile_dir: str, steps: int | None = None) -> None:

@@ -35,11 +35,37 @@ import tensorflow as tf
 from tfmulti.cluster import exit_codes
 from tfmulti.training import backup as backup_lib
 
-__all__ = ["EpochTimer", "NON_FINITE_LOSS", "NonFiniteLoss", "ProfileSteps",
+__all__ = ["EpochTimer", "WatchService", "NON_FINITE_LOSS", "NonFiniteLoss", "ProfileSteps",
            "StopOnNonFiniteLoss", "check_loss"]
 
 NON_FINITE_LOSS = exit_codes.NON_FINITE_LOSS
 """The exit code of a run stopped by a NaN or infinite training loss (65)."""
+
+
+class WatchService(keras.callbacks.Callback):
+    """Stops the process when a training step waits longer than its timeout
+    for its batch from the tf.data service (`tfmulti.data.service.ServiceWatch`)."""
+
+    def __init__(self, address: str, timeout_s: float):
+        super().__init__()
+        self.address, self.timeout_s = address, timeout_s
+        self._watch = None
+
+    def on_train_begin(self, logs=None):
+        from tfmulti.data.service import ServiceWatch  # pylint: disable=import-outside-toplevel
+
+        self._watch = ServiceWatch(self.address, self.timeout_s).start()
+
+    def _progress(self, *_, **__):
+        if self._watch is not None:
+            self._watch.progress()
+
+    on_train_batch_end = on_test_batch_end = on_epoch_end = on_test_end = _progress
+
+    def on_train_end(self, logs=None):
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
 
 
 class EpochTimer(keras.callbacks.Callback):

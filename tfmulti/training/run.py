@@ -29,7 +29,7 @@ from tfmulti.config import keras_forms
 from tfmulti.config import train_config as config_lib
 from tfmulti.config import user_functions as hooks
 from tfmulti.config.train_config import TrainConfig, resolve_steps_per_execution
-from tfmulti.data import weights
+from tfmulti.data import service, weights
 from tfmulti.data.checks import check_model_fits, one_hot_width
 from tfmulti.data.from_config import RunData, load_data
 from tfmulti.data.sources import FileSource
@@ -68,6 +68,8 @@ class Run:
             is; None without one.
         preprocess: the model's own preparation of a batch, mapped over every
             input's batches (`tfmulti.models.own_fit`); None for most models.
+        data_service: the tf.data service's address the training input is
+            read from (`tfmulti.data.service`), else None.
     """
 
     config: TrainConfig
@@ -82,6 +84,7 @@ class Run:
     model: keras.Model
     validation_input: data.DistributedInput | None = None
     preprocess: Callable | None = None
+    data_service: str | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -106,7 +109,7 @@ class Run:
         return data.distribute(
             self.train_data, self.strategy, self.examples_per_step, training=True,
             seed=c.seed, skip_steps=step, sharding=self.train_input.sharding,
-            batch_map_fn=self.preprocess,
+            batch_map_fn=self.preprocess, data_service=self.data_service,
             steps_per_epoch=(self.train_input.steps_per_epoch
                              if self.train_input.num_examples is None else None)).dataset
 
@@ -190,6 +193,10 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
     options = dict(input_options or {})
     options["batch_map_fn"] = _then(preprocess, options.get("batch_map_fn"))
     examples_per_step = config.global_batch_size * config.accumulate_steps
+    if "data_service" not in options:
+        options["data_service"], line = service.resolve(config.data_service)
+        if line:
+            print(f"tfmulti: {line}", flush=True)
     train_input = data.distribute(
         run_data.train, strategy, examples_per_step, training=True, seed=config.seed,
         sharding=config.input_sharding, **options,
@@ -213,7 +220,7 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
         check_model_fits(run_data, model, output_shape=output)
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
                test_input, steps_per_epoch, steps_per_execution, model,
-               validation_input, preprocess)
+               validation_input, preprocess, options["data_service"])
 
 
 def _shard(model, strategy, stage: int) -> None:

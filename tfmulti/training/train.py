@@ -38,6 +38,7 @@ from tfmulti.config import user_functions as hooks
 from tfmulti.config.train_config import TrainConfig, parse_profile_steps
 from tfmulti.data import checks as data_checks
 from tfmulti.data import loaders
+from tfmulti.data import service as data_service
 from tfmulti.data.from_config import dataset_metrics
 from tfmulti.memory import estimate as memory
 from tfmulti.memory import footprint
@@ -48,7 +49,8 @@ from tfmulti.runtime import roles
 from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.training import backup, compiling, outputs
 from tfmulti.training import run as runs
-from tfmulti.training.callbacks import EpochTimer, ProfileSteps, StopOnNonFiniteLoss
+from tfmulti.training.callbacks import (EpochTimer, ProfileSteps, StopOnNonFiniteLoss,
+                                        WatchService)
 from tfmulti.training.outputs import MODEL_FILES, OUTPUTS
 from tfmulti.utils.atomic import write_json_atomic
 from tfmulti.utils.failpoints import failpoint
@@ -288,6 +290,7 @@ def train(config: TrainConfig, callbacks=()) -> dict:
             return _train(config, run, role, callbacks)
     finally:
         loaders.close_pools()  # a PyDataset's worker processes end with the run
+        data_service.stop_local()  # and a tf.data service started with it
 
 
 def _check_profile_steps(config: TrainConfig, run: runs.Run) -> None:
@@ -360,6 +363,8 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     timer = EpochTimer()
     # A NaN or infinite loss stops the run before any callback saves from it.
     all_callbacks = [timer, StopOnNonFiniteLoss(config.backup_dir), *callbacks]
+    if run.data_service:  # a lost service worker stops the run, never hangs it
+        all_callbacks.append(WatchService(run.data_service, config.data_service_timeout))
     logs = writes and config.tensorboard
     if logs:
         # Published with the other outputs at the end (the old ones stay until then).
@@ -519,6 +524,13 @@ def _damaged_data_named(run: runs.Run):
         yield
     except tf.errors.DataLossError as e:
         raise data_checks.data_loss_error(e, run.train_data, run.test_data) from None
+    except tf.errors.OpError as e:
+        if run.data_service and data_service.is_service_end(e):
+            raise data_service.ServiceLost(
+                f"the tf.data service at {run.data_service} stopped serving the training "
+                "input mid-run (a service worker was lost); a run with --backup_dir resumes "
+                "from its backup (tfmulti launch --max_restarts restarts it).") from None
+        raise
 
 
 def _peak_memory() -> dict[str, int]:
