@@ -57,6 +57,8 @@ explains its method and figures):
              memory (from outside) and step time by zero_stage, and a
              per-worker memory cap under which stage 0 dies and a sharded
              stage trains
+  embeddings a two-tower model's two 1M-row tables: SGD, Adam's dense update
+             and lazy Adam (sparse_updates='lazy'), examples/s on one device
 
 Each suite module has `run(repeats, **options) -> dict` (its JSON record),
 `check(**options)` (the same options, checked before anything runs),
@@ -85,14 +87,14 @@ from collections.abc import Mapping, Sequence
 
 from tfmulti.utils import checks
 from tfmulti.utils.atomic import write_json_atomic
-from benchmarks import (_harness, baseline, input_service, memory, overhead, own, pipeline,
-                        scaling, streaming, tensor)
+from benchmarks import (_harness, baseline, embeddings, input_service, memory, overhead, own,
+                        pipeline, scaling, streaming, tensor)
 
 __all__ = ["SUITES", "run_benchmark", "run_suite"]
 
 SUITES = {"scaling": scaling, "pipeline": pipeline, "baseline": baseline,
           "overhead": overhead, "streaming": streaming, "input_service": input_service,
-          "own": own, "tensor": tensor, "memory": memory}
+          "own": own, "tensor": tensor, "memory": memory, "embeddings": embeddings}
 """Suite name -> its module, in the order `all` runs them."""
 
 

@@ -35,6 +35,7 @@ WORKERS = {
     "overhead": "benchmarks.overhead:worker",
     "streaming": "benchmarks.streaming:worker",
     "input_service": "benchmarks.input_service:worker",
+    "embeddings": "benchmarks.embeddings:worker",
     "devices": "benchmarks.devices:worker",
     "tensor": "benchmarks.tensor:tensor_worker",
     "tensor_pipeline": "benchmarks.tensor:pipeline_worker",

@@ -35,7 +35,7 @@ two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
 
 def test_suites_registry_lists_every_suite_module_in_order():
     assert list(bench.SUITES) == ["scaling", "pipeline", "baseline", "overhead", "streaming",
-                                  "input_service", "own", "tensor", "memory"]
+                                  "input_service", "own", "tensor", "memory", "embeddings"]
     for name, module in bench.SUITES.items():
         assert module.__name__ == f"benchmarks.{name}"
         for attribute in ("run", "check", "summarize", "plot"):

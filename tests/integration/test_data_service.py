@@ -82,6 +82,22 @@ def test_input_that_runs_python_is_refused_before_it_reaches_a_service():
             service.through_service(dataset, "grpc://localhost:1")  # never connected
 
 
+def test_the_served_inputs_end_is_recognized_by_tensorflows_own_message():
+    """A repeating pipeline whose service stops serving ends early; the run
+    names the service (`tfmulti.data.service.ServiceLost`) by the error that
+    `through_service`'s cardinality check raises, whose words are TensorFlow's."""
+    import tensorflow as tf
+
+    from tfmulti.data import service
+
+    ended = tf.data.Dataset.range(2).apply(
+        tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    with pytest.raises(tf.errors.OpError) as error:
+        list(ended)
+    assert service.is_service_end(error.value)
+    assert not service.is_service_end(tf.errors.InvalidArgumentError(None, None, "other"))
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--cpus=4096"], "--cpus '4096': this process may use cores"),
     (["--cpus=a"], "is not a list of cores"),
@@ -160,7 +176,7 @@ def _service_workers_of(marker: Path) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError, ValueError, IndexError):
-            if entry.name.isdigit() and b"tfmulti.cluster.data_service_worker" in \
+            if entry.name.isdigit() and b"tfmulti.data.service_worker" in \
                     (entry / "cmdline").read_bytes():
                 parent = (entry / "stat").read_text().rpartition(")")[2].split()[1]
                 if str(marker).encode() in Path(f"/proc/{parent}/cmdline").read_bytes():

@@ -117,3 +117,22 @@ def test_cli_diagnose_json(tmp_path):
     assert "diagnose [1/4]" in result.stderr  # progress goes to stderr
     assert plot.stat().st_size > 0
     assert list(trace.rglob("*.xplane.pb"))
+
+
+@pytest.mark.slow  # trains for seconds
+def test_diagnose_measures_lazy_updates_for_a_model_of_large_tables(monkeypatch):
+    """The two-tower model of the embeddings benchmark with Adam: diagnose names
+    its tables (of 50,000 rows here: the threshold lowered to keep the test
+    short) and measures sparse_updates='lazy' against the dense update."""
+    monkeypatch.setenv("TFMULTI_BENCH_EMBEDDING_ROWS", "50000")
+    monkeypatch.setattr(diagnose, "LARGE_TABLE_ROWS", 50_000)
+    d = diagnose.diagnose(
+        TrainConfig(model="benchmarks.embeddings:two_tower_model",
+                    dataset="benchmarks.embeddings:two_tower_data", num_examples=2048,
+                    optimizer="adam", global_batch_size=256, steps_per_execution=8),
+        seconds=0.2)
+    lazy = [a for a in d.advice if a.settings == {"sparse_updates": "lazy"}]
+    assert lazy, d.format()
+    assert lazy[0].measured and lazy[0].expected_gain >= diagnose.MIN_GAIN, d.format()
+    assert "user_table (50,000 x 32), item_table (50,000 x 32)" in lazy[0].detail
+    assert lazy[0].flags == "--sparse_updates=lazy"

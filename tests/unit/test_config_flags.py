@@ -38,7 +38,7 @@ SAMPLE = TrainConfig(
     weighted_metrics={"priority": ("auc",), "department": ("accuracy", "mae")},
     loss_weights={"priority": 1.0, "department": 0.2}, class_weight={0: 1.0, 1: 25.0},
     task="regression", accumulate_steps=2, zero_stage=2, input_sharding="files",
-    data_service="grpc://node1:5050", data_service_timeout=60.0,
+    data_service="grpc://node1:5050", data_service_timeout=60.0, sparse_updates="lazy",
     cluster_resolver="slurm",
     overwrite=True, seed=7, steps_per_execution=4, num_stages=3,
     num_microbatches=2, num_replicas=4, partition="flops", remat=True, tensor_parallel=2,

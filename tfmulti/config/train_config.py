@@ -40,6 +40,7 @@ __all__ = ["AUTO_STEPS_PER_EXECUTION", "BUILTIN_MODELS", "COUNT_LIMITS", "DATA_S
            "DEFAULT_LEARNING_RATE",
            "DIAGNOSE_DISTRIBUTIONS", "DISTRIBUTIONS", "HOOK_PATTERN", "MAX_COUNT", "MAX_DEVICES", "MAX_SEED",
            "MAX_SYNTHETIC_EXAMPLES", "MODEL_PARALLEL", "MODEL_TASKS", "OPTIMIZERS", "SHARDINGS",
+           "SPARSE_UPDATES",
            "TRANSFORMER", "TRANSFORMER_LIMITS", "TrainConfig", "check_directory", "check_limits",
            "check_posix_path", "check_transformer_sizes", "data_service_target", "is_hook", "largest_divisor",
            "parse_profile_steps", "parse_steps_per_execution", "resolve_steps_per_execution",
@@ -73,6 +74,8 @@ SHARDINGS = ("auto", "examples", "files", "batches")
 """How several workers split the input (`tfmulti.data.distribute`)."""
 ZERO_STAGES = (0, 1, 2, 3)
 """`zero_stage`'s values (`tfmulti.parallel.zero`)."""
+SPARSE_UPDATES = ("dense", "lazy")
+"""`sparse_updates`' values (`tfmulti.models.sparse_updates`)."""
 CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
 """How a multi-worker strategy finds its cluster (`tfmulti.get_strategy(cluster_resolver=...)`)."""
 PARTITIONS = ("params", "flops", "time")
@@ -368,6 +371,13 @@ class TrainConfig:
         "moments) over the replicas, each holding and updating 1/N of them; 2 also splits the "
         "gradients (reduce-scattered, no replica holds their whole sum); 3 also splits the "
         "parameters (each gathered whole where the step reads it). The same weights as 0.")
+    sparse_updates: str = _field(
+        "dense", "How the optimizer applies an embedding table's gradient, the rows a batch "
+        "touched: dense (Keras' own update; Adam, RMSprop and momentum then move every row "
+        "of the table and its slots every step) or lazy (only the touched rows and their "
+        "slots: Adam, AdamW, SGD, Adagrad, RMSprop; an untouched row keeps its value and "
+        "slots, as TF 1's LazyAdam). Lazy is many times faster on large tables; where "
+        "every row is touched every step it is the dense update.", choices=SPARSE_UPDATES)
     seed: int | None = _field(0, "Seed for the weights and the data order.")
     steps_per_execution: int | str = _field(
         "auto", "Training steps per tf.function call (less per-step overhead): a divisor of "
@@ -524,6 +534,11 @@ class TrainConfig:
                 f"`zero_stage` ({self.zero_stage}) shards the training state over data-parallel "
                 f"replicas: distribution 'mirrored' or 'multi_worker', got "
                 f"{self.distribution!r}; set zero_stage=0 for {self.distribution!r}.")
+        if self.zero_stage and self.sparse_updates == "lazy":
+            raise ValueError(
+                f"`sparse_updates` 'lazy' updates a table's touched rows in its whole slots, "
+                f"and zero_stage={self.zero_stage} splits the slots over the replicas; use "
+                "one of them (sparse_updates='dense', or zero_stage=0).")
         if self.zero_stage == 3 and self.mixed_precision == "float16":
             raise ValueError(
                 "zero_stage=3 does not take mixed_precision='float16' (its loss scaling checks "

@@ -39,7 +39,6 @@ import time
 import tensorflow as tf
 
 from tfmulti.config.train_config import DATA_SERVICE_ENV, data_service_target
-from tfmulti.cluster.data_service_worker import READY
 from tfmulti.utils import human
 
 __all__ = ["DEFAULT_TIMEOUT_S", "LocalService", "PYTHON_OPS", "ServiceLost", "ServiceWatch",
@@ -51,6 +50,8 @@ DEFAULT_TIMEOUT_S = 300.0
 run stops (a worker or the dispatcher lost); the first step, which also traces
 and compiles the model, gets `FIRST_STEP_FACTOR` times as long."""
 FIRST_STEP_FACTOR = 4
+READY = "tfmulti-data-service-worker-ready"
+"""The line a service worker prints once it serves (`tfmulti.data.service_worker`)."""
 PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 """The ops that call back into the trainer's Python interpreter."""
 _START_TIMEOUT_S = 120.0
@@ -71,9 +72,11 @@ _local: dict[int, "LocalService"] = {}
 def local(num_workers: int) -> "LocalService":
     """A service of `num_workers` workers on this host, started on first use
     and kept for the process's later runs (`stop_local` ends them)."""
+    if not _local:
+        atexit.unregister(stop_local)
+        atexit.register(stop_local)
     if num_workers not in _local:
         _local[num_workers] = LocalService(num_workers).start()
-        atexit.register(stop_local)
     return _local[num_workers]
 
 
@@ -164,8 +167,7 @@ def through_service(dataset: tf.data.Dataset, address: str,
 
 def is_service_end(error: BaseException) -> bool:
     """Whether `error` is the served input's end (`through_service`)."""
-    return "expected to contain infinite elements" in str(error) or \
-        "Failed to get element from worker" in str(error)
+    return "expected to contain an infinite number of elements" in str(error)
 
 
 class ServiceWatch:
@@ -268,7 +270,7 @@ class LocalService:
         return self
 
     def _start_worker(self) -> subprocess.Popen:
-        command = [sys.executable, "-m", "tfmulti.cluster.data_service_worker",
+        command = [sys.executable, "-m", "tfmulti.data.service_worker",
                    f"--dispatcher={self._dispatcher_address()}", f"--host={self.host}",
                    f"--parent={os.getpid()}"]
         command += [f"--import={name}" for name in self.imports]

@@ -25,6 +25,8 @@ import statistics
 import time
 
 from tfmulti.data import service as data_service
+from tfmulti.models import sparse_updates
+from tfmulti.parallel import zero
 from tfmulti.data.loaders import LoaderSource
 from tfmulti.utils import checks
 from tfmulti.utils import human
@@ -332,11 +334,12 @@ class _Diagnoser:
         self.on_gpu = any(":GPU:" in d.upper() for d in self.devices)
 
     def build(self, batch: int, steps_per_execution: int, jit_compile: bool | None = None,
-              **pipeline):
+              sparse_updates: str | None = None, **pipeline):
         """(DistributedInput, compiled model) of a variant of the configuration."""
         c = self.config
         variant = c.replace(global_batch_size=batch, steps_per_execution=steps_per_execution,
-                            jit_compile=c.jit_compile if jit_compile is None else jit_compile)
+                            jit_compile=c.jit_compile if jit_compile is None else jit_compile,
+                            sparse_updates=sparse_updates or c.sparse_updates)
         run = runs.build_run(variant, reuse=self.first,
                              input_options={**self.pipeline, **pipeline})
         return run.train_input, run.model
@@ -469,6 +472,14 @@ class _Diagnoser:
                 add("both: larger batch and more steps per call",
                     {"global_batch_size": new_batch, "steps_per_execution": k2},
                     f"the two changes above together ({lr})", new_batch, k2)
+        tables = _large_tables(self.first.model)
+        if tables and c.sparse_updates == "dense" and not c.zero_stage \
+                and sparse_updates.lazy_rule_for(zero.updating(self.first.model.optimizer)):
+            add("update only the table rows a batch touches", {"sparse_updates": "lazy"},
+                f"{_listed_tables(tables)}: the optimizer's dense update writes every row of "
+                "each table and of its slots every step; lazily, only the rows the batch "
+                "touched (rows it did not touch then keep their slots: docs/how-to/"
+                "embeddings.md)", batch, per_call, sparse_updates="lazy")
         if self.pipeline["prefetch"] is False:
             add("prefetch to the devices", {"prefetch": True},
                 "the next batches are prepared and copied to the devices while the step runs "
@@ -564,6 +575,24 @@ class _Diagnoser:
                     d.global_batch_size, d.steps_per_execution, data_service=service.target)
         except ValueError as e:  # the input runs Python code
             d.notes.append(f"not tried: a tf.data service worker (--data_service): {e}")
+
+
+LARGE_TABLE_ROWS = 100_000
+"""An `Embedding` of this many rows or more is a table whose dense update
+`diagnose` measures against the lazy one."""
+
+
+def _large_tables(model) -> list:
+    """The model's `Embedding` layers of `LARGE_TABLE_ROWS` rows or more."""
+    import keras
+
+    layers = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+    return [layer for layer in layers if isinstance(layer, keras.layers.Embedding)
+            and layer.input_dim >= LARGE_TABLE_ROWS]
+
+
+def _listed_tables(tables: list) -> str:
+    return ", ".join(f"{t.name} ({t.input_dim:,} x {t.output_dim})" for t in tables)
 
 
 def profile_fit(model, dist, profile_dir: str, steps: int | None = None) -> None:

@@ -34,7 +34,7 @@ from tfmulti.data.checks import check_model_fits, one_hot_width
 from tfmulti.data.from_config import RunData, load_data
 from tfmulti.data.sources import FileSource
 from tfmulti.models import builders as models
-from tfmulti.models import own_fit
+from tfmulti.models import own_fit, sparse_updates
 from tfmulti.models.from_config import build_model_for, transformer_sizes
 from tfmulti.parallel import zero
 from tfmulti.parallel.layouts import build_parallel_transformer
@@ -213,6 +213,8 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
             task=run_data.task, one_hot_labels=_one_hot_labels(run_data, model, output),
             global_batch_size=examples_per_step, steps_per_epoch=steps_per_epoch,
             steps_per_execution=steps_per_execution)
+    if config.sparse_updates == "lazy":
+        _lazy(model)
     if config.zero_stage and not config.model_parallel:
         _shard(model, strategy, config.zero_stage)
     # labels and inputs the model takes, before the first epoch
@@ -221,6 +223,23 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
     return Run(config, strategy, run_data.train, run_data.test, run_data.info, train_input,
                test_input, steps_per_epoch, steps_per_execution, model,
                validation_input, preprocess, options["data_service"])
+
+
+def _lazy(model) -> None:
+    """The compiled `model`'s optimizer made to update a sparse gradient's rows
+    only (`tfmulti.models.sparse_updates`), said in one line."""
+    optimizer = zero.updating(getattr(model, "optimizer", None))
+    if optimizer is None:
+        raise ValueError("`sparse_updates` 'lazy' changes the model's optimizer, and your model "
+                         "has none (it trains by a train_step of its own); use "
+                         "sparse_updates='dense'.")
+    try:
+        sparse_updates.lazy(optimizer)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+    print(f"tfmulti: sparse_updates=lazy: {type(optimizer).__name__} updates only the rows a "
+          "batch touched of a sparse gradient (an embedding table's), and their slots",
+          flush=True)
 
 
 def _shard(model, strategy, stage: int) -> None:

@@ -1,7 +1,7 @@
 """A tf.data service worker process (`tfmulti.data.service.LocalService`
-starts it; TensorFlow is imported once the cores are set):
+starts it; its cores are set before TensorFlow starts its thread pools):
 
-    python -m tfmulti.cluster.data_service_worker --dispatcher=HOST:PORT [--cpus=1,2]
+    python -m tfmulti.data.service_worker --dispatcher=HOST:PORT [--cpus=1,2]
         [--import=MODULE] [--parent=PID]
 """
 
@@ -14,14 +14,12 @@ import os
 import signal
 import sys
 
-READY = "tfmulti-data-service-worker-ready"
-"""The line a worker prints once it serves."""
 HEARTBEAT_MS = 1000
 _PR_SET_PDEATHSIG = 1
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tfmulti.cluster.data_service_worker")
+    parser = argparse.ArgumentParser(prog="python -m tfmulti.data.service_worker")
     parser.add_argument("--dispatcher", required=True)
     parser.add_argument("--host", default="localhost")
     parser.add_argument("--cpus", default="")
@@ -44,6 +42,8 @@ def main(argv: list[str]) -> int:
             print(f"tfmulti: warning: the service worker cannot run on CPUs {args.cpus} "
                   f"({e}); it runs on {sorted(os.sched_getaffinity(0))}", file=sys.stderr)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from tfmulti.data.service import READY  # pylint: disable=import-outside-toplevel
 
     for name in args.imports:  # the custom ops a dataset uses
         importlib.import_module(name)

@@ -1,0 +1,164 @@
+"""embeddings: a two-tower recommendation model's training speed by optimizer
+update: SGD, Adam's dense update (Keras' own) and lazy Adam
+(`--sparse_updates=lazy`), on one device; SGD and lazy Adam under
+MirroredStrategy over 2 virtual CPUs.
+
+The model (`two_tower_model`): a user table and an item table of
+`rows` x 32 (1M rows each at full size: 2 x 128 MB), each id's row through a
+small MLP tower, the towers' dot product a click's logit; batch 1024 of ids
+drawn uniformly (`two_tower_data`). A batch touches at most 2,048 of the 2M
+rows. Timed by `fit` in one process, the three optimizers alternating
+`cycles` times per repeat (a repeat's figures use the medians).
+
+Figures: lazy_over_sgd and dense_over_sgd, examples/s of lazy Adam and of
+Adam's dense update over SGD's on one device (goal: lazy >= 0.6);
+mirrored_lazy_over_one and mirrored_sgd_over_one, mirrored x 2 over one
+device (goal 0.8; the 2 virtual CPUs share the machine's 2 cores).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from benchmarks import _harness
+
+__all__ = ["SETTINGS", "TOY", "check", "plot", "run", "summarize", "two_tower_data",
+           "two_tower_model", "worker"]
+
+SETTINGS = {"rows": 1_000_000, "global_batch_size": 1024, "steps": 16, "cycles": 3}
+"""The worker's settings, also recorded in the suite's JSON."""
+TOY = {"rows": 1000, "global_batch_size": 64, "steps": 2, "cycles": 1}
+"""`SETTINGS` at toy size (`_harness.toy`: the end-to-end test)."""
+WIDTH = 32
+_ROWS_ENV = "TFMULTI_BENCH_EMBEDDING_ROWS"
+
+
+def two_tower_data(num_examples: int | None = None, rows: int | None = None, seed: int = 0):
+    """Clicks of (user id, item id) pairs, ids uniform over `rows` (default
+    $TFMULTI_BENCH_EMBEDDING_ROWS, else 1M); a click when the ids' parities
+    agree (learnable from the rows)."""
+    import os
+
+    rows = rows or int(os.environ.get(_ROWS_ENV, SETTINGS["rows"]))
+    num_examples = num_examples or 16384
+    rng = np.random.default_rng(seed)
+    users = rng.integers(0, rows, num_examples).astype("int32")
+    items = rng.integers(0, rows, num_examples).astype("int32")
+    clicks = ((users + items) % 2).astype("float32")
+    test = num_examples // 8
+    features = {"user": users, "item": items}
+    return {"train": (features, clicks),
+            "test": ({k: v[:test] for k, v in features.items()}, clicks[:test]),
+            "task": "regression"}
+
+
+def two_tower_model(rows: int | None = None):
+    """The two towers over tables of `rows` x 32 each (default as the data's)."""
+    import os
+
+    import keras
+
+    rows = rows or int(os.environ.get(_ROWS_ENV, SETTINGS["rows"]))
+    user = keras.Input((), dtype="int32", name="user")
+    item = keras.Input((), dtype="int32", name="item")
+
+    def tower(ids, name):
+        x = keras.layers.Embedding(rows, WIDTH, name=f"{name}_table")(ids)
+        x = keras.layers.Dense(64, activation="relu", name=f"{name}_hidden")(x)
+        return keras.layers.Dense(WIDTH, name=f"{name}_out")(x)
+
+    logit = keras.layers.Dot(axes=1)([tower(user, "user"), tower(item, "item")])
+    model = keras.Model({"user": user, "item": item}, logit)
+    model.compile(loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    return model
+
+
+def worker(repeats: int, rows: int, global_batch_size: int, steps: int, cycles: int) -> dict:
+    """Examples/s of `fit` on one device with SGD, dense Adam and lazy Adam."""
+    import os
+
+    os.environ[_ROWS_ENV] = str(rows)
+    import tfmulti
+    from tfmulti.config.train_config import TrainConfig
+    from tfmulti.insight import timing
+    from tfmulti.training import run as runs
+
+    tfmulti.configure_virtual_devices(2)
+    variants = {"sgd": ("sgd", "dense", None), "adam_dense": ("adam", "dense", None),
+                "adam_lazy": ("adam", "lazy", None),
+                "mirrored_sgd": ("sgd", "dense", ("CPU:0", "CPU:1")),
+                "mirrored_adam_lazy": ("adam", "lazy", ("CPU:0", "CPU:1"))}
+    built = {}
+    for name, (optimizer, updates, devices) in variants.items():
+        config = TrainConfig(
+            model="benchmarks.embeddings:two_tower_model",
+            dataset="benchmarks.embeddings:two_tower_data", optimizer=optimizer,
+            sparse_updates=updates, global_batch_size=global_batch_size,
+            steps_per_execution=1, seed=0, learning_rate=0.01,
+            distribution="mirrored" if devices else "one_device", devices=devices)
+        run = runs.build_run(config)
+        timing.time_fit(run.model, run.train_input, 2, epochs=2)  # builds and traces
+        built[name] = run
+    out = {name: [] for name in variants}
+    for _ in range(repeats):
+        seconds = {name: [] for name in variants}
+        for _ in range(cycles):
+            for name, run in built.items():
+                seconds[name].append(statistics.median(
+                    timing.time_fit(run.model, run.train_input, steps, epochs=2)))
+        for name in variants:
+            out[name].append(global_batch_size / statistics.median(seconds[name]))
+    return {"examples_per_second": out}
+
+
+def check() -> None:
+    """The suite has no options: nothing to check."""
+
+
+def run(repeats: int) -> dict:
+    """Runs the suite; returns its JSON record."""
+    settings, start, r = _harness.run_sized_worker("embeddings", repeats, SETTINGS, TOY)
+    rates = r["examples_per_second"]
+    lazy = [a / b for a, b in zip(rates["adam_lazy"], rates["sgd"])]
+    dense = [a / b for a, b in zip(rates["adam_dense"], rates["sgd"])]
+    mirrored_lazy = [a / b for a, b in zip(rates["mirrored_adam_lazy"], rates["adam_lazy"])]
+    mirrored_sgd = [a / b for a, b in zip(rates["mirrored_sgd"], rates["sgd"])]
+    _harness.report("embeddings", start, [
+        f"examples/s: SGD {rates['sgd'][i]:,.0f}, Adam dense {rates['adam_dense'][i]:,.0f}, "
+        f"Adam lazy {rates['adam_lazy'][i]:,.0f}: lazy / SGD {lazy[i]:.2f}, dense / SGD "
+        f"{dense[i]:.2f}; mirrored x 2 / one device: lazy Adam {mirrored_lazy[i]:.2f}, SGD "
+        f"{mirrored_sgd[i]:.2f}" for i in range(repeats)])
+    return {
+        "description": f"a two-tower model, 2 tables of {settings['rows']:,} x {WIDTH}, batch "
+                       f"{settings['global_batch_size']}; fit's examples/s with SGD, Adam's "
+                       "dense update and lazy Adam (sparse_updates='lazy') on one device, SGD "
+                       "and lazy Adam under MirroredStrategy over 2 virtual CPUs",
+        **settings, "toy": _harness.toy(), "examples_per_second": rates,
+        "lazy_over_sgd": _harness.summary(lazy), "dense_over_sgd": _harness.summary(dense),
+        "mirrored_lazy_over_one": _harness.summary(mirrored_lazy),
+        "mirrored_sgd_over_one": _harness.summary(mirrored_sgd),
+        "goal": 0.6, "mirrored_goal": 0.8,
+    }
+
+
+def summarize(r: dict) -> list[str]:
+    """The suite's headline lines."""
+    fmt = _harness.fmt
+    return [f"embeddings: lazy Adam / SGD {fmt(r['lazy_over_sgd'])} (goal >= {r['goal']}); "
+            f"Adam's dense update / SGD {fmt(r['dense_over_sgd'])}; mirrored x 2 / one device: "
+            f"lazy Adam {fmt(r['mirrored_lazy_over_one'])}, SGD "
+            f"{fmt(r['mirrored_sgd_over_one'])} (goal >= {r['mirrored_goal']})"]
+
+
+def plot(r: dict, ax) -> None:
+    """Median examples/s of each optimizer update."""
+    rates = r["examples_per_second"]
+    names = {"sgd": "SGD", "adam_dense": "Adam dense", "adam_lazy": "Adam lazy",
+             "mirrored_sgd": "SGD x2", "mirrored_adam_lazy": "lazy x2"}
+    ax.bar(list(names.values()), [statistics.median(rates[k]) for k in names])
+    ax.set_ylabel("examples/s (median)")
+    s = r["lazy_over_sgd"]
+    ax.set_title(f"Embeddings: lazy Adam / SGD = {s['median']:.2f} "
+                 f"[{s['min']:.2f}-{s['max']:.2f}]", fontsize=9)

@@ -1,0 +1,155 @@
+"""Lazy sparse updates (`tfmulti.models.sparse_updates`): where every row is
+touched every step, the lazy update is the dense one (each optimizer, rows
+repeated in the batch); where a row is not touched, it and its slots stay as
+they were, while the dense update moves it (the difference the docs state);
+a touched row follows the optimizer's own rule (Adam against NumPy)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfmulti.models import sparse_updates
+
+ROWS, WIDTH = 6, 3
+
+OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(0.05),
+    "amsgrad": lambda: keras.optimizers.Adam(0.05, amsgrad=True),
+    "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1),
+    "sgd": lambda: keras.optimizers.SGD(0.1),
+    "momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "nesterov": lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, centered=True),
+}
+
+
+def _table(seed: int = 0) -> keras.Variable:
+    return keras.Variable(np.random.default_rng(seed).normal(size=(ROWS, WIDTH))
+                          .astype("float32"))
+
+
+def _rows(ids, seed) -> tf.IndexedSlices:
+    values = np.random.default_rng(seed).normal(size=(len(ids), WIDTH)).astype("float32")
+    return tf.IndexedSlices(tf.constant(values), tf.constant(ids, tf.int32),
+                            tf.constant([ROWS, WIDTH]))
+
+
+def _slots(optimizer) -> list[np.ndarray]:
+    return [v.numpy() for v in optimizer.variables if len(v.shape) == 2]
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_every_row_touched_every_step_is_the_dense_update(name):
+    lazy_table, dense_table = _table(), _table()
+    lazy = sparse_updates.lazy(OPTIMIZERS[name]())
+    dense = OPTIMIZERS[name]()
+    for step in range(4):
+        ids = [0, 1, 2, 3, 4, 5, 2, 0]  # every row, two of them twice
+        grad = _rows(ids, step)
+        lazy.apply([grad], [lazy_table])
+        dense.apply([tf.convert_to_tensor(grad)], [dense_table])  # summed per row
+    np.testing.assert_allclose(lazy_table.numpy(), dense_table.numpy(), atol=1e-6)
+    for a, b in zip(_slots(lazy), _slots(dense), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "momentum", "rmsprop"])
+def test_untouched_rows_and_their_slots_stay_where_the_dense_update_moves_them(name):
+    lazy_table, dense_table = _table(), _table()
+    lazy = sparse_updates.lazy(OPTIMIZERS[name]())
+    dense = OPTIMIZERS[name]()
+    for step, ids in enumerate([[0, 1, 2, 3, 4, 5], [1, 1, 3]]):
+        grad = _rows(ids, step)
+        lazy.apply([grad], [lazy_table])
+        dense.apply([tf.convert_to_tensor(grad)], [dense_table])
+        if step == 0:  # all rows touched: the same so far
+            np.testing.assert_allclose(lazy_table.numpy(), dense_table.numpy(), atol=1e-6)
+            before, slots_before = lazy_table.numpy(), _slots(lazy)
+    untouched = [0, 2, 4, 5]
+    np.testing.assert_array_equal(lazy_table.numpy()[untouched], before[untouched])
+    for after, prior in zip(_slots(lazy), slots_before, strict=True):
+        np.testing.assert_array_equal(after[untouched], prior[untouched])
+    # The dense rule moves them (decaying moments, momentum, weight decay).
+    assert np.abs(dense_table.numpy()[untouched] - before[untouched]).max() > 1e-4
+
+
+def test_a_touched_row_follows_adams_rule():
+    """Lazy Adam against NumPy: a row's moments and step, with the bias
+    correction of the optimizer's global step (not the row's own count)."""
+    table = _table()
+    start = table.numpy()
+    opt = sparse_updates.lazy(keras.optimizers.Adam(0.05, beta_1=0.9, beta_2=0.99,
+                                                    epsilon=1e-7))
+    m, v, x = np.zeros((ROWS, WIDTH)), np.zeros((ROWS, WIDTH)), start.astype(np.float64)
+    for step, ids in enumerate([[1, 4], [4, 4, 5], [2]]):
+        grad = _rows(ids, step)
+        opt.apply([grad], [table])
+        g = np.zeros((ROWS, WIDTH))
+        np.add.at(g, ids, grad.values.numpy())
+        touched = sorted(set(ids))
+        t = step + 1
+        m[touched] = 0.9 * m[touched] + 0.1 * g[touched]
+        v[touched] = 0.99 * v[touched] + 0.01 * g[touched] ** 2
+        alpha = 0.05 * np.sqrt(1 - 0.99 ** t) / (1 - 0.9 ** t)
+        x[touched] -= alpha * m[touched] / (np.sqrt(v[touched]) + 1e-7)
+    np.testing.assert_allclose(table.numpy(), x, atol=1e-5)
+
+
+def test_dense_gradients_keep_the_optimizers_own_update():
+    lazy_kernel, dense_kernel = _table(), _table()
+    lazy, dense = sparse_updates.lazy(keras.optimizers.Adam(0.05)), keras.optimizers.Adam(0.05)
+    grad = tf.constant(np.random.default_rng(3).normal(size=(ROWS, WIDTH)).astype("float32"))
+    lazy.apply([grad], [lazy_kernel])
+    dense.apply([grad], [dense_kernel])
+    np.testing.assert_array_equal(lazy_kernel.numpy(), dense_kernel.numpy())
+
+
+def test_an_optimizer_of_another_rule_is_refused_by_name():
+    with pytest.raises(TypeError, match="takes Adam, SGD, Adagrad, RMSprop .* got Lion"):
+        sparse_updates.lazy(keras.optimizers.Lion())
+    opt = keras.optimizers.Adam()
+    assert sparse_updates.lazy(opt) is opt and sparse_updates.is_lazy(opt)
+    assert sparse_updates.lazy(opt) is opt  # once
+
+
+def test_a_lazy_optimizer_saves_as_the_keras_class_it_is():
+    opt = sparse_updates.lazy(keras.optimizers.Adam(0.01))
+    config = keras.optimizers.serialize(opt)
+    assert config["class_name"] == "Adam" and config["module"] == "keras.optimizers"
+
+
+@pytest.mark.slow  # trains three times
+def test_lazy_adam_trains_a_two_tower_model_alike_on_one_device_and_mirrored(tmp_path,
+                                                                              monkeypatch):
+    """`tfmulti.train(sparse_updates="lazy")`: 2 replicas' rows (a row seen by
+    both summed) update the tables as one device's do; Adam's dense update
+    trains to other weights (rows touched once keep moving); the model saved
+    is plain Keras, its optimizer Keras' Adam."""
+    import tfmulti
+    from tfmulti.config.train_config import TrainConfig
+
+    monkeypatch.setenv("TFMULTI_BENCH_EMBEDDING_ROWS", "5000")
+    trained = {}
+    for name, distribution, updates in (("one", "one_device", "lazy"),
+                                        ("mirrored", "mirrored", "lazy"),
+                                        ("dense", "one_device", "dense")):
+        tfmulti.train(TrainConfig(
+            model="benchmarks.embeddings:two_tower_model",
+            dataset="benchmarks.embeddings:two_tower_data", num_examples=512,
+            optimizer="adam", sparse_updates=updates, global_batch_size=64, epochs=1, seed=0,
+            distribution=distribution,
+            devices=("CPU:0", "CPU:1") if distribution == "mirrored" else None,
+            verbose=0, model_dir=str(tmp_path / name)))
+        trained[name] = keras.saving.load_model(tmp_path / name / "model.keras")
+    for a, b in zip(trained["one"].get_weights(), trained["mirrored"].get_weights(),
+                    strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    table = trained["one"].get_layer("user_table").embeddings.numpy()
+    dense = trained["dense"].get_layer("user_table").embeddings.numpy()
+    assert np.abs(table - dense).max() > 1e-4  # the lazy rule is not the dense one
+    assert type(trained["mirrored"].optimizer) is keras.optimizers.Adam
+    assert not sparse_updates.is_lazy(trained["mirrored"].optimizer)
