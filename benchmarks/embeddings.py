@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import statistics
 
-import numpy as np
-
 from benchmarks import _harness
 
 __all__ = ["SETTINGS", "TOY", "check", "plot", "run", "summarize", "two_tower_data",
@@ -40,6 +38,8 @@ def two_tower_data(num_examples: int | None = None, rows: int | None = None, see
     $TFMULTI_BENCH_EMBEDDING_ROWS, else 1M); a click when the ids' parities
     agree (learnable from the rows)."""
     import os
+
+    import numpy as np
 
     rows = rows or int(os.environ.get(_ROWS_ENV, SETTINGS["rows"]))
     num_examples = num_examples or 16384

@@ -292,3 +292,18 @@ def test_diagnose_measures_the_service_for_an_input_bound_step():
     assert ranked[0].flags == "--data_service=local"
     assert f"with a worker on CPUs {every[1:]}, which the trainer does not use" in \
         ranked[0].detail
+
+
+def test_the_watch_waits_longer_for_a_run_of_long_calls():
+    from tfmulti.data.service import FIRST_STEP_FACTOR, SLOW_CALL_FACTOR, ServiceWatch
+
+    watch = ServiceWatch("grpc://localhost:1", timeout_s=10)  # never started: no thread
+    assert watch._limit() == 10 * FIRST_STEP_FACTOR  # pylint: disable=protected-access
+    watch.progress()
+    watch._last -= 30  # a call of 30 s  # pylint: disable=protected-access
+    watch.progress()
+    assert watch._limit() >= SLOW_CALL_FACTOR * 30  # pylint: disable=protected-access
+    fast = ServiceWatch("grpc://localhost:1", timeout_s=10)
+    fast.progress()
+    fast.progress()
+    assert fast._limit() == 10  # pylint: disable=protected-access

@@ -56,7 +56,7 @@ def test_model_parallel(distribution, expected):
 def test_choice_fields():
     assert set(CHOICE_FIELDS) == {"distribution", "cross_device_ops", "lr_scaling", "task",
                                   "input_sharding", "cluster_resolver", "partition",
-                                  "mixed_precision", "verbose"}
+                                  "mixed_precision", "verbose", "sparse_updates"}
 
 
 @pytest.mark.parametrize("name", CHOICE_FIELDS)

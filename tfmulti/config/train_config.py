@@ -405,7 +405,8 @@ class TrainConfig:
     data_service_timeout: float = _field(
         300.0, "Seconds a training step may wait for its batch from the tf.data service "
         "before the run stops with a message (a lost service worker); the first step, which "
-        "also builds the model, 4 times as long.")
+        "also builds the model, 4 times as long, and a run of longer calls 3 times its "
+        "longest call.")
     num_stages: int = _field(2, "Pipeline stages per replica (pipeline, hybrid).")
     num_microbatches: int = _field(4, "Micro-batches per replica batch (pipeline, hybrid).")
     num_replicas: int = _field(2, "Data-parallel pipelines (hybrid).")

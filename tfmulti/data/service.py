@@ -50,6 +50,9 @@ DEFAULT_TIMEOUT_S = 300.0
 run stops (a worker or the dispatcher lost); the first step, which also traces
 and compiles the model, gets `FIRST_STEP_FACTOR` times as long."""
 FIRST_STEP_FACTOR = 4
+SLOW_CALL_FACTOR = 3
+"""A run whose calls (steps_per_execution steps) take long waits this many
+times its longest call before it stops, if that is longer than the timeout."""
 READY = "tfmulti-data-service-worker-ready"
 """The line a service worker prints once it serves (`tfmulti.data.service_worker`)."""
 PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -175,7 +178,8 @@ class ServiceWatch:
 
     A trainer blocked on a lost service worker waits inside TensorFlow for
     ever; this thread notices that no step ended within `timeout_s` (the first
-    within `FIRST_STEP_FACTOR` times that), writes one line to stderr and ends
+    within `FIRST_STEP_FACTOR` times that; a run whose calls take longer, within
+    `SLOW_CALL_FACTOR` times its longest), writes one line to stderr and ends
     the process with status 1 (`tfmulti launch --max_restarts` then restarts
     the job, which resumes from its backup).
     """
@@ -184,6 +188,7 @@ class ServiceWatch:
         self.address, self.timeout_s = address, timeout_s
         self._last = time.monotonic()
         self._steps = 0
+        self._longest = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="tfmulti-service-watch",
                                         daemon=True)
@@ -195,14 +200,21 @@ class ServiceWatch:
 
     def progress(self) -> None:
         """A step (or an evaluation batch) ended."""
+        now = time.monotonic()
+        if self._steps:  # the first call also traces: not a call's usual time
+            self._longest = max(self._longest, now - self._last)
         self._steps += 1
-        self._last = time.monotonic()
+        self._last = now
 
     def stop(self) -> None:
         self._stop.set()
 
     def _limit(self) -> float:
-        return self.timeout_s * (1 if self._steps else FIRST_STEP_FACTOR)
+        # A call of many long steps may take longer than the timeout on its own:
+        # the limit grows to SLOW_CALL_FACTOR times the longest call seen.
+        if not self._steps:
+            return self.timeout_s * FIRST_STEP_FACTOR
+        return max(self.timeout_s, SLOW_CALL_FACTOR * self._longest)
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.timeout_s / 10)):

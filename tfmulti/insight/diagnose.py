@@ -315,10 +315,13 @@ def diagnose(config: TrainConfig, *, prefetch: bool = True, cache: bool | None =
     """
     validate_for_diagnose(config)
     checks.positive_number("seconds", seconds)
-    diagnoser = _Diagnoser(config, seconds, progress or (lambda line: None),
-                           dict(prefetch=prefetch, cache=cache, map_fn=map_fn,
-                                batch_map_fn=batch_map_fn))
-    return diagnoser.run(measure_advice, profile_dir)
+    try:
+        diagnoser = _Diagnoser(config, seconds, progress or (lambda line: None),
+                               dict(prefetch=prefetch, cache=cache, map_fn=map_fn,
+                                    batch_map_fn=batch_map_fn))
+        return diagnoser.run(measure_advice, profile_dir)
+    finally:
+        data_service.stop_local()  # a service `data_service="local"` started
 
 
 class _Diagnoser:
