@@ -30,7 +30,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ import time
 
 import tensorflow as tf
 
+from tfmulti.cluster import watchdog
 from tfmulti.config.train_config import DATA_SERVICE_ENV, data_service_target
 from tfmulti.utils import human
 
@@ -92,15 +92,11 @@ def stop_local() -> None:
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Raises ValueError (one line) when no dispatcher listens at `address`
     (grpc://HOST:PORT)."""
-    host, _, port = address.partition("://")[2].rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return
-    except OSError as e:
+    if not watchdog.reachable(address.partition("://")[2], timeout_s):
         raise ValueError(
-            f"`data_service`: no tf.data service dispatcher answers at {address} ({e}); "
-            "start one with `tfmulti data-service` (it prints its address), or use "
-            "--data_service=local to start one with the run.") from None
+            f"`data_service`: no tf.data service dispatcher answers at {address}; start one "
+            "with `tfmulti data-service` (it prints its address), or use "
+            "--data_service=local to start one with the run.")
 
 
 def resolve(value: str | None) -> tuple[str | None, str | None]:

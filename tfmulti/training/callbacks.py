@@ -33,6 +33,7 @@ import keras
 import tensorflow as tf
 
 from tfmulti.cluster import exit_codes
+from tfmulti.data.service import ServiceWatch
 from tfmulti.training import backup as backup_lib
 
 __all__ = ["EpochTimer", "WatchService", "NON_FINITE_LOSS", "NonFiniteLoss", "ProfileSteps",
@@ -52,8 +53,6 @@ class WatchService(keras.callbacks.Callback):
         self._watch = None
 
     def on_train_begin(self, logs=None):
-        from tfmulti.data.service import ServiceWatch  # pylint: disable=import-outside-toplevel
-
         self._watch = ServiceWatch(self.address, self.timeout_s).start()
 
     def _progress(self, *_, **__):
