@@ -48,10 +48,20 @@ Programs (module: what it exercises):
 - `oxford_pets_segmentation`: a U-Net (residual blocks, BatchNormalization)
   with a per-pixel softmax, trained from the source's `keras.utils.PyDataset`,
   which decodes image and mask files in Python and flips them together; the
-  test split is a PyDataset too.
+  test split is a PyDataset too;
+- `basic_ranking`: a recommender (keras-rs' tutorial, plain Keras layers): a
+  subclassed model of two embedding tables (users, movies) and an MLP, dict
+  inputs of ids, compiled by its author with Adagrad, a mean squared error and
+  an RMSE metric (`COMPILE = None`); a regression (`LOSS_OF_THE_MEAN`);
+- `collaborative_filtering`: keras-io's MovieLens recommender, as published:
+  a subclassed model of four tables (two regularized) called on an array of
+  (user, movie) pairs, a batch-wide `tf.tensordot` (each prediction depends on
+  its batch: `BATCH_DEPENDENT`), a sigmoid regression under a binary
+  cross-entropy.
 """
 
 PROGRAMS = ("mnist_convnet", "timeseries_classification", "text_transformer",
             "structured_data", "vae", "denoising_autoencoder", "gan",
             "functional_api_multi_io", "imbalanced_classification", "masking_and_padding",
-            "built_in_methods_add_loss", "oxford_pets_segmentation")
+            "built_in_methods_add_loss", "oxford_pets_segmentation", "basic_ranking",
+            "collaborative_filtering")

@@ -28,6 +28,12 @@ their test figures agree only up to a margin: the test loss within
 
 What `assert_close` compares, by the shape of the program:
 - one output: the test loss, and the test accuracy where compiled with it;
+- a regression (`LOSS_OF_THE_MEAN` in the program: the recommenders'
+  ratings): no accuracy and no chance, so the test loss, above the lowest its
+  labels allow, must also be at most `BEAT_THE_MEAN` of the loss of
+  answering the training labels' mean, above the same; and
+  the program's `LOSS_ABS`, where set, replaces the margin's absolute part
+  (a rating's squared error is ~0.05, under the classifiers' 0.15);
 - several outputs (labels a dict by output name): the total test loss and
   each output's (`test_priority_loss`, as Keras' logs name them), and each
   output's accuracy where compiled with one (`test_department_accuracy`,
@@ -84,7 +90,8 @@ ABOVE_CHANCE = 0.1
 WEIGHTED_LOSS_FACTOR = 3.0
 
 __all__ = ["PROGRAMS", "as_arrays", "assert_close", "chance", "chance_loss", "config_kwargs",
-           "held_out", "input_shape", "is_py_dataset", "load", "reference", "splits"]
+           "held_out", "input_shape", "is_py_dataset", "load", "loss_of_the_mean", "reference",
+           "splits"]
 
 
 def load(name: str):
@@ -266,8 +273,38 @@ def reference(name: str, callbacks=(), order_seed: int = SEED) -> dict:
     return out
 
 
-def _within_loss_margin(got: float, want: float) -> bool:
-    return abs(got - want) <= LOSS_ABS + LOSS_REL * abs(want)
+def _within_loss_margin(got: float, want: float, loss_abs: float = LOSS_ABS) -> bool:
+    return abs(got - want) <= loss_abs + LOSS_REL * abs(want)
+
+
+BEAT_THE_MEAN = 0.8
+"""A regression program's test loss, less the lowest loss its labels allow, must
+be at most this share of the same excess of the loss of answering every test
+example the training labels' mean (`loss_of_the_mean`)."""
+
+
+def loss_of_the_mean(name: str) -> tuple[float, float]:
+    """(the test loss of answering the training labels' mean, the lowest test
+    loss there is), with the loss the program names in `LOSS_OF_THE_MEAN`:
+    "mse" (lowest 0), or "bce" for labels in [0, 1] under a binary
+    cross-entropy (lowest: the labels' own entropy, of answering each label
+    exactly). The first is what a model that learned nothing from the
+    features scores.
+
+    Raises:
+        ValueError: the program names no such loss.
+    """
+    kind = getattr(load(name), "LOSS_OF_THE_MEAN", None)
+    train, test = splits(name)
+    mean = float(np.mean(as_arrays(train)[1]))
+    labels = np.asarray(as_arrays(test)[1], np.float64)
+    if kind == "mse":
+        return float(np.mean((labels - mean) ** 2)), 0.0
+    if kind == "bce":
+        y = labels.clip(1e-7, 1 - 1e-7)
+        return (float(-np.mean(labels * np.log(mean) + (1 - labels) * np.log(1 - mean))),
+                float(-np.mean(y * np.log(y) + (1 - y) * np.log(1 - y))))
+    raise ValueError(f"{name}: LOSS_OF_THE_MEAN={kind!r}; give 'mse' or 'bce'.")
 
 
 def assert_close(name: str, metrics: dict, ref: dict, what: str) -> str:
@@ -279,7 +316,12 @@ def assert_close(name: str, metrics: dict, ref: dict, what: str) -> str:
         return _assert_close_without_test_split(name, metrics, ref, what)
     got, want = metrics["test_loss"], ref["test_loss"]
     line = f"{name} {what}: test_loss {got:.4f} vs plain Keras {want:.4f}"
-    assert _within_loss_margin(got, want), line
+    module = load(name)
+    assert _within_loss_margin(got, want, getattr(module, "LOSS_ABS", LOSS_ABS)), line
+    if getattr(module, "LOSS_OF_THE_MEAN", None):  # a regression: no accuracy, no chance
+        mean, lowest = loss_of_the_mean(name)
+        line += f" (the mean's {mean:.4f}, the lowest {lowest:.4f})"
+        assert got - lowest <= BEAT_THE_MEAN * (mean - lowest), line
     outputs = _outputs(name)
     for output in outputs:  # each output's loss, for a program with several
         key = f"test_{output}_loss"

@@ -57,7 +57,9 @@ tests/integration/test_corpus_heavy.py runs it through these tests (beside this 
 suite gives each module to one test process), except the 2-worker cluster and the
 pipeline's export."""
 # Why a program cannot take the pipeline: words its refusal must contain.
-PIPELINE_REFUSALS = {"vae": r"(?i)subclassed", "gan": r"(?i)subclassed"}
+PIPELINE_REFUSALS = {"vae": r"(?i)subclassed", "gan": r"(?i)subclassed",
+                     "basic_ranking": r"(?i)subclassed",
+                     "collaborative_filtering": r"(?i)subclassed"}
 # Why a program cannot be exported: words its refusal must contain.
 EXPORT_REFUSALS = {"gan": r"has no call\(\) of its own, so it has nothing to serve"}
 
@@ -119,6 +121,42 @@ def test_mirrored_matches_plain_keras(name, runs, references):
         {k: metrics[k] for k in trained})
 
 
+LAZY = {"basic_ranking": "Adagrad", "collaborative_filtering": "Adam"}
+"""The recommenders, by optimizer. Adagrad's lazy update is its dense one (an
+untouched row's gradient is zero, so the dense update leaves it too); Adam's
+is not (its moments keep moving a row the batch did not touch)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(LAZY))
+def test_lazy_updates_train_the_recommenders(name, runs, references, tmp_path, capsys):
+    """`sparse_updates='lazy'` on the published recommenders, mirrored: only the
+    rows a batch touched are updated; where the optimizer's dense update leaves
+    the others as they are, the run ends where the dense run ends; tables whose
+    regularizer makes their gradient dense are named, updated densely; and the
+    run trains as plain Keras does."""
+    dense, _ = runs(name, "mirrored")
+    config = tfmulti.TrainConfig(distribution="mirrored", devices=MIRRORED,
+                                 model_dir=str(tmp_path / "run"),
+                                 **harness.config_kwargs(name, sparse_updates="lazy"))
+    lazy = tfmulti.train(config)
+    said = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("tfmulti: sparse_updates=lazy:")]
+    assert said[0].startswith(f"tfmulti: sparse_updates=lazy: {LAZY[name]} updates only the "
+                              "rows"), said
+    if name == "collaborative_filtering":  # its two vector tables carry l2(1e-6)
+        dense_tables = (
+            "tfmulti: sparse_updates=lazy: tables user_embedding (embeddings_regularizer), "
+            "movie_embedding (embeddings_regularizer) update every row every step all the "
+            "same (a regularizer's gradient covers the whole table; a constraint is applied "
+            "to it whole after each update); drop them for lazy updates of these tables")
+        assert said[1:] == [dense_tables], said
+    else:
+        assert said[1:] == [], said
+        assert lazy["test_loss"] == pytest.approx(dense["test_loss"], rel=1e-4)
+    print(harness.assert_close(name, lazy, references(name), "mirrored x 2, lazy"))
+
+
 @pytest.mark.slow
 def test_callbacks_watching_val_loss_work(runs, references):
     """The time series' published callbacks watch `val_loss` of its
@@ -158,11 +196,11 @@ def test_pipeline_refuses_before_training(name, tmp_path, capsys):
     assert "Epoch" not in capsys.readouterr().out
 
 
-def _serve(path, features) -> tuple[list[str], np.ndarray | dict]:
+def _serve(path, features, batch: int | None = None) -> tuple[list[str], np.ndarray | dict]:
     """The SavedModel at `path` loaded on one device: its serving signature's
     input names, and what it returns for `features` (a dict by input name, or
-    one array for a single input): one array, or a dict by output name for a
-    model of several outputs."""
+    one array for a single input), all in one call or in batches of `batch`:
+    one array, or a dict by output name for a model of several outputs."""
     import tensorflow as tf
 
     loaded = tf.saved_model.load(path)
@@ -177,7 +215,11 @@ def _serve(path, features) -> tuple[list[str], np.ndarray | dict]:
         if value.ndim == len(spec.shape) - 1:  # a column of scalars for an Input of shape (1,)
             value = value[..., None]
         inputs[name] = tf.constant(value, dtype=spec.dtype)
-    served = {name: np.asarray(value) for name, value in signature(**inputs).items()}
+    size = len(next(iter(inputs.values())))
+    step = batch or size
+    calls = [signature(**{k: v[i:i + step] for k, v in inputs.items()})
+             for i in range(0, size, step)]
+    served = {name: np.concatenate([np.asarray(c[name]) for c in calls]) for name in calls[0]}
     return sorted(specs), (next(iter(served.values())) if len(served) == 1 else served)
 
 
@@ -208,35 +250,44 @@ def _own_input_names(name: str) -> list[str] | None:
 def _loss(module, folder: str, labels, served):
     """The program's compiled loss of `served` (what the SavedModel returned)
     against `labels`: the loss its source compiles, or (a model function that
-    compiles, several outputs) the run's saved model's compiled loss, its
-    weights per output included."""
+    compiles) the run's saved model's compiled loss, its weights per output
+    included, or where the run saved weights only, the model function's."""
     if module.COMPILE is not None:
         labels = np.asarray(labels)
         if labels.size == served.size:  # one label per output unit: (n,) for (n, 1)
             labels = labels.reshape(served.shape)
         return np.mean(keras.losses.get(module.COMPILE["loss"])(labels, served))
-    saved = keras.models.load_model(os.path.join(folder, "model.keras"))
-    return saved.compute_loss(y=labels, y_pred=served)
+    path = os.path.join(folder, "model.keras")
+    # A model saved as weights only (a subclassed one without get_config): the
+    # model function's own compile, as the author wrote it.
+    compiled = keras.models.load_model(path) if os.path.exists(path) else module.build()
+    return compiled.compute_loss(y=labels, y_pred=served)
 
 
-def _added_loss(module, folder: str, features, labels) -> float | None:
-    """For a model whose layers add losses (`add_loss`), the added term in its
-    one-device test loss: the saved model's `evaluate` less the compiled loss
-    of its predictions, at the corpus batch. (On N replicas Keras scales each
+def _added_loss(module, folder: str, features, labels, batch: int) -> float | None:
+    """For a model whose layers add losses (`add_loss`, regularizers), the added
+    term in its one-device test loss: the saved model's `evaluate` less the
+    compiled loss of its predictions, at batches of `batch`. (On N replicas Keras scales each
     replica's added term by 1/N, so a term summed over the batch counts less
     there: between 0 and this.) None for a model that adds none."""
     path = os.path.join(folder, "model.keras")
-    if not os.path.exists(path) or module.COMPILE is None:
+    weights = os.path.join(folder, export.WEIGHTS_FILE)
+    if module.COMPILE is None:
         return None
-    saved = keras.models.load_model(path, custom_objects=export.user_objects(module))
+    if os.path.exists(path):
+        saved = keras.models.load_model(path, custom_objects=export.user_objects(module))
+    elif os.path.exists(weights):  # a subclassed model without get_config: built again
+        saved = export.rebuild(folder, f"{module.__name__}:build", weights)
+    else:
+        return None
     saved(features[:2] if not isinstance(features, dict) else
           {k: v[:2] for k, v in features.items()}, training=False)
     if not saved.losses:
         return None
     saved.compile(loss=module.COMPILE["loss"])
-    evaluated = saved.evaluate(features, labels, batch_size=harness.GLOBAL_BATCH, verbose=0,
+    evaluated = saved.evaluate(features, labels, batch_size=batch, verbose=0,
                                return_dict=True)["loss"]
-    predicted = saved.predict(features, batch_size=harness.GLOBAL_BATCH, verbose=0)
+    predicted = saved.predict(features, batch_size=batch, verbose=0)
     return float(evaluated) - float(_loss(module, folder, labels, predicted))
 
 
@@ -274,9 +325,13 @@ def test_export_serves_the_trained_model(name, distribution, runs, tmp_path, cap
         assert served.shape == images.shape
     else:
         features, labels = held_out
-        names, served = _serve(out, features)
+        # A model whose prediction depends on its batch (BATCH_DEPENDENT) was
+        # evaluated in batches of the run's per-replica size, in order: served so.
+        batch = (metrics["per_replica_batch_size"] if getattr(module, "BATCH_DEPENDENT", False)
+                 else None)
+        names, served = _serve(out, features, batch)
         loss = float(_loss(module, folder, labels, served))
-        added = _added_loss(module, folder, features, labels)
+        added = _added_loss(module, folder, features, labels, batch or harness.GLOBAL_BATCH)
         # The run's loss is Keras' from the logits a sigmoid or softmax output
         # carries, the served one from its probabilities (clipped at 1e-7): they
         # differ only where an example's probability is that close to 0 or 1.

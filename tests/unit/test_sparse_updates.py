@@ -153,3 +153,40 @@ def test_lazy_adam_trains_a_two_tower_model_alike_on_one_device_and_mirrored(tmp
     assert np.abs(table - dense).max() > 1e-4  # the lazy rule is not the dense one
     assert type(trained["mirrored"].optimizer) is keras.optimizers.Adam
     assert not sparse_updates.is_lazy(trained["mirrored"].optimizer)
+
+
+def test_a_regularized_table_is_named_and_updates_densely():
+    """A published recommender's tables (keras-io's collaborative filtering:
+    `embeddings_regularizer=l2(1e-6)`): the regularizer's gradient covers every
+    row, so the table's gradient arrives dense and takes the dense update;
+    `dense_tables` names it, and why, for the line `tfmulti.train` prints."""
+    ids = keras.Input((1,), dtype="int32")
+    plain = keras.layers.Embedding(ROWS, WIDTH, name="items")(ids)
+    regular = keras.layers.Embedding(ROWS, WIDTH, name="users",
+                                     embeddings_regularizer=keras.regularizers.l2(1e-6))(ids)
+    model = keras.Model(ids, keras.layers.Dot(axes=-1)([plain, regular]))
+    model.compile(optimizer=sparse_updates.lazy(keras.optimizers.Adam(0.01)), loss="mse")
+    model.fit(np.array([[1], [2]], np.int32), np.ones((2, 1, 1), np.float32), verbose=0)
+    sparse = sparse_updates.sparse_variables(model.optimizer)
+    keys = {layer.name: model.optimizer._var_key(layer.embeddings)  # pylint: disable=protected-access
+            for layer in model.layers if isinstance(layer, keras.layers.Embedding)}
+    assert keys["items"] in sparse and keys["users"] not in sparse
+    assert sparse_updates.dense_tables(model) == ["users (embeddings_regularizer)"]
+    constrained = keras.Sequential([keras.Input((1,), dtype="int32"), keras.layers.Embedding(
+        ROWS, WIDTH, embeddings_constraint=keras.constraints.MaxNorm(1.0), name="t")])
+    assert sparse_updates.dense_tables(constrained) == ["t (embeddings_constraint)"]
+
+
+def test_the_run_says_which_tables_stay_dense(capsys):
+    from tfmulti.training import run
+
+    ids = keras.Input((1,), dtype="int32")
+    table = keras.layers.Embedding(ROWS, WIDTH, name="movie_embedding",
+                                   embeddings_regularizer=keras.regularizers.l2(1e-6))
+    model = keras.Model(ids, table(ids))
+    model.compile(optimizer="adam", loss="mse")
+    run._lazy(model)  # pylint: disable=protected-access
+    first, second = capsys.readouterr().out.strip().splitlines()
+    assert first.startswith("tfmulti: sparse_updates=lazy: Adam updates only the rows")
+    assert second.startswith("tfmulti: sparse_updates=lazy: table movie_embedding "
+                             "(embeddings_regularizer) updates every row every step")

@@ -50,7 +50,8 @@ import tensorflow as tf
 
 from tfmulti.runtime.keras_fixes import combined_rows
 
-__all__ = ["LAZY_RULES", "is_lazy", "lazy", "lazy_rule_for", "sparse_variables"]
+__all__ = ["LAZY_RULES", "dense_tables", "is_lazy", "lazy", "lazy_rule_for",
+           "sparse_variables"]
 
 _LAZY = "_tfmulti_lazy_update"
 _SPARSE = "_tfmulti_sparse_variables"
@@ -157,6 +158,41 @@ def lazy_rule_for(optimizer):
         if isinstance(optimizer, cls) and type(optimizer).update_step is cls.update_step:
             return rule
     return None
+
+
+def dense_tables(model) -> list[str]:
+    """The `Embedding` layers of `model` whose table a lazy update cannot keep
+    sparse, each named with why ("users (embeddings_regularizer)"): an
+    `embeddings_regularizer` (its gradient, summed with the lookup's, is
+    dense: the optimizer then updates every row, as without `lazy`), an
+    `embeddings_constraint` (Keras applies it to the whole table after each
+    update)."""
+    found = []
+    attributes = _attribute_names(model)
+    for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
+        if not isinstance(layer, keras.layers.Embedding):
+            continue
+        why = [what for what, value in (("embeddings_regularizer", layer.embeddings_regularizer),
+                                         ("embeddings_constraint", layer.embeddings_constraint))
+               if value is not None]
+        if why:
+            found.append(f"{attributes.get(id(layer), layer.name)} ({' and '.join(why)})")
+    return found
+
+
+def _attribute_names(model) -> dict[int, str]:
+    """The layers a subclassed model holds as attributes, by id: the name its
+    author knows them by ("user_embedding", "tower.items"), where Keras names
+    the layer itself "embedding_3"."""
+    names, todo = {}, [(model, "")]
+    while todo:
+        owner, prefix = todo.pop()
+        for attribute, value in sorted(vars(owner).items()):
+            if (isinstance(value, keras.layers.Layer) and not attribute.startswith("_")
+                    and id(value) not in names):
+                names[id(value)] = prefix + attribute
+                todo.append((value, f"{prefix}{attribute}."))
+    return names
 
 
 def is_lazy(optimizer) -> bool:

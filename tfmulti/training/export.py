@@ -101,10 +101,11 @@ def input_names(model) -> list[str]:
 
 def _input_signature(model):
     """The serving signature of a functional or Sequential model, its inputs
-    named by `input_names`; None for a subclassed model (Keras traces it)."""
+    named by `input_names`; of a subclassed model `rebuild` built, its data's;
+    None for another subclassed model (Keras traces it)."""
     structure = getattr(model, "_inputs_struct", None)
     if not isinstance(model, keras.Sequential) and structure is None:
-        return None
+        return getattr(model, _SERVING_SIGNATURE, None)
     names = dict(zip((id(t) for t in model.inputs), input_names(model)))
 
     def spec(tensor):
@@ -354,8 +355,9 @@ _BUILD_FIELDS = ("dataset", "data_dir", "num_examples", "validation_split", "tas
 def _built_again(model_dir: str, spec: str, weights: str):
     """The model function `spec` called as the run called it: with the input
     shape and classes metrics.json records, else those of the data its run
-    file names (`tfmulti.models.from_config.build_model_for`); and the
-    per-example input shape, where known (None: not needed or not recorded)."""
+    file names (`tfmulti.models.from_config.build_model_for`); and one
+    example's input (None: not needed or not recorded): its `tf.TensorSpec`s
+    (names, shapes and dtypes) where the run's data is known, else its shape."""
     recorded = _recorded(model_dir)
     run = {k: v for k, v in recorded["config"].items()
            if k in _BUILD_FIELDS and k in {f.name for f in dataclasses.fields(TrainConfig)}}
@@ -377,7 +379,7 @@ def _built_again(model_dir: str, spec: str, weights: str):
                                          "seed": run.get("seed")}, "model")
         if getattr(model, "built", True) or not named:
             return model, None
-        return model, load_data(config).input_shape  # a subclassed model: built on it
+        return model, _example(load_data(config))  # a subclassed model: built on it
     if not named:
         raise ValueError(f"--model {spec!r} takes `input_shape`, which {model_dir} does not "
                          "record (no metrics.json input_shape, no run file naming the data); "
@@ -385,16 +387,49 @@ def _built_again(model_dir: str, spec: str, weights: str):
                          f"model.load_weights({weights!r}), then "
                          "tfmulti.training.export.saved_model(model, OUTPUT).")
     run_data = load_data(config)
-    return build_model_for(config, run_data), run_data.input_shape
+    return build_model_for(config, run_data), _example(run_data)
 
 
-def _zeros(shape):
-    """One example of zeros of a per-example shape (a dict of shapes: a dict)."""
+def _example(run_data):
+    """One example's features of `run_data` as `tf.TensorSpec`s (a dict of
+    them for dict features): a dataset's own names and dtypes; else the input
+    shape."""
+    element = getattr(run_data.train, "element_spec", None)
+    features = element[0] if isinstance(element, tuple) else element
+    if features is None or not all(isinstance(s, tf.TensorSpec)
+                                   for s in keras.tree.flatten(features)):
+        return run_data.input_shape
+    return features
+
+
+def _zeros(example):
+    """A batch of one example of zeros: of `tf.TensorSpec`s (their dtypes; empty
+    strings), or of a per-example shape (float32); a dict of them: a dict."""
     import numpy as np
 
-    if isinstance(shape, dict):
-        return {k: _zeros(v) for k, v in shape.items()}
-    return np.zeros((1, *shape), np.float32)
+    if isinstance(example, dict):
+        return {k: _zeros(v) for k, v in example.items()}
+    if isinstance(example, tf.TensorSpec):
+        shape = [1, *(d or 1 for d in example.shape)]
+        return tf.fill(shape, "") if example.dtype == tf.string else tf.zeros(shape, example.dtype)
+    return np.zeros((1, *example), np.float32)
+
+
+def _serving_signature(example) -> list | None:
+    """The serving signature of a model built again on `example`'s specs:
+    batches of them, named by their keys; None for a bare shape (Keras traces
+    the model with float inputs)."""
+    flat = keras.tree.flatten(example) if example is not None else []
+    if not flat or not all(isinstance(s, tf.TensorSpec) for s in flat):
+        return None
+    if isinstance(example, dict):
+        return [{k: tf.TensorSpec((None, *s.shape), s.dtype, name=k)
+                 for k, s in example.items()}]
+    return [keras.tree.map_structure(lambda s: tf.TensorSpec((None, *s.shape), s.dtype),
+                                     example)]
+
+
+_SERVING_SIGNATURE = "_tfmulti_serving_signature"
 
 
 def rebuild(model_dir: str, spec: str, weights: str) -> keras.Model:
@@ -403,19 +438,22 @@ def rebuild(model_dir: str, spec: str, weights: str) -> keras.Model:
     classes of its data, its dropout and seed: from metrics.json, else from
     the data its run file names), with the weights of `weights` (a
     .weights.h5 file, or a .keras file's). A subclassed model is built on one
-    example of zeros of the data's shape first.
+    example of zeros of the data's names, shapes and dtypes first, and
+    `saved_model` serves it with those (a dict of ids stays a dict of
+    integers by name).
 
     Raises:
         ValueError: the function cannot be called with what the run recorded,
             or the weights do not fit the model it returns.
     """
-    model, input_shape = _built_again(model_dir, spec, weights)
+    model, example = _built_again(model_dir, spec, weights)
     if not isinstance(model, keras.Model):
         raise ValueError(f"--model {spec!r} returned {type(model).__name__}; expected a "
                          "keras.Model.")
     _check_serves(model)
-    if not model.built and input_shape is not None:
-        model(_zeros(input_shape), training=False)
+    if not model.built and example is not None:
+        model(_zeros(example), training=False)
+        setattr(model, _SERVING_SIGNATURE, _serving_signature(example))
     try:
         model.load_weights(weights)
     except (TypeError, ValueError, KeyError, OSError) as e:

@@ -240,6 +240,14 @@ def _lazy(model) -> None:
     print(f"tfmulti: sparse_updates=lazy: {type(optimizer).__name__} updates only the rows a "
           "batch touched of a sparse gradient (an embedding table's), and their slots",
           flush=True)
+    dense = sparse_updates.dense_tables(model)
+    if dense:
+        tables = (f"tables {', '.join(dense)} update" if len(dense) > 1
+                  else f"table {dense[0]} updates")
+        print(f"tfmulti: sparse_updates=lazy: {tables} every row every step all the same "
+              "(a regularizer's gradient covers the whole table; a constraint is applied to "
+              "it whole after each update); drop them for lazy updates of these tables",
+              flush=True)
 
 
 def _shard(model, strategy, stage: int) -> None:
