@@ -13,7 +13,11 @@ rows. Timed by `fit` in one process, the three optimizers alternating
 Figures: lazy_over_sgd and dense_over_sgd, examples/s of lazy Adam and of
 Adam's dense update over SGD's on one device (goal: lazy >= 0.6);
 mirrored_lazy_over_one and mirrored_sgd_over_one, mirrored x 2 over one
-device (goal 0.8; the 2 virtual CPUs share the machine's 2 cores).
+device (goal 0.8; the 2 virtual CPUs share the machine's 2 cores);
+reduced_bytes_per_replica, what each replica of the mirrored run hands the
+all-reduce in a step, counted from a real batch's gradients
+(`reduced_bytes`): as rows (the tables' ids and values), as rows with
+repeated ids combined, and as dense tensors.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ import statistics
 
 from benchmarks import _harness
 
-__all__ = ["SETTINGS", "TOY", "check", "plot", "run", "summarize", "two_tower_data",
-           "two_tower_model", "worker"]
+__all__ = ["SETTINGS", "TOY", "check", "plot", "reduced_bytes", "run", "summarize",
+           "two_tower_data", "two_tower_model", "worker"]
 
 SETTINGS = {"rows": 1_000_000, "global_batch_size": 1024, "steps": 16, "cycles": 3}
 """The worker's settings, also recorded in the suite's JSON."""
@@ -75,6 +79,41 @@ def two_tower_model(rows: int | None = None):
     return model
 
 
+def reduced_bytes(run) -> dict:
+    """The bytes each replica hands the all-reduce in one step, counted from
+    the gradients of a real batch of `run` (a mirrored run): "rows", as Keras
+    hands them (a table's gradient an `IndexedSlices`: a row of values and an
+    id per lookup, repeats included; the other gradients dense); "rows_combined",
+    the same with each table's repeated ids summed first (one row per distinct
+    id); "dense", every gradient as a dense tensor (the table whole)."""
+    import tensorflow as tf
+
+    model, strategy = run.model, run.strategy
+    features, labels = next(iter(run.train_input.dataset))
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        rows = combined = dense = 0
+        for g, v in zip(grads, model.trainable_variables, strict=True):
+            dense += int(v.value.shape.num_elements()) * v.value.dtype.size
+            if isinstance(g, tf.IndexedSlices):
+                width = g.values.dtype.size * int(g.values.shape[1:].num_elements())
+                ids = int(tf.size(g.indices))
+                distinct = int(tf.size(tf.unique(g.indices)[0]))
+                rows += ids * (width + g.indices.dtype.size)
+                combined += distinct * (width + g.indices.dtype.size)
+            else:
+                size = int(tf.size(g)) * g.dtype.size
+                rows, combined = rows + size, combined + size
+        return tf.constant([rows, combined, dense], tf.int64)
+
+    counted = strategy.experimental_local_results(strategy.run(step, args=(features, labels)))
+    first = [int(n) for n in counted[0].numpy()]
+    return dict(zip(("rows", "rows_combined", "dense"), first, strict=True))
+
+
 def worker(repeats: int, rows: int, global_batch_size: int, steps: int, cycles: int) -> dict:
     """Examples/s of `fit` on one device with SGD, dense Adam and lazy Adam."""
     import os
@@ -110,7 +149,8 @@ def worker(repeats: int, rows: int, global_batch_size: int, steps: int, cycles: 
                     timing.time_fit(run.model, run.train_input, steps, epochs=2)))
         for name in variants:
             out[name].append(global_batch_size / statistics.median(seconds[name]))
-    return {"examples_per_second": out}
+    return {"examples_per_second": out,
+            "reduced_bytes_per_replica": reduced_bytes(built["mirrored_adam_lazy"])}
 
 
 def check() -> None:
@@ -125,6 +165,7 @@ def run(repeats: int) -> dict:
     dense = [a / b for a, b in zip(rates["adam_dense"], rates["sgd"])]
     mirrored_lazy = [a / b for a, b in zip(rates["mirrored_adam_lazy"], rates["adam_lazy"])]
     mirrored_sgd = [a / b for a, b in zip(rates["mirrored_sgd"], rates["sgd"])]
+    reduced = r["reduced_bytes_per_replica"]
     _harness.report("embeddings", start, [
         f"examples/s: SGD {rates['sgd'][i]:,.0f}, Adam dense {rates['adam_dense'][i]:,.0f}, "
         f"Adam lazy {rates['adam_lazy'][i]:,.0f}: lazy / SGD {lazy[i]:.2f}, dense / SGD "
@@ -139,8 +180,15 @@ def run(repeats: int) -> dict:
         "lazy_over_sgd": _harness.summary(lazy), "dense_over_sgd": _harness.summary(dense),
         "mirrored_lazy_over_one": _harness.summary(mirrored_lazy),
         "mirrored_sgd_over_one": _harness.summary(mirrored_sgd),
+        "reduced_bytes_per_replica": reduced,
         "goal": 0.6, "mirrored_goal": 0.8,
     }
+
+
+def _reduced_line(reduced: dict) -> str:
+    return (f"bytes each replica hands the all-reduce per step: {reduced['rows']:,} as rows "
+            f"({reduced['rows_combined']:,} with repeated ids combined), against "
+            f"{reduced['dense']:,} dense ({reduced['dense'] / reduced['rows']:,.0f}x)")
 
 
 def summarize(r: dict) -> list[str]:
@@ -149,7 +197,8 @@ def summarize(r: dict) -> list[str]:
     return [f"embeddings: lazy Adam / SGD {fmt(r['lazy_over_sgd'])} (goal >= {r['goal']}); "
             f"Adam's dense update / SGD {fmt(r['dense_over_sgd'])}; mirrored x 2 / one device: "
             f"lazy Adam {fmt(r['mirrored_lazy_over_one'])}, SGD "
-            f"{fmt(r['mirrored_sgd_over_one'])} (goal >= {r['mirrored_goal']})"]
+            f"{fmt(r['mirrored_sgd_over_one'])} (goal >= {r['mirrored_goal']})",
+            f"embeddings: {_reduced_line(r['reduced_bytes_per_replica'])}"]
 
 
 def plot(r: dict, ax) -> None:

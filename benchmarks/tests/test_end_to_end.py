@@ -61,6 +61,11 @@ def test_every_suite_runs_end_to_end(tmp_path):
     assert min(served["service_seconds_per_step"]) > 0, served
     assert min(served["in_process_seconds_per_step"]) > 0 and served["map_rounds"] >= 1
     assert served["ceiling"]["median"] >= 1.0, served
+    # The embeddings suite's reduction, counted from a real batch's gradients: the
+    # tables as rows, far under the tables whole (toy size: 2 tables of 1,000 x 32,
+    # 32 lookups each per replica).
+    reduced = record["suites"]["embeddings"]["reduced_bytes_per_replica"]
+    assert 0 < reduced["rows_combined"] <= reduced["rows"] < reduced["dense"] / 4, reduced
     rates = record["suites"]["pipeline"]["matmul_gflops_by_rows"]
     assert rates and min(rates.values()) > 0
     # The pipeline's memory: measured by TensorFlow's allocator where it keeps a count
