@@ -190,3 +190,81 @@ def test_the_run_says_which_tables_stay_dense(capsys):
     assert first.startswith("tfmulti: sparse_updates=lazy: Adam updates only the rows")
     assert second.startswith("tfmulti: sparse_updates=lazy: table movie_embedding "
                              "(embeddings_regularizer) updates every row every step")
+
+
+@pytest.mark.slow  # builds and trains two pipelines
+def test_the_pipeline_updates_a_tables_rows_lazily(tmp_path):
+    """Under the pipeline (2 stages, micro-batches, 2 accumulation rounds): the
+    table's gradient reaches the optimizer as rows (the micro-batches' and
+    rounds' rows, not summed into a dense table), and lazy SGD ends where
+    dense SGD does (SGD leaves an untouched row alone either way)."""
+    import tfmulti
+    from tfmulti.parallel import zero
+    from tfmulti.training import run as runs
+
+    from tests.corpus import harness
+
+    trained = {}
+    for updates in ("dense", "lazy"):
+        config = tfmulti.TrainConfig(
+            distribution="pipeline", num_stages=2, accumulate_steps=2, optimizer="sgd",
+            learning_rate=0.5,
+            model_dir=str(tmp_path / updates),
+            **harness.config_kwargs("masking_and_padding", sparse_updates=updates))
+        run = runs.build_run(config)
+        run.model.fit(run.train_input.dataset, steps_per_epoch=4, epochs=1, verbose=0)
+        trained[updates] = run.model
+    optimizer = zero.updating(trained["lazy"].optimizer)
+    (table,) = [v for v in trained["lazy"].trainable_variables if "embedding" in v.path]
+    assert optimizer._var_key(table) in sparse_updates.sparse_variables(optimizer)  # pylint: disable=protected-access
+    for a, b in zip(trained["dense"].get_weights(), trained["lazy"].get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def _ids_model():
+    ids = keras.Input((), dtype="int32")
+    return keras.Model(ids, keras.layers.Dense(1)(keras.layers.Embedding(40, WIDTH)(ids)))
+
+
+@pytest.mark.parametrize("devices", [None, ("CPU:0", "CPU:1")])
+def test_accumulated_micro_batches_update_the_touched_rows_as_one_batch(devices):
+    """`accumulate_steps=4` with lazy Adam: each micro-batch's table rows are
+    gathered (never summed into a dense table) and applied once, as rows: the
+    updates of batches of 4 x b rows, on one device and on 2 replicas (the
+    lazy rule: rows a step did not touch keep still); the rows no example
+    looked up are untouched."""
+    from tfmulti.models import accumulation
+
+    rng = np.random.default_rng(0)
+    # Two steps: rows 0-19, then 0-9 (Adam's dense update would move rows 10-19 in
+    # the second, from their moments); rows 20-39 never looked up.
+    x = np.concatenate([rng.integers(0, 20, 32), rng.integers(0, 10, 32)]).astype("int32")
+    y = rng.normal(size=(64, 1)).astype("float32")
+    keras.utils.set_random_seed(0)
+    plain = _ids_model()
+    plain.compile(optimizer=sparse_updates.lazy(keras.optimizers.Adam(0.05)), loss="mse")
+    plain.fit(x, y, batch_size=32, shuffle=False, verbose=0)
+    strategy = (tf.distribute.MirroredStrategy(devices) if devices
+                else tf.distribute.get_strategy())
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = _ids_model()
+        before = model.layers[1].embeddings.numpy()
+        model.compile(optimizer=sparse_updates.lazy(keras.optimizers.Adam(0.05)), loss="mse")
+    accumulation.accumulate_gradients(model, 4)
+    model.fit(x, y, batch_size=32, shuffle=False, verbose=0)
+    table = model.layers[1].embeddings
+    assert model.optimizer._var_key(table) in sparse_updates.sparse_variables(  # pylint: disable=protected-access
+        model.optimizer)
+    for a, b in zip(plain.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_array_equal(table.numpy()[20:], before[20:])
+    assert np.abs(table.numpy()[:20] - before[:20]).max() > 1e-3
+
+
+def test_lazy_updates_with_zero_are_refused_in_one_line():
+    from tfmulti.config.train_config import TrainConfig
+
+    with pytest.raises(ValueError, match="zero_stage=1 splits the slots") as refused:
+        TrainConfig(sparse_updates="lazy", zero_stage=1, distribution="mirrored").validate()
+    assert "\n" not in str(refused.value)

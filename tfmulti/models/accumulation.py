@@ -11,7 +11,9 @@ micro-steps of B rows are one step of k*B rows. The loss tracker and the
 compiled metrics see every micro-batch. The loss is scaled by the optimizer
 (`scale_loss`) before the gradients and unscaled by `apply_gradients` once,
 so a `LossScaleOptimizer` (mixed float16) checks and unscales the summed
-gradients. Sparse gradients (embeddings) are summed dense. `sum_gradients`
+gradients. Sparse gradients (embeddings) are summed dense, except where the
+optimizer updates rows lazily (`tfmulti.models.sparse_updates`): there each
+table's rows are gathered over the micro-batches and applied as rows. `sum_gradients`
 is the loop itself, shared with `tfmulti.training.loops`.
 
 Why not Keras' own, `optimizer(gradient_accumulation_steps=k)`: it decides
@@ -82,7 +84,7 @@ def _micro_batches(data, steps: int):
     return tf.nest.map_structure(lambda t: None if t is None else split(t), data)
 
 
-def sum_gradients(loss_fn, data, variables, steps: int):
+def sum_gradients(loss_fn, data, variables, steps: int, rows=frozenset()):
     """The gradients of `loss_fn` summed over `steps` micro-batches of `data`.
 
     Splits every tensor of `data` along its first axis into `steps`
@@ -103,10 +105,16 @@ def sum_gradients(loss_fn, data, variables, steps: int):
             stay None.
         variables: the variables to differentiate against.
         steps: the number of chunks (>= 1).
+        rows: ids of the variables (embedding tables, under lazy sparse
+            updates: `tfmulti.models.sparse_updates`) whose gradient is kept
+            as rows: each chunk's rows (`tf.IndexedSlices`; a dense gradient
+            as all its rows) gathered over the chunks, never summed into a
+            dense table.
 
     Returns:
-        (one gradient per variable, dense, or None where the loss does not
-        depend on the variable; the sum of the reported scalars).
+        (one gradient per variable, dense (rows for `rows`), or None where
+        the loss does not depend on the variable; the sum of the reported
+        scalars).
 
     Raises:
         ValueError: a static batch not divisible by `steps` (a dynamic one
@@ -132,8 +140,11 @@ def sum_gradients(loss_fn, data, variables, steps: int):
     gathered = sharding.gathered_once(variables) if sharding is not None else None
 
     synchronized: dict[int, object] = {}  # variables the loop assigned each replica's copy of
+    # The tables kept as rows: each chunk's rows written to a TensorArray (by position).
+    kept = {j: n for n, j in enumerate(
+        j for j, v in enumerate(variables) if id(v) in rows and gathered is None)}
 
-    def body(i, reported, sums):
+    def body(i, reported, sums, kept_rows):
         chunk = tf.nest.map_structure(lambda t: None if t is None else t[i], chunks)
         mapping, sources = ([], variables) if gathered is None else gathered.micro_batch()
         with _micro_batch_scope(mapping, synchronized), tf.GradientTape() as tape:
@@ -142,15 +153,27 @@ def sum_gradients(loss_fn, data, variables, steps: int):
             loss, report = loss_fn(chunk)
         grads = tape.gradient(loss, sources)
         no_gradient[:] = [g is None for g in grads]
-        sums = [s if g is None else s + tf.cast(tf.convert_to_tensor(g), s.dtype)
-                for s, g in zip(sums, grads)]
-        return i + 1, reported + tf.cast(report, tf.float32), sums
+        kept_rows = list(kept_rows)
+        for j, n in kept.items():
+            if grads[j] is not None:
+                values, indices = kept_rows[n]
+                g = _as_rows(grads[j])
+                kept_rows[n] = (values.write(i, tf.cast(g.values, values.dtype)),
+                                indices.write(i, tf.cast(g.indices, tf.int64)))
+        sums = [s if g is None or j in kept else s + tf.cast(tf.convert_to_tensor(g), s.dtype)
+                for j, (s, g) in enumerate(zip(sums, grads))]
+        return i + 1, reported + tf.cast(report, tf.float32), sums, kept_rows
 
-    zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
+    zeros = [tf.zeros([] if j in kept else v.shape, v.dtype) for j, v in enumerate(variables)]
+    empty = [(tf.TensorArray(variables[j].dtype, size=steps, infer_shape=False,
+                             element_shape=tf.TensorShape([None, *variables[j].shape[1:]])),
+              tf.TensorArray(tf.int64, size=steps, infer_shape=False,
+                             element_shape=tf.TensorShape([None])))
+             for j in kept]
     try:
-        _, reported, sums = tf.while_loop(lambda i, *_: i < steps, body,
-                                          (tf.constant(0), tf.constant(0.0), zeros),
-                                          parallel_iterations=1)
+        _, reported, sums, kept_rows = tf.while_loop(
+            lambda i, *_: i < steps, body, (tf.constant(0), tf.constant(0.0), zeros, empty),
+            parallel_iterations=1)
     except RuntimeError as e:
         if "merge_call" not in str(e):
             raise
@@ -161,8 +184,21 @@ def sum_gradients(loss_fn, data, variables, steps: int):
             f"exchange out of the layer's call.") from e
     for variable in synchronized.values():  # each replica's copy made their mean (or first)
         variable.assign(variable.value)
+    for j, n in kept.items():
+        values, indices = kept_rows[n]
+        sums[j] = tf.IndexedSlices(values.concat(), indices.concat(),
+                                   tf.constant(list(variables[j].shape), tf.int64))
     sums = [None if missing else s for s, missing in zip(sums, no_gradient)]
     return (sums if gathered is None else gathered.scatter(sums)), reported
+
+
+def _as_rows(gradient) -> tf.IndexedSlices:
+    """A table's gradient as rows: as it came, or (a table also used densely,
+    e.g. tied to an output layer) every row of it."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return gradient
+    gradient = tf.convert_to_tensor(gradient)
+    return tf.IndexedSlices(gradient, tf.range(tf.shape(gradient, out_type=tf.int64)[0]))
 
 
 @functools.cache
@@ -278,12 +314,32 @@ def _accumulating_train_step(model, data):
 
     trainable = model.trainable_weights
     gradients, _ = sum_gradients(loss_fn, keras.utils.unpack_x_y_sample_weight(data),
-                                 trainable, steps)
+                                 trainable, steps, rows=_lazy_tables(model))
     if trainable:
         model.optimizer.apply_gradients(zip(gradients, trainable))
     else:
         warnings.warn("The model does not have any trainable weights.")
     return model.get_metrics_result()
+
+
+def _lazy_tables(model) -> frozenset:
+    """Ids of the embedding tables whose summed gradient stays rows: those of a
+    model whose optimizer updates rows lazily (`tfmulti.models.sparse_updates`),
+    less the tables that optimizer updates densely anyway (a regularizer, a
+    constraint: `sparse_updates.dense_tables`)."""
+    import keras
+
+    from tfmulti.models import sparse_updates
+
+    optimizer = getattr(model, "optimizer", None)
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
+    if optimizer is None or not sparse_updates.is_lazy(optimizer):
+        return frozenset()
+    return frozenset(
+        id(layer.embeddings)
+        for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+        if isinstance(layer, keras.layers.Embedding) and layer.embeddings_regularizer is None
+        and layer.embeddings_constraint is None)
 
 
 def accumulate_gradients(model, steps: int):
