@@ -185,6 +185,8 @@ def sum_gradients(loss_fn, data, variables, steps: int, rows=frozenset()):
     for variable in synchronized.values():  # each replica's copy made their mean (or first)
         variable.assign(variable.value)
     for j, n in kept.items():
+        if no_gradient[j]:  # nothing written
+            continue
         values, indices = kept_rows[n]
         sums[j] = tf.IndexedSlices(values.concat(), indices.concat(),
                                    tf.constant(list(variables[j].shape), tf.int64))
@@ -323,23 +325,16 @@ def _accumulating_train_step(model, data):
 
 
 def _lazy_tables(model) -> frozenset:
-    """Ids of the embedding tables whose summed gradient stays rows: those of a
-    model whose optimizer updates rows lazily (`tfmulti.models.sparse_updates`),
-    less the tables that optimizer updates densely anyway (a regularizer, a
-    constraint: `sparse_updates.dense_tables`)."""
-    import keras
-
+    """Ids of the embedding tables whose summed gradient stays rows: those a
+    lazy optimizer updates by rows (`tfmulti.models.sparse_updates.row_tables`);
+    none where the optimizer is not lazy."""
     from tfmulti.models import sparse_updates
 
     optimizer = getattr(model, "optimizer", None)
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
     if optimizer is None or not sparse_updates.is_lazy(optimizer):
         return frozenset()
-    return frozenset(
-        id(layer.embeddings)
-        for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
-        if isinstance(layer, keras.layers.Embedding) and layer.embeddings_regularizer is None
-        and layer.embeddings_constraint is None)
+    return frozenset(id(layer.embeddings) for layer in sparse_updates.row_tables(model))
 
 
 def accumulate_gradients(model, steps: int):

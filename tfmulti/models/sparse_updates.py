@@ -50,7 +50,7 @@ import tensorflow as tf
 
 from tfmulti.runtime.keras_fixes import combined_rows
 
-__all__ = ["LAZY_RULES", "dense_tables", "is_lazy", "lazy", "lazy_rule_for",
+__all__ = ["LAZY_RULES", "dense_tables", "is_lazy", "lazy", "lazy_rule_for", "row_tables",
            "sparse_variables"]
 
 _LAZY = "_tfmulti_lazy_update"
@@ -160,6 +160,24 @@ def lazy_rule_for(optimizer):
     return None
 
 
+def _why_dense(layer) -> list[str]:
+    """What makes an `Embedding`'s table update densely under a lazy optimizer."""
+    return [what for what, value in (("embeddings_regularizer", layer.embeddings_regularizer),
+                                     ("embeddings_constraint", layer.embeddings_constraint))
+            if value is not None]
+
+
+def _tables(model) -> list:
+    return [layer for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+            if isinstance(layer, keras.layers.Embedding)]
+
+
+def row_tables(model) -> list:
+    """The `Embedding` layers of `model` whose table a lazy update keeps to the
+    rows a step touched (all but `dense_tables`')."""
+    return [layer for layer in _tables(model) if not _why_dense(layer)]
+
+
 def dense_tables(model) -> list[str]:
     """The `Embedding` layers of `model` whose table a lazy update cannot keep
     sparse, each named with why ("users (embeddings_regularizer)"): an
@@ -167,17 +185,9 @@ def dense_tables(model) -> list[str]:
     dense: the optimizer then updates every row, as without `lazy`), an
     `embeddings_constraint` (Keras applies it to the whole table after each
     update)."""
-    found = []
     attributes = _attribute_names(model)
-    for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
-        if not isinstance(layer, keras.layers.Embedding):
-            continue
-        why = [what for what, value in (("embeddings_regularizer", layer.embeddings_regularizer),
-                                         ("embeddings_constraint", layer.embeddings_constraint))
-               if value is not None]
-        if why:
-            found.append(f"{attributes.get(id(layer), layer.name)} ({' and '.join(why)})")
-    return found
+    return [f"{attributes.get(id(layer), layer.name)} ({' and '.join(_why_dense(layer))})"
+            for layer in _tables(model) if _why_dense(layer)]
 
 
 def _attribute_names(model) -> dict[int, str]:
