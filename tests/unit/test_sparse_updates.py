@@ -234,6 +234,7 @@ def test_accumulated_micro_batches_update_the_touched_rows_as_one_batch(devices)
     lazy rule: rows a step did not touch keep still); the rows no example
     looked up are untouched."""
     from tfmulti.models import accumulation
+    from tfmulti.runtime.strategy import get_strategy
 
     rng = np.random.default_rng(0)
     # Two steps: rows 0-19, then 0-9 (Adam's dense update would move rows 10-19 in
@@ -244,8 +245,8 @@ def test_accumulated_micro_batches_update_the_touched_rows_as_one_batch(devices)
     plain = _ids_model()
     plain.compile(optimizer=sparse_updates.lazy(keras.optimizers.Adam(0.05)), loss="mse")
     plain.fit(x, y, batch_size=32, shuffle=False, verbose=0)
-    strategy = (tf.distribute.MirroredStrategy(devices) if devices
-                else tf.distribute.get_strategy())
+    # tfmulti's, whose collectives do not collide with other strategies' in this process
+    strategy = get_strategy("mirrored", devices=devices) if devices else tf.distribute.get_strategy()
     with strategy.scope():
         keras.utils.set_random_seed(0)
         model = _ids_model()
