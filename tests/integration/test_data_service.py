@@ -267,9 +267,16 @@ def _costly_batches(x, y):
 
 
 @pytest.mark.slow  # trains for seconds, starts a service worker
-def test_diagnose_measures_the_service_for_an_input_bound_step():
+def test_diagnose_measures_the_service_for_an_input_bound_step(monkeypatch):
     from tfmulti.config.train_config import TrainConfig
-    from tfmulti.insight import diagnose
+    from tfmulti.insight import diagnose, timing
+
+    # Input-bound as diagnose classifies it: pinned to one core beside the suite's
+    # other test processes, the input and the step share that core, and the
+    # machine's load decided whether the step came out input- or overhead-bound
+    # (red twice in fresh-clone runs). The classification is test_diagnose.py's; here
+    # it is held at "input", and what follows from it is tested.
+    monkeypatch.setattr(timing.StepTimes, "bottleneck", property(lambda self: "input"))
 
     from benchmarks import cpus
 
