@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tfmulti
-from tests._util import WORKERS, launch_python
+from tests._util import WORKERS, launch_python, run_python
 from tests.workers.zero import SETTINGS
 
 
@@ -96,3 +96,23 @@ def _assert_same_state(got, want):
     assert len(got.optimizer.variables) == len(want.optimizer.variables) > 2
     for a, b in zip(got.optimizer.variables, want.optimizer.variables, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_stage_3_holds_one_layers_gathered_parameters_at_a_time():
+    """Each layer gathers its parameters at its call and again for its backward:
+    a step of stage 3 holds, by the allocator's peak, at least half of the
+    wholes' bytes less than the same step with the model gathered at once, less
+    than stage 2's step, and trains to the same weights."""
+    result = run_python([str(WORKERS / "zero_peak.py")],
+                        env={"TF_CPU_ALLOCATOR_USE_BFC": "true"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.splitlines()[-1])
+    runs = {name: out[name] for name in ("2", "3", "3-whole")}
+    print({name: run["peak"] for name, run in runs.items()})
+    # The wholes of all layers but one, on each of the 2 replicas' devices.
+    saving = 2 * (out["parameter_bytes"] - out["layer_bytes"])
+    assert runs["3"]["peak"] <= runs["3-whole"]["peak"] - 0.5 * saving, runs
+    assert runs["3"]["peak"] < runs["2"]["peak"], runs
+    for run in runs.values():
+        assert run["weights"] == pytest.approx(runs["2"]["weights"], rel=1e-6)

@@ -277,16 +277,16 @@ class Penalized(keras.Model):
         return self.out(self.drop(h, training=training))
 
 
-def _train_penalized(stage: int, penalties: bool, norm: bool, accumulate_steps: int = 1):
-    """`Penalized` trained 2 epochs by `fit` on 2 devices at `stage`, its
-    gradients accumulated over `accumulate_steps` micro-batches: (model, losses)."""
+def _fit_on_2_devices(build, stage: int, accumulate_steps: int):
+    """The model `build()` makes under the strategy of 2 devices, trained 2 epochs by
+    `fit` at `stage`, its gradients accumulated over `accumulate_steps`
+    micro-batches: (model, losses)."""
     from tfmulti.models import accumulation
 
     strategy = get_strategy("mirrored", devices=DEVICES[:2])
     keras.utils.set_random_seed(1)
     with strategy.scope():
-        model = Penalized(penalties, norm)
-        model(np.zeros((1, 7), "float32"))
+        model = build()
         model.compile(keras.optimizers.Adam(0.01),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     accumulation.accumulate_gradients(model, accumulate_steps)
@@ -295,6 +295,16 @@ def _train_penalized(stage: int, penalties: bool, norm: bool, accumulate_steps: 
     x, y = _data()
     history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
     return model, history.history["loss"]
+
+
+def _train_penalized(stage: int, penalties: bool, norm: bool, accumulate_steps: int = 1):
+    """`Penalized` trained by `_fit_on_2_devices`: (model, losses)."""
+    def build():
+        model = Penalized(penalties, norm)
+        model(np.zeros((1, 7), "float32"))
+        return model
+
+    return _fit_on_2_devices(build, stage, accumulate_steps)
 
 
 @pytest.mark.slow
@@ -312,16 +322,88 @@ def test_stage_3_keeps_what_layers_add_and_assign_in_the_call(penalties, norm):
     _assert_same_weights(sharded, whole)
 
 
+class Block(keras.layers.Layer):
+    """A layer holding layers: a Dense, then Dropout (Keras' seeded draws), called
+    without `training` (they take it from Keras' context of the call, as keras-io's
+    text transformer's block calls its dropouts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(8, activation="relu")
+        self.drop = keras.layers.Dropout(0.3)
+
+    def call(self, x):
+        return self.drop(self.dense(x))
+
+
+class Noisy(keras.layers.Dense):
+    """A Dense whose call drops with TensorFlow's own dropout (a stateful draw)."""
+
+    def call(self, x, training=False):
+        x = super().call(x)
+        return tf.nn.dropout(x, 0.3, seed=5) if training else x
+
+
+class KernelPenalty(keras.layers.Layer):
+    """A layer whose call adds a loss of its own kernel."""
+
+    def build(self, shape):
+        self.kernel = self.add_weight((shape[-1], 8), initializer="glorot_uniform")
+
+    def call(self, x):
+        self.add_loss(0.01 * tf.reduce_sum(tf.square(self.kernel)))
+        return tf.nn.relu(x @ self.kernel)
+
+
+def _train_functional(stage: int, accumulate_steps: int = 1):
+    """A Functional model (a nested one in it, layers that add losses, BatchNormalization,
+    Keras' and TensorFlow's dropout) trained by `_fit_on_2_devices`: (model, losses)."""
+    def build():
+        inner_inputs = keras.Input((8,))
+        inner = keras.Model(inner_inputs, keras.layers.Dense(
+            8, activation="relu", activity_regularizer=keras.regularizers.L2(0.05))(inner_inputs))
+        inputs = keras.Input((7,))
+        h = keras.layers.BatchNormalization()(inner(KernelPenalty()(inputs)))
+        h = Noisy(8)(Block()(h))
+        return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dropout(0.2)(h)))
+
+    return _fit_on_2_devices(build, stage, accumulate_steps)
+
+
+@pytest.mark.slow
+def test_stage_3_gathers_a_functional_models_parameters_layer_by_layer(monkeypatch):
+    """In a Functional model each layer gathers its own parameters at its call, and
+    one that can run twice gathers them again in the backward pass and runs again
+    there (nothing gathered kept between the two), the rest keep theirs (their
+    statistics must not move twice): the same losses (those the layers add
+    included) and weights as stage 0."""
+    recomputed = []
+    recompute = zero._recomputed
+
+    def spy(layer, *args):
+        recomputed.append(type(layer).__name__)
+        return recompute(layer, *args)
+
+    monkeypatch.setattr(zero, "_recomputed", spy)
+    sharded, sharded_losses = _train_functional(3)
+    assert {"KernelPenalty", "Dense", "BatchNormalization", "Block", "Noisy"} == set(recomputed)
+    whole, whole_losses = _train_functional(0)
+    np.testing.assert_allclose(sharded_losses, whole_losses, rtol=1e-5)
+    _assert_same_weights(sharded, whole)
+
+
 @pytest.mark.slow
 def test_stage_3_accumulates_micro_batches_exactly():
     """accumulate_steps=2 runs the micro-batches in a loop, where the replicas
-    cannot exchange shards: stage 3 gathers the parameters once before it and
-    reduce-scatters the summed gradient after it, and trains as stage 0 does
-    with the same accumulation."""
-    sharded, sharded_losses = _train_penalized(3, True, False, accumulate_steps=2)
-    whole, whole_losses = _train_penalized(0, True, False, accumulate_steps=2)
-    np.testing.assert_allclose(sharded_losses, whole_losses, rtol=1e-5)
-    _assert_same_weights(sharded, whole)
+    cannot exchange shards: stage 3 gathers the parameters once before it (a
+    Functional model's too, not layer by layer) and reduce-scatters the summed
+    gradient after it, and trains as stage 0 does with the same accumulation."""
+    for train in (_train_penalized, _train_functional):
+        arguments = (True, False) if train is _train_penalized else ()
+        sharded, sharded_losses = train(3, *arguments, accumulate_steps=2)
+        whole, whole_losses = train(0, *arguments, accumulate_steps=2)
+        np.testing.assert_allclose(sharded_losses, whole_losses, rtol=1e-5)
+        _assert_same_weights(sharded, whole)
 
 
 def test_a_stage_it_does_not_know_is_refused():

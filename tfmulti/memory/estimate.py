@@ -123,9 +123,10 @@ def estimate_memory(
             a time; each replica's own gradients are whole, as Keras computes
             them before any update. Stage 3 also holds its shard of each
             parameter and of the parameter's gradient (the gradient of the
-            gather); the step gathers the parameters whole when the model is
-            called and holds them until their gradients are computed (not
-            counted here).
+            gather); the step gathers each layer's parameters whole at its
+            call, and again for its backward (a Functional or Sequential
+            model; another model gathers all of its parameters when called
+            and holds them until their gradients): not counted here.
 
     Returns:
         A dict with the arguments and "devices": one row per device with

@@ -18,7 +18,12 @@ the N data-parallel replicas instead:
   reduce-scatter of stage 2), so the backward gives each replica its shard's
   gradient, summed over the replicas, and the update needs no gather; a read
   outside the step (saving, `get_weights`, a checkpoint) gathers it whole, and
-  an assignment of a whole value gives each replica its shard.
+  an assignment of a whole value gives each replica its shard. In a
+  Functional or Sequential model each layer gathers its own parameters just
+  before its call, and its backward gathers them again and runs its call
+  again (reading what the first run read, assigning nothing), as FSDP
+  gathers a unit twice: a step holds one layer's wholes at a time, not the
+  model's. Another model gathers all of its parameters when it is called.
 
 `shard_optimizer` does this to a Keras optimizer under TensorFlow's own
 `MirroredStrategy` or `MultiWorkerMirroredStrategy`, through the strategy's
@@ -35,6 +40,7 @@ whole gradients.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -47,12 +53,14 @@ import weakref
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.backend.common import global_state
 from keras.src.backend.common.stateless_scope import (
     StatelessScope,
     get_stateless_scope,
     in_stateless_scope,
 )
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+from keras.src.models.functional import Functional
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.trackable import base as trackable
 
@@ -387,7 +395,9 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
             its models (itself, and those it holds: a VAE's encoder and
             decoder) gathers its parameters when it is called, outside
             the loops and conditions of its layers (an RNN's, a convolution's
-            guard for an empty batch), where the replicas cannot exchange them.
+            guard for an empty batch), where the replicas cannot exchange them;
+            a Functional or Sequential model's layers each gather their own,
+            at their call (`_gather_at_call`).
 
     Raises:
         ValueError: a stage other than 0 to 3; an optimizer already built; no
@@ -895,8 +905,17 @@ def _gather_when_called(model, sharding: ZeroSharding) -> None:
     call (or in a step that gathered them already: `GatheredOnce`) reads
     theirs. The losses its layers add in the call are its replica's own
     (`model.losses` in that replica's step)."""
+    if getattr(model, _UNIT, False):  # its parent's layer: it gathers at its call
+        return
     call = model.call
     own = [v for v in model.trainable_variables if isinstance(v, ShardedParameter)]
+    if _layer_by_layer(model):
+        covered = set()
+        for layer in model.layers:
+            if not _layer_by_layer(layer):
+                _gather_at_call(layer, sharding)
+            covered.update(id(v) for v in layer.trainable_variables)
+        own = [v for v in own if id(v) not in covered]
     # The losses its layers added in the call (add_loss, activity regularizers), kept per
     # replica: the replicas' calls interleave at each gather, and a model's own list of
     # losses is one for all of them.
@@ -926,6 +945,155 @@ def _gather_when_called(model, sharding: ZeroSharding) -> None:
     model._clear_losses = clear  # pylint: disable=protected-access
 
 
+_UNIT = "_tfmulti_zero_gathers_at_call"
+
+
+def _layer_by_layer(layer) -> bool:
+    """Whether `layer` is a model that calls its layers one after the other,
+    outside any loop or condition (a Functional or Sequential model): its
+    layers then gather their own parameters, each just before its call
+    (`_gather_at_call`), instead of the model gathering all of them at once."""
+    return isinstance(layer, (Functional, keras.Sequential))
+
+
+def _gather_at_call(layer, sharding: ZeroSharding) -> None:
+    """`layer.call` made to gather the sharded parameters of `layer` (and of
+    the layers it holds) just before it runs, in a replica's step, as FSDP
+    gathers a unit: the wholes are let go once the call's operations have read
+    them, and gathered again for its backward, where the call runs again
+    (`_recomputed`), so that a step holds one layer's gathered parameters at a
+    time, not the model's."""
+    own = [v for v in layer.trainable_variables if isinstance(v, ShardedParameter)]
+    if not own or getattr(layer, _UNIT, False):
+        return
+    setattr(layer, _UNIT, True)
+    call = layer.call
+
+    def gathering_call(*args, **kwargs):
+        context = _step_context(sharding)
+        if context is None or in_symbolic_scope() or _mapped(own):
+            return call(*args, **kwargs)
+        outputs, losses = _recomputed(layer, call, own, context, sharding, args, kwargs)
+        for loss in losses:  # to the model's scope, the replica's own
+            layer.add_loss(loss)
+        return outputs
+
+    layer.call = gathering_call
+
+
+_DRAWS = ("RandomUniform", "RandomStandardNormal", "RandomGamma", "RandomPoisson",
+          "RandomShuffle", "RandomCrop", "StatefulUniform", "StatefulStandardNormal",
+          "StatefulTruncatedNormal", "StatefulRandomBinomial", "TruncatedNormal",
+          "ParameterizedTruncatedNormal", "Multinomial", "RngReadAndSkip", "RngSkip")
+"""The beginnings of the types of TensorFlow's operations that draw from a
+state of their own (`tf.random.uniform`, `tf.nn.dropout`, a `tf.random.
+Generator`): run again, they draw other numbers. Keras' draws are stateless
+ones, seeded from a `SeedGenerator`'s variable."""
+
+
+def _recomputed(layer, call, own, context, sharding: ZeroSharding, args, kwargs):
+    """`call(*args, **kwargs)` on `own` gathered, as one operation whose
+    gradient gathers them again and runs the call again to differentiate it,
+    so that nothing gathered is kept from the forward pass to the backward:
+    (the call's outputs, the losses it added). The second run reads the
+    layer's other variables (BatchNormalization's statistics, a dropout's
+    seed) as the first read them, and assigns nothing: it computes what the
+    first computed. Where the first drew numbers that a second would draw
+    anew (`_DRAWS`: TensorFlow's own random operations, not Keras'), the
+    gradient is taken of the first run's operations instead, which keeps its
+    wholes until then. The gradient with respect to each parameter's shard is
+    the gather's: the replica's shard of the sum over the replicas."""
+    flat = tf.nest.flatten((args, kwargs))
+    positions = [i for i, x in enumerate(flat)
+                 if tf.is_tensor(x) and (x.dtype.is_floating or x.dtype.is_complex)]
+    shards = [tf.convert_to_tensor(v._value) for v in own]  # pylint: disable=protected-access
+    # The layer's other variables as the first run reads them (read before it assigns them).
+    state = [v for v in layer.non_trainable_variables if not isinstance(v, ShardedParameter)]
+    read = [tf.cast(v.value, v.dtype) for v in state]
+    # And Keras' context of the call, which the backward pass is outside of: the `training`
+    # its layers take from it (a Dropout called without one), the dtype they compute in.
+    keras_context = (global_state.get_global_attribute("current_call_ctx"),
+                     global_state.get_global_attribute("autocast_scope"))
+    first = {}
+
+    def run(xs, after, replay: bool):
+        values = list(flat)
+        for i, x in zip(positions, xs):
+            values[i] = x
+        call_args, call_kwargs = tf.nest.pack_sequence_as((args, kwargs), values)
+        # Gathered only once `after` is computed: else the graph would run every layer's
+        # gather as soon as the step starts (they read only the shards), all wholes at once.
+        with tf.control_dependencies(after):
+            mapping = [(v, _gather_parameter(s, v, context, sharding))
+                       for v, s in zip(own, xs[len(positions):])]
+        if replay:
+            mapping += list(zip(state, read))
+        with _GatheredScope(mapping, replay=replay) as scope, \
+                _keras_context(keras_context if replay else None):
+            outputs = call(*call_args, **call_kwargs)
+        return outputs, list(scope.losses)
+
+    @tf.custom_gradient
+    def unit(*xs):
+        graph = tf.compat.v1.get_default_graph()
+        made = len(graph.get_operations())
+        # (the forward: after the layer's inputs; the backward's: after its outputs' gradients)
+        first["result"] = result = run(list(xs), xs[:len(positions)], replay=False)
+        # This replica's operations of the call: the other replicas' threads add theirs too.
+        scope = graph.get_name_scope()
+        draws = [op.type for op in graph.get_operations()[made:]
+                 if op.type.startswith(_DRAWS) and (not scope or op.name.startswith(scope + "/"))]
+
+        def grad(*upstream, variables=None):
+            sources = [*xs, *(variables or [])]
+            if draws:  # the first run's operations, differentiated
+                pairs = [(t, u) for t, u in zip(tf.nest.flatten(result), upstream)
+                         if u is not None and t.dtype.is_floating]
+                grads = tf.gradients([t for t, _ in pairs], sources,
+                                     grad_ys=[u for _, u in pairs])
+            else:
+                with tf.GradientTape() as tape:
+                    tape.watch(xs)
+                    after = [u.values if isinstance(u, tf.IndexedSlices) else u
+                             for u in upstream if u is not None]
+                    again = tf.nest.flatten(run(list(xs), after, replay=True))
+                pairs = [(t, u) for t, u in zip(again, upstream)
+                         if u is not None and t.dtype.is_floating]
+                grads = tape.gradient([t for t, _ in pairs], sources,
+                                      output_gradients=[u for _, u in pairs])
+            if variables:
+                return grads[:len(xs)], grads[len(xs):]
+            return grads
+
+        return result, grad
+
+    outputs, losses = unit(*[flat[i] for i in positions], *shards)
+    for mine, theirs in zip(tf.nest.flatten(outputs), tf.nest.flatten(first["result"][0])):
+        mask = getattr(theirs, "_keras_mask", None)  # (a mask the call set on its outputs)
+        if mask is not None:
+            mine._keras_mask = mask  # pylint: disable=protected-access
+    return outputs, losses
+
+
+@contextlib.contextmanager
+def _keras_context(context):
+    """Keras' call context and autocast scope set to `context` (a pair, as
+    `_recomputed` read them in the first run) for the block, then restored;
+    None: left as they are."""
+    if context is None:
+        yield
+        return
+    names = ("current_call_ctx", "autocast_scope")
+    before = [global_state.get_global_attribute(name) for name in names]
+    for name, value in zip(names, context):
+        global_state.set_global_attribute(name, value)
+    try:
+        yield
+    finally:
+        for name, value in zip(names, before):
+            global_state.set_global_attribute(name, value)
+
+
 def _mapped(variables) -> bool:
     """Whether a scope already maps every one of `variables` to a value."""
     return in_stateless_scope() and all(
@@ -938,16 +1106,19 @@ class _GatheredScope(StatelessScope):
     without a scope: another variable's assignment (BatchNormalization's
     statistics, a dropout's seed) is made where the layer makes it, and the
     losses the layers add (`add_loss`, an activity regularizer) are kept in
-    `losses` (Keras' stateless scope would drop them)."""
+    `losses` (Keras' stateless scope would drop them). A `replay` (a call run
+    again for its gradient) assigns nothing: each assignment is kept in the
+    mapping, read back in the call, then dropped."""
 
-    def __init__(self, state_mapping):
+    def __init__(self, state_mapping, replay: bool = False):
         super().__init__(state_mapping=state_mapping, collect_losses=True,
                          initialize_variables=False)
+        self.replay = replay
 
     def add_update(self, update):
         variable, value = update
-        if isinstance(variable, ShardedParameter):  # read back as assigned, in this call
-            self.state_mapping[id(variable)] = value
+        if self.replay or isinstance(variable, ShardedParameter):
+            self.state_mapping[id(variable)] = value  # read back as assigned, in this call
         else:
             variable._direct_assign(value)  # pylint: disable=protected-access
 
