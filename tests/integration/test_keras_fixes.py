@@ -24,6 +24,7 @@ from tests.unit.test_keras_fixes import (
     EMPTY_BATCH_CONV,
     FIT_MULTI_WORKER,
     MODEL_WITHOUT_CALL,
+    ONE_REPLICAS_FINITE,
     REPEATED_ROWS,
     SCALAR_LOGS_MULTI_WORKER,
     STEPS_PER_CALL,
@@ -213,6 +214,17 @@ _SINGLE_PROCESS = textwrap.dedent("""
         from tests.workers import keras_upstream
         return [float(np.max(np.abs(np.subtract(*keras_upstream.embedding_runs("adam", s)))))
                 for s in (None, keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"]))]
+
+    # mixed_float16, an outlier whose scaled gradient overflows in the second
+    # replica's half of the first batch, under 2 plain mirrored replicas
+    # (collective keys of their own): the loss scale, and whether the weights
+    # are finite.
+    @part
+    def loss_scale_upstream():
+        from tests.workers import keras_upstream
+        with keras_fixes.mirrored_strategy(["CPU:0", "CPU:1"]).scope():
+            got = keras_upstream.own_step("mixed_float16_overflow")
+        return [got["loss_scale"], bool(np.isfinite(got["weights"]).all())]
 
     # apply_keras_fixes on strategies the user built: the first call that
     # patches prints one line to stderr, no other call does.
@@ -459,6 +471,9 @@ def test_fix_own_steps_under_multi_worker(name, keras_under_multi_worker,
         np.testing.assert_allclose(
             first["weights"], own_steps_on_one_device["add_loss_at_half_rate"]["weights"],
             atol=1e-5)
+    elif name == "mixed_float16_overflow":  # both workers skip the step one's share overflows
+        assert first["loss_scale"] == one_device["loss_scale"] == 2.0 ** 13
+        np.testing.assert_allclose(first["weights"], one_device["weights"], atol=1e-4)
     else:  # the same weights as on one device
         np.testing.assert_allclose(first["weights"], one_device["weights"], atol=1e-5)
     if name == "own_logs":  # logs as on one device (a Keras Loss: 1 / 2 of it)
@@ -550,6 +565,19 @@ def test_upstream_bug_losses_added_in_a_call_mix_between_replicas_that_take_turn
 
 
 @pytest.mark.slow
+def test_upstream_bug_loss_scaling_reads_the_first_replicas_gradients(upstream):
+    # keras-team/keras#18691's LossScaleOptimizer takes the first replica's
+    # check of its own gradients, before they are summed: the overflow in the
+    # second replica's share is applied, the weights turn infinite and the
+    # scale keeps halving (one device skips 2 steps of 4: a scale of 2 ** 13;
+    # the same under 2 replicas with the fix: tests/unit/test_keras_fixes.py).
+    part = upstream["loss_scale_upstream"]
+    assert part["error"] is None, part
+    scale, finite = part["result"]
+    assert not finite and scale < 2.0 ** 13, part
+
+
+@pytest.mark.slow
 def test_upstream_bug_batch_normalization_statistics_differ_between_replicas(upstream):
     # tensorflow/tensorflow#46488 (Keras 3: moving statistics made with
     # aggregation "none"): each replica's copy follows its own batches.
@@ -615,11 +643,12 @@ def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
     assert r["mirrored"] == r["again"] == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
                                            BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
                                            MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
-                                           REPEATED_ROWS]
+                                           REPEATED_ROWS, ONE_REPLICAS_FINITE]
     assert r["one_device"] == [MODEL_WITHOUT_CALL, REPEATED_ROWS]
     assert r["everything"] == [FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER,
                                STEPS_PER_CALL, BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
-                               MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP, REPEATED_ROWS]
+                               MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP, REPEATED_ROWS,
+                               ONE_REPLICAS_FINITE]
     assert r["stderr"] == ("tfmulti: Keras fixes active: a first batch split unevenly over "
                            "replicas (keras#20585), several steps per call with 2+ "
                            "replicas (keras#19246), BatchNormalization statistics that differ "
@@ -627,4 +656,5 @@ def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
                            "batch under oneDNN (tensorflow#30968), a model without call "
                            "under a strategy (keras#20051), optimizers and layers built in "
                            "the train step with 2+ replicas (keras#23085), rows repeated in "
-                           "a sparse gradient (keras#18692)\n")
+                           "a sparse gradient (keras#18692), loss scaling that checks one "
+                           "replica's gradients (keras#18691)\n")

@@ -28,6 +28,7 @@ SCALAR_LOGS_MULTI_WORKER = "logged scalars under MultiWorkerMirroredStrategy"
 MODEL_WITHOUT_CALL = "a model without call under a strategy"
 BUILT_IN_THE_STEP = "optimizers and layers built in the train step with 2+ replicas"
 REPEATED_ROWS = "rows repeated in a sparse gradient"
+ONE_REPLICAS_FINITE = "loss scaling that checks one replica's gradients"
 
 
 def test_fix_slurm_resolver_on_cpu_nodes(monkeypatch):
@@ -354,6 +355,30 @@ def test_add_loss_summed_over_the_batch_counts_1_over_replicas():
     np.testing.assert_allclose(got["history"]["loss"], want["history"]["loss"], rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_fix_loss_scaling_skips_a_step_that_overflows_on_any_replica():
+    # mixed_float16: the scaled gradient of one outlier overflows float16 in
+    # the second replica's half of the first batch. Upstream, the first
+    # replica's check passes and the step is applied: the weights turn
+    # infinite (tests/integration/test_keras_fixes.py). With the fix every
+    # replica skips that step and halves the loss scale, as one device does
+    # on the whole batch, and trains to its weights (float16 sums: 1e-4).
+    import numpy as np
+
+    import tfmulti
+    from tests.workers import keras_upstream
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+    assert ONE_REPLICAS_FINITE in tfmulti.apply_keras_fixes(strategy)
+    with strategy.scope():
+        got = keras_upstream.own_step("mixed_float16_overflow")
+    want = keras_upstream.own_step("mixed_float16_overflow")
+    assert got["loss_scale"] == want["loss_scale"] == 2.0 ** 15 / 4  # 2 steps skipped of 4
+    assert np.isfinite(got["weights"]).all()
+    np.testing.assert_allclose(got["weights"], want["weights"], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(got["history"]["loss"], want["history"]["loss"], rtol=1e-4)
+
+
 # --------------------------------------------------------------------------
 # Rows repeated in a sparse gradient (the scatter updates of keras#18692).
 
@@ -393,7 +418,7 @@ def test_apply_keras_fixes_to_a_mirrored_strategy_the_user_built():
     assert tfmulti.apply_keras_fixes(strategy) == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
                                                    BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
                                                    MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
-                                                   REPEATED_ROWS]
+                                                   REPEATED_ROWS, ONE_REPLICAS_FINITE]
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
@@ -416,7 +441,7 @@ def test_apply_keras_fixes_by_strategy():
     assert keras_fixes.apply_keras_fixes() == keras_fixes.active_fixes() == [
         FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
         BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV, MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
-        REPEATED_ROWS]
+        REPEATED_ROWS, ONE_REPLICAS_FINITE]
 
 
 # --------------------------------------------------------------------------
@@ -446,6 +471,8 @@ def test_recorded_keras_functions_are_the_installed_ones():
     (BUILT_IN_THE_STEP, "keras.src.backend.tensorflow.core:Variable._initialize"),
     (REPEATED_ROWS,
      "keras.src.backend.tensorflow.optimizer:TFOptimizer._distributed_tf_update_step"),
+    (ONE_REPLICAS_FINITE,
+     "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer.check_finite"),
 ])
 def test_guard_leaves_a_fix_off_where_keras_changed(fix, changed, monkeypatch):
     import importlib

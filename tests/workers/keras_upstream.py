@@ -182,6 +182,29 @@ def regression(num: int = 32) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
 
 
+def mixed_float16() -> keras.Model:
+    """A regression model in mixed_float16 (Keras wraps its optimizer in a
+    `LossScaleOptimizer` at compile), as the mixed precision guide builds one:
+    the output layer in float32."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                 keras.layers.Dense(2, dtype="float32")])
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def overflowing() -> tf.data.Dataset:
+    """`regression()` with one outlier, the last row of the first batch (the
+    second replica's or worker's share): the scaled gradient of its error
+    overflows float16 there, in that share only."""
+    x = np.random.default_rng(0).random((32, 4), dtype=np.float32)
+    x[15, 3] = 1000.0
+    y = np.stack([x.sum(axis=1), x[:, :2].sum(axis=1)], axis=1)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+
 def train(make, data: tf.data.Dataset) -> dict:
     """Makes (`make()`), compiles and fits a model of `OWN_STEPS` under the
     current strategy's scope (seeded), for 2 epochs; evaluates the one with a
@@ -194,6 +217,8 @@ def train(make, data: tf.data.Dataset) -> dict:
     history = model.fit(data, epochs=2, verbose=0).history
     result = {"history": {k: np.asarray(v).tolist() for k, v in history.items()},
               "weights": np.concatenate([np.ravel(w) for w in model.get_weights()]).tolist()}
+    if hasattr(model.optimizer, "dynamic_scale"):  # mixed_float16's: the steps it skipped
+        result["loss_scale"] = float(model.optimizer.dynamic_scale.numpy())
     if isinstance(model, OwnLogs):
         result["evaluate"] = model.evaluate(data, verbose=0, return_dict=True)
     if isinstance(model, GAN):  # the shapes of each optimizer's variables, in order
@@ -216,6 +241,7 @@ OWN_STEPS = {  # name: (the model, its data)
     "lazy": (Lazy, regression),
     "add_loss": (with_add_loss, regression),
     "own_logs": (own_logs, regression),
+    "mixed_float16_overflow": (mixed_float16, overflowing),
 }
 
 

@@ -540,10 +540,6 @@ class TrainConfig:
                 f"`sparse_updates` 'lazy' updates a table's touched rows in its whole slots, "
                 f"and zero_stage={self.zero_stage} splits the slots over the replicas; use "
                 "one of them (sparse_updates='dense', or zero_stage=0).")
-        if self.zero_stage == 3 and self.mixed_precision == "float16":
-            raise ValueError(
-                "zero_stage=3 does not take mixed_precision='float16' (its loss scaling checks "
-                "the gradients whole); use mixed_precision='bfloat16', or zero_stage=2.")
         if self.data_service is not None:
             data_service_target(self.data_service)
         c.positive_number("data_service_timeout", self.data_service_timeout)

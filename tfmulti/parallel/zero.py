@@ -35,7 +35,8 @@ applies per element (Adam, AdamW, SGD with momentum, RMSprop, Adagrad, Lion,
 ...) updates a shard exactly as it updates the shard's elements of the whole
 variable; what the rule does across elements (clipping by a norm, weight
 decay, loss scaling) happens where Keras does it, before the update, on the
-whole gradients.
+whole gradients (at stage 3, loss scaling's check for an overflow reads each
+replica's shards, and the replicas' answers are summed: `keras_fixes`).
 """
 
 from __future__ import annotations
@@ -384,7 +385,9 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
     calls `apply_gradients`), as Keras does.
 
     Args:
-        optimizer: a Keras optimizer (not yet built).
+        optimizer: a Keras optimizer (not yet built), or the loss-scale
+            optimizer that wraps it (`model.optimizer` under mixed_float16:
+            its inner optimizer's state is sharded).
         variables: the variables it will update, in the order of its
             gradients (`model.trainable_variables`).
         strategy: a `MirroredStrategy` or `MultiWorkerMirroredStrategy`.
@@ -404,15 +407,15 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
             variables (a model not built yet); an
             optimizer whose rule is not per element; at stage 3, what reads a
             parameter or a gradient whole in the update (`clipnorm`,
-            `global_clipnorm`, `use_ema`, Keras' `gradient_accumulation_steps`,
-            a loss-scale optimizer) or a regularized variable; stage 3
-            without `model`.
+            `global_clipnorm`, `use_ema`, Keras' `gradient_accumulation_steps`)
+            or a regularized variable; stage 3 without `model`.
     """
     if stage not in STAGES:
         raise ValueError(f"zero_stage={stage!r} is not a sharding stage; use one of "
                          f"{', '.join(map(str, STAGES))}.")
     if stage == 0:
         return optimizer
+    given, optimizer = optimizer, updating(optimizer)  # a loss-scale optimizer's inner one
     _check_rule(optimizer)
     if stage == 3:
         _check_stage_3(optimizer, variables, model)
@@ -452,9 +455,11 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
             keys[id(variable)] = optimizer._var_key(variable)
             _shard_parameter(variable, sharding)
         # The optimizer knows each variable by the key it had when built (Keras reads it
-        # from the variable's value, which is now the gathered whole).
-        var_key = optimizer._var_key
-        optimizer._var_key = lambda variable: keys.get(id(variable)) or var_key(variable)
+        # from the variable's value, which is now the gathered whole), and so does the
+        # loss-scale optimizer that wraps it (mixed_float16), which Keras builds too.
+        wrappers = {given, getattr(model, "optimizer", None)}
+        for holder in {optimizer} | {w for w in wrappers if updating(w) is optimizer}:
+            holder._var_key = _known_keys(holder._var_key, keys)
         # The decay is the shards' own (`_update_parameter_shards`), before the rule, as Keras'.
         optimizer._apply_weight_decay = lambda variables: None
         for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
@@ -462,7 +467,13 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
                 _gather_when_called(layer, sharding)
     optimizer._backend_update_step = _update_step(optimizer, sharding)
     optimizer.save_own_variables = _save_own_variables(optimizer, sharding)
-    return optimizer
+    return given
+
+
+def _known_keys(var_key, keys: dict):
+    """`var_key` (an optimizer's), answering for the variables of `keys` (by id) their
+    key there."""
+    return lambda variable: keys.get(id(variable)) or var_key(variable)
 
 
 ACROSS_ELEMENTS = ("Lamb", "Adafactor", "Muon")
@@ -772,18 +783,17 @@ parameter or gradient in the update, where a replica holds its shard only."""
 
 def _check_stage_3(optimizer, variables, model) -> None:
     """Refuses, at stage 3, an optimizer or variables that read whole what a
-    replica holds a shard of (`STAGE_3_REFUSED`, a loss-scale optimizer, a
-    regularizer), and no model to gather them in."""
+    replica holds a shard of (`STAGE_3_REFUSED`, a regularizer), and no model to
+    gather them in. (A loss-scale optimizer's check for an overflow reads what it
+    is given, at stage 3 a replica's shards; the answers are made to agree over
+    the replicas by `keras_fixes`' "loss scaling that checks one replica's
+    gradients".)"""
     for name, why in STAGE_3_REFUSED.items():
         if getattr(optimizer, name, None):
             raise ValueError(
                 f"zero_stage=3 cannot shard {type(optimizer).__name__} with {name}="
                 f"{getattr(optimizer, name)!r}: it {why}, and each replica holds a shard of "
                 f"the parameters; leave {name} unset, or use zero_stage=2.")
-    if hasattr(optimizer, "inner_optimizer"):
-        raise ValueError(
-            "zero_stage=3 does not take a loss-scale optimizer (mixed_precision=float16): its "
-            "check for infinite gradients reads them whole; use bfloat16 or zero_stage=2.")
     for variable in variables:
         if getattr(variable, "regularizer", None) is not None:
             raise ValueError(

@@ -129,6 +129,11 @@ _REPEATED_ROWS = _Fix(
     "rows repeated in a sparse gradient", "keras#18692",
     "https://github.com/keras-team/keras/pull/18692",
     (_OPTIMIZER + "TFOptimizer._distributed_tf_update_step",))
+_LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer."
+_ONE_REPLICAS_FINITE = _Fix(
+    "loss scaling that checks one replica's gradients", "keras#18691",
+    "https://github.com/keras-team/keras/pull/18691",
+    (_LOSS_SCALE + "check_finite", _LOSS_SCALE + "_tf_apply"))
 
 # --------------------------------------------------------------------------
 # The guard: patch only the Keras functions the fixes were written for.
@@ -164,6 +169,10 @@ KERAS_ORIGINALS = {  # "module:qualified name" -> SHA-256 of its source in Keras
         "ab759c22f87fb300c93b8283ea280ff99a52fc483376bd43d1edc26b0080601d",
     _OPTIMIZER + "TFOptimizer._distributed_tf_update_step":
         "ec83c95231ba33ee08aec21749ca92dff304cb6f77bdb21376621e183f513b20",
+    _LOSS_SCALE + "check_finite":
+        "b0ce693a4ff0133b24ff258572b4279b2154ed1a3ff0478368ec5914272ea3a5",
+    _LOSS_SCALE + "_tf_apply":
+        "e702c4db1a0622e3b4da2f76d6cca4660f63c145e272d7510d96d674cf944814",
 }
 """Each Keras function a fix replaces, with the SHA-256 of its source."""
 
@@ -244,10 +253,10 @@ def _needed(strategy) -> tuple[_Fix, ...]:
     if strategy is None or isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return (_FIT_MULTI_WORKER, _UNEVEN_FIRST_BATCH, _SCALAR_LOGS_MULTI_WORKER,
                 _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV,
-                _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP, _REPEATED_ROWS)
+                _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP, _REPEATED_ROWS, _ONE_REPLICAS_FINITE)
     if isinstance(strategy, tf.distribute.MirroredStrategy):
         return (_UNEVEN_FIRST_BATCH, _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV,
-                _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP, _REPEATED_ROWS)
+                _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP, _REPEATED_ROWS, _ONE_REPLICAS_FINITE)
     if isinstance(strategy, tf.distribute.OneDeviceStrategy):
         return (_MODEL_WITHOUT_CALL, _REPEATED_ROWS)
     return ()
@@ -267,7 +276,8 @@ def active_fixes() -> list[str]:
         ...     "convolutions on an empty batch under oneDNN",
         ...     "a model without call under a strategy",
         ...     "optimizers and layers built in the train step with 2+ replicas",
-        ...     "rows repeated in a sparse gradient"}
+        ...     "rows repeated in a sparse gradient",
+        ...     "loss scaling that checks one replica's gradients"}
         True
     """
     return [fix.name for fix in _needed(None) if fix.name in _applied]
@@ -298,14 +308,20 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
       model when a replica's share of the last batch is empty), "optimizers
       and layers built in the train step with 2+ replicas" (keras#23085: a
       `train_step` of one's own whose optimizers or layers are built on its
-      first call, as a GAN's two optimizers are) and the two below;
+      first call, as a GAN's two optimizers are), "loss scaling that checks
+      one replica's gradients" (keras#18691's `LossScaleOptimizer` under a
+      strategy: mixed_float16's overflow check reads the first replica's own
+      gradients, before they are summed, so an overflow on another replica
+      is applied, turning the weights infinite, or, across workers, one
+      worker skips the step while another sums with it, and the job hangs)
+      and the two below;
     * a `OneDeviceStrategy` too: "a model without call under a strategy"
       (the symbolic build that keras#20051 added: `fit` of a model without
       `call`, such as a GAN written around its `train_step`) and "rows
       repeated in a sparse gradient" (the scatter updates of keras#18692: an
       `Embedding` whose batch repeats an id, trained by Adam, RMSprop,
       Adagrad..., updated as if each occurrence were a step of its own);
-    * any other strategy: none. None: all nine (before the strategy exists).
+    * any other strategy: none. None: all ten (before the strategy exists).
 
     Calling it again does nothing more. The first call in a process that
     installs a fix prints one line to stderr naming the active fixes. A fix
@@ -329,7 +345,7 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
          'BatchNormalization statistics that differ between replicas',
          'convolutions on an empty batch under oneDNN', 'a model without call under a strategy',
          'optimizers and layers built in the train step with 2+ replicas',
-         'rows repeated in a sparse gradient']
+         'rows repeated in a sparse gradient', "loss scaling that checks one replica's gradients"]
     """
     global _announced
     patches = {_FIT_MULTI_WORKER: _patch_symbolic_build,
@@ -340,7 +356,8 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
                _EMPTY_BATCH_CONV: _patch_conv,
                _MODEL_WITHOUT_CALL: _patch_symbolic_build,
                _BUILT_IN_THE_STEP: _patch_variables_in_replicas,
-               _REPEATED_ROWS: _patch_repeated_rows}
+               _REPEATED_ROWS: _patch_repeated_rows,
+               _ONE_REPLICAS_FINITE: _patch_loss_scale_finite}
     needed = _needed(strategy)
     with _lock:
         for fix in needed:
@@ -968,6 +985,47 @@ def _patch_repeated_rows() -> None:
 
     _distributed_tf_update_step.__wrapped__ = original
     tf_optimizer.TFOptimizer._distributed_tf_update_step = _distributed_tf_update_step
+
+
+# --------------------------------------------------------------------------
+# Loss scaling that checks one replica's gradients (mixed_float16 under a
+# strategy of 2+ replicas; the code of keras#18691).
+#
+# `LossScaleOptimizer._tf_apply` checks the gradients for an overflow in a
+# merge call, on each replica, and takes the first replica's answer ("each
+# replica computed the same `finite` value, since `grads` is all-reduced"),
+# but Keras 3's TensorFlow optimizer sums the gradients later, in its
+# `_backend_update_step`: the check reads each replica's own. An overflow on
+# another replica's batch is then applied: the sum is infinite and so are the
+# weights after the step, where one device skips the step and halves the
+# scale. Across workers, each worker takes its own first replica's answer:
+# one skips the step while another enters the gradients' all-reduce, and the
+# job hangs. The patch makes the check agree: each replica's answer is
+# summed over all of them (the replicas that overflowed: one collective of one number), so
+# every replica and worker takes the branch one device would on the whole
+# batch. The same makes it right where each replica holds a shard of the
+# gradients (`tfmulti.parallel.zero`).
+# --------------------------------------------------------------------------
+
+def _patch_loss_scale_finite() -> None:
+    from keras.src.optimizers import loss_scale_optimizer
+
+    cls = loss_scale_optimizer.LossScaleOptimizer
+    original = cls.check_finite
+
+    def check_finite(self, grads):
+        finite = original(self, grads)
+        if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+            return finite
+        context = tf.distribute.get_replica_context()
+        if context.num_replicas_in_sync < 2:
+            return finite
+        overflows = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                       tf.cast(tf.logical_not(finite), tf.float32))
+        return tf.equal(overflows, 0.0)
+
+    check_finite.__wrapped__ = original
+    cls.check_finite = check_finite
 
 
 def _patch_conv() -> None:
