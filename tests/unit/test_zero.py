@@ -343,6 +343,24 @@ class Noisy(keras.layers.Dense):
         return tf.nn.dropout(x, 0.3, seed=5) if training else x
 
 
+class Jittered(keras.layers.Dense):
+    """A Dense whose call scales its output by draws of a `tf.random.Generator`
+    (a state of its own, which each draw advances), in a `tf.function` of its own
+    (the draws in a function the call's operations call, not among them)."""
+
+    def build(self, shape):
+        super().build(shape)
+        self.generator = tf.random.Generator.from_seed(11)
+
+    def call(self, x, training=False):
+        x = super().call(x)
+        return self._jitter(x) if training else x
+
+    @tf.function
+    def _jitter(self, x):
+        return x * self.generator.uniform(tf.shape(x), 0.5, 1.5)
+
+
 class KernelPenalty(keras.layers.Layer):
     """A layer whose call adds a loss of its own kernel."""
 
@@ -356,14 +374,14 @@ class KernelPenalty(keras.layers.Layer):
 
 def _train_functional(stage: int, accumulate_steps: int = 1):
     """A Functional model (a nested one in it, layers that add losses, BatchNormalization,
-    Keras' and TensorFlow's dropout) trained by `_fit_on_2_devices`: (model, losses)."""
+    Keras' and TensorFlow's dropout, a generator's draws in a function) trained by `_fit_on_2_devices`: (model, losses)."""
     def build():
         inner_inputs = keras.Input((8,))
         inner = keras.Model(inner_inputs, keras.layers.Dense(
             8, activation="relu", activity_regularizer=keras.regularizers.L2(0.05))(inner_inputs))
         inputs = keras.Input((7,))
         h = keras.layers.BatchNormalization()(inner(KernelPenalty()(inputs)))
-        h = Noisy(8)(Block()(h))
+        h = Jittered(8)(Noisy(8)(Block()(h)))
         return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dropout(0.2)(h)))
 
     return _fit_on_2_devices(build, stage, accumulate_steps)
@@ -385,7 +403,8 @@ def test_stage_3_gathers_a_functional_models_parameters_layer_by_layer(monkeypat
 
     monkeypatch.setattr(zero, "_recomputed", spy)
     sharded, sharded_losses = _train_functional(3)
-    assert {"KernelPenalty", "Dense", "BatchNormalization", "Block", "Noisy"} == set(recomputed)
+    assert {"KernelPenalty", "Dense", "BatchNormalization", "Block", "Noisy",
+            "Jittered"} == set(recomputed)
     whole, whole_losses = _train_functional(0)
     np.testing.assert_allclose(sharded_losses, whole_losses, rtol=1e-5)
     _assert_same_weights(sharded, whole)

@@ -932,8 +932,8 @@ def _gather_when_called(model, sharding: ZeroSharding) -> None:
     added = threading.local()
 
     def gathering_call(*args, **kwargs):
-        context = _step_context(sharding)
-        if context is None or in_symbolic_scope() or _mapped(own):
+        context = _gathering_context(own, sharding)
+        if context is None:
             return call(*args, **kwargs)
         gathered = [(v, _gather_parameter(v._value, v, context, sharding))  # pylint: disable=protected-access
                     for v in own]
@@ -980,8 +980,8 @@ def _gather_at_call(layer, sharding: ZeroSharding) -> None:
     call = layer.call
 
     def gathering_call(*args, **kwargs):
-        context = _step_context(sharding)
-        if context is None or in_symbolic_scope() or _mapped(own):
+        context = _gathering_context(own, sharding)
+        if context is None:
             return call(*args, **kwargs)
         outputs, losses = _recomputed(layer, call, own, context, sharding, args, kwargs)
         for loss in losses:  # to the model's scope, the replica's own
@@ -998,7 +998,10 @@ _DRAWS = ("RandomUniform", "RandomStandardNormal", "RandomGamma", "RandomPoisson
 """The beginnings of the types of TensorFlow's operations that draw from a
 state of their own (`tf.random.uniform`, `tf.nn.dropout`, a `tf.random.
 Generator`): run again, they draw other numbers. Keras' draws are stateless
-ones, seeded from a `SeedGenerator`'s variable."""
+ones, seeded from a `SeedGenerator`'s variable. `_recomputed` looks for them
+among the operations a layer's call adds, and in the functions those call
+(`_draws`); a draw made by Python code outside TensorFlow's operations
+(`tf.numpy_function`) is not seen."""
 
 
 def _recomputed(layer, call, own, context, sharding: ZeroSharding, args, kwargs):
@@ -1051,26 +1054,22 @@ def _recomputed(layer, call, own, context, sharding: ZeroSharding, args, kwargs)
         first["result"] = result = run(list(xs), xs[:len(positions)], replay=False)
         # This replica's operations of the call: the other replicas' threads add theirs too.
         scope = graph.get_name_scope()
-        draws = [op.type for op in graph.get_operations()[made:]
-                 if op.type.startswith(_DRAWS) and (not scope or op.name.startswith(scope + "/"))]
+        draws = _draws(graph, [op.node_def for op in graph.get_operations()[made:]
+                               if not scope or op.name.startswith(scope + "/")])
 
         def grad(*upstream, variables=None):
             sources = [*xs, *(variables or [])]
             if draws:  # the first run's operations, differentiated
-                pairs = [(t, u) for t, u in zip(tf.nest.flatten(result), upstream)
-                         if u is not None and t.dtype.is_floating]
-                grads = tf.gradients([t for t, _ in pairs], sources,
-                                     grad_ys=[u for _, u in pairs])
+                targets, seeds = _differentiable(tf.nest.flatten(result), upstream)
+                grads = tf.gradients(targets, sources, grad_ys=seeds)
             else:
                 with tf.GradientTape() as tape:
                     tape.watch(xs)
                     after = [u.values if isinstance(u, tf.IndexedSlices) else u
                              for u in upstream if u is not None]
                     again = tf.nest.flatten(run(list(xs), after, replay=True))
-                pairs = [(t, u) for t, u in zip(again, upstream)
-                         if u is not None and t.dtype.is_floating]
-                grads = tape.gradient([t for t, _ in pairs], sources,
-                                      output_gradients=[u for _, u in pairs])
+                targets, seeds = _differentiable(again, upstream)
+                grads = tape.gradient(targets, sources, output_gradients=seeds)
             if variables:
                 return grads[:len(xs)], grads[len(xs):]
             return grads
@@ -1083,6 +1082,32 @@ def _recomputed(layer, call, own, context, sharding: ZeroSharding, args, kwargs)
         if mask is not None:
             mine._keras_mask = mask  # pylint: disable=protected-access
     return outputs, losses
+
+
+def _draws(graph, nodes, seen=None) -> list[str]:
+    """The types of `_DRAWS` operations among `nodes` (`NodeDef`s of `graph`)
+    and in the functions they call, at any depth: a `tf.function` inside the
+    call, a branch of `tf.cond`, the body of a loop."""
+    seen = set() if seen is None else seen
+    found = []
+    for node in nodes:
+        if node.op.startswith(_DRAWS):
+            found.append(node.op)
+        for value in node.attr.values():
+            name = value.func.name if value.HasField("func") else None
+            if name and name not in seen:
+                seen.add(name)
+                function = graph._get_function(name)  # pylint: disable=protected-access
+                if function is not None:
+                    found += _draws(graph, function.definition.node_def, seen)
+    return found
+
+
+def _differentiable(outputs: list, upstream) -> tuple[list, list]:
+    """The floating-point `outputs` that have an upstream gradient, and those
+    gradients: (targets, their output gradients)."""
+    pairs = [(t, u) for t, u in zip(outputs, upstream) if u is not None and t.dtype.is_floating]
+    return [t for t, _ in pairs], [u for _, u in pairs]
 
 
 @contextlib.contextmanager
@@ -1102,6 +1127,17 @@ def _keras_context(context):
     finally:
         for name, value in zip(names, before):
             global_state.set_global_attribute(name, value)
+
+
+def _gathering_context(own, sharding: ZeroSharding):
+    """The replica context in which a call gathers `own` (its sharded
+    parameters); None where it reads them as they are: outside a replica's
+    step, in Keras' symbolic build, or where an enclosing call gathered them
+    already."""
+    context = _step_context(sharding)
+    if context is None or in_symbolic_scope() or _mapped(own):
+        return None
+    return context
 
 
 def _mapped(variables) -> bool:
