@@ -410,6 +410,61 @@ def test_stage_3_gathers_a_functional_models_parameters_layer_by_layer(monkeypat
     _assert_same_weights(sharded, whole)
 
 
+class Branching(keras.Model):
+    """A subclassed model: blocks in a Python loop, a layer in each branch of a
+    `tf.cond`, one in a `tf.while_loop`'s body, and its embedding read again
+    outside the embedding's call (the output tied to it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = keras.layers.Embedding(20, 8)
+        self.blocks = [keras.layers.Dense(8, activation="relu") for _ in range(2)]
+        self.norm = keras.layers.BatchNormalization()
+        self.gate = keras.layers.Dense(8)
+        self.shared = keras.layers.Dense(8, activation="tanh")
+
+    def call(self, ids, training=False):
+        x = tf.reduce_mean(self.embed(ids), axis=1)
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x, training=training)
+        x = tf.cond(tf.reduce_sum(x) > 0.0, lambda: self.gate(x), lambda: -self.gate(x))
+        _, x = tf.while_loop(lambda i, x: i < 2, lambda i, x: (i + 1, self.shared(x)),
+                             (tf.constant(0), x))
+        return tf.matmul(x, self.embed.embeddings, transpose_b=True)
+
+
+@pytest.mark.slow
+def test_stage_3_gathers_a_subclassed_models_layers_in_and_out_of_control_flow(monkeypatch):
+    """A subclassed model's layers gather their own parameters at their call too:
+    those called in the model's own flow gather again in their backward and run
+    again there; those called in a condition or a loop gather before it (each
+    replica runs the exchange once) and keep their wholes; a parameter read
+    outside its layer's call gathers where it is read: stage 0's weights."""
+    recomputed = []
+    recompute = zero._recomputed
+
+    def spy(layer, *args):
+        recomputed.append(layer)
+        return recompute(layer, *args)
+
+    monkeypatch.setattr(zero, "_recomputed", spy)
+
+    def build():
+        model = Branching()
+        model(np.zeros((1, 5), "int32"))
+        return model
+
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 20, (256, 5)), rng.integers(0, 20, 256)
+    sharded, sharded_losses = _fit_on_2_devices(build, 3, accumulate_steps=1, data=data)
+    in_flow = [sharded.embed, *sharded.blocks, sharded.norm]
+    assert {id(layer) for layer in recomputed} == {id(layer) for layer in in_flow}
+    whole, whole_losses = _fit_on_2_devices(build, 0, accumulate_steps=1, data=data)
+    np.testing.assert_allclose(sharded_losses, whole_losses, rtol=1e-5)
+    _assert_same_weights(sharded, whole)
+
+
 @pytest.mark.slow
 def test_stage_3_accumulates_micro_batches_exactly():
     """accumulate_steps=2 runs the micro-batches in a loop, where the replicas

@@ -1,6 +1,7 @@
 """The allocator's peak in a step at zero_stage 2, and at stage 3 with each
-layer gathering its parameters at its call (tfmulti's) or with the model
-gathering all of them at once (as before it): an MLP of 6 Dense(512) layers
+layer gathering its parameters at its call (tfmulti's) or with each parameter
+gathered where it is read and kept until its gradient (all of them held at
+once, as the model's gather held them before): an MLP of 6 Dense(512) layers
 (1 MiB of float32 kernel each) trained by `fit` on 2 virtual CPUs, Adam.
 
     TF_CPU_ALLOCATOR_USE_BFC=true python zero_peak.py
@@ -58,6 +59,8 @@ if __name__ == "__main__":
            "layer_bytes": 4 * (WIDTH + 1) * WIDTH}
     out["2"] = measure(2)
     out["3"] = measure(3)
-    zero._layer_by_layer = lambda layer: False  # the whole model gathered at its call
+    # No layer gathers at its call: each parameter is gathered where it is read and
+    # kept until its gradient, so the step holds the wholes of all, as before.
+    zero._gather_at_call = lambda layer, sharding: None
     out["3-whole"] = measure(3)
     print(json.dumps(out))

@@ -18,12 +18,14 @@ the N data-parallel replicas instead:
   reduce-scatter of stage 2), so the backward gives each replica its shard's
   gradient, summed over the replicas, and the update needs no gather; a read
   outside the step (saving, `get_weights`, a checkpoint) gathers it whole, and
-  an assignment of a whole value gives each replica its shard. In a
-  Functional or Sequential model each layer gathers its own parameters just
-  before its call, and its backward gathers them again and runs its call
-  again (reading what the first run read, assigning nothing), as FSDP
+  an assignment of a whole value gives each replica its shard. Each layer of
+  a model (Functional, Sequential or subclassed) gathers its own parameters
+  just before its call, and its backward gathers them again and runs its
+  call again (reading what the first run read, assigning nothing), as FSDP
   gathers a unit twice: a step holds one layer's wholes at a time, not the
-  model's. Another model gathers all of its parameters when it is called.
+  model's. A layer called inside a `tf.cond` or a `tf.while_loop` gathers
+  before the condition or loop (the replicas exchange their shards where
+  each runs the exchange once) and keeps its wholes until its gradient.
 
 `shard_optimizer` does this to a Keras optimizer under TensorFlow's own
 `MirroredStrategy` or `MultiWorkerMirroredStrategy`, through the strategy's
@@ -61,8 +63,8 @@ from keras.src.backend.common.stateless_scope import (
     in_stateless_scope,
 )
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
-from keras.src.models.functional import Functional
 from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.ops import control_flow_v2_func_graphs as control_flow_graphs
 from tensorflow.python.trackable import base as trackable
 
 from tfmulti.config.train_config import ZERO_STAGES
@@ -394,13 +396,14 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
         stage: 1 (optimizer slots), 2 (slots and gradients) or 3 (also
             the parameters: `variables` become `ShardedParameter`s); 0 leaves
             the optimizer as it is.
-        model: at stage 3, the model whose calls read `variables`: each of
-            its models (itself, and those it holds: a VAE's encoder and
-            decoder) gathers its parameters when it is called, outside
-            the loops and conditions of its layers (an RNN's, a convolution's
-            guard for an empty batch), where the replicas cannot exchange them;
-            a Functional or Sequential model's layers each gather their own,
-            at their call (`_gather_at_call`).
+        model: at stage 3, the model whose calls read `variables`: the
+            layers of each of its models (itself, and those it holds: a
+            VAE's encoder and decoder) gather their own at their call
+            (`_gather_at_call`), outside the loops and conditions in the
+            layer (an RNN's, a convolution's guard for an empty batch), and
+            before those around it (`_outside_control_flow`), where the
+            replicas cannot exchange them; a model's own weights, when it is
+            called.
 
     Raises:
         ValueError: a stage other than 0 to 3; an optimizer already built; no
@@ -908,24 +911,23 @@ def _shard_parameter(variable, sharding: ZeroSharding) -> None:
 
 
 def _gather_when_called(model, sharding: ZeroSharding) -> None:
-    """`model.call` made to gather its sharded parameters first, in a replica's
-    step: its layers read them from a `_GatheredScope` that maps each to its
-    gathered whole (outside their loops and conditions, where a layer may read
-    them: the replicas exchange them here). A model called inside another's
-    call (or in a step that gathered them already: `GatheredOnce`) reads
-    theirs. The losses its layers add in the call are its replica's own
-    (`model.losses` in that replica's step)."""
+    """Each layer of `model` (not a model: it does this for its own) made to
+    gather its parameters at its call (`_gather_at_call`), and `model.call`
+    to gather the rest, the model's own weights, first, in a replica's step:
+    its layers read them from a `_GatheredScope` that maps each to its
+    gathered whole. A model called in a step that gathered them already
+    (`GatheredOnce`) reads those. The losses its layers add in the call are
+    its replica's own (`model.losses` in that replica's step)."""
     if getattr(model, _UNIT, False):  # its parent's layer: it gathers at its call
         return
     call = model.call
     own = [v for v in model.trainable_variables if isinstance(v, ShardedParameter)]
-    if _layer_by_layer(model):
-        covered = set()
-        for layer in model.layers:
-            if not _layer_by_layer(layer):
-                _gather_at_call(layer, sharding)
-            covered.update(id(v) for v in layer.trainable_variables)
-        own = [v for v in own if id(v) not in covered]
+    covered = set()
+    for layer in model.layers:
+        if not isinstance(layer, keras.Model):  # (a model gathers its own layers')
+            _gather_at_call(layer, sharding)
+        covered.update(id(v) for v in layer.trainable_variables)
+    own = [v for v in own if id(v) not in covered]  # (the model's own weights)
     # The losses its layers added in the call (add_loss, activity regularizers), kept per
     # replica: the replicas' calls interleave at each gather, and a model's own list of
     # losses is one for all of them.
@@ -935,11 +937,7 @@ def _gather_when_called(model, sharding: ZeroSharding) -> None:
         context = _gathering_context(own, sharding)
         if context is None:
             return call(*args, **kwargs)
-        gathered = [(v, _gather_parameter(v._value, v, context, sharding))  # pylint: disable=protected-access
-                    for v in own]
-        with _GatheredScope(gathered) as scope:
-            outputs = call(*args, **kwargs)
-        added.losses = list(scope.losses)
+        outputs, added.losses = _called_gathered(call, own, context, sharding, args, kwargs)
         return outputs
 
     def get_own_losses():
@@ -956,14 +954,6 @@ def _gather_when_called(model, sharding: ZeroSharding) -> None:
 
 
 _UNIT = "_tfmulti_zero_gathers_at_call"
-
-
-def _layer_by_layer(layer) -> bool:
-    """Whether `layer` is a model that calls its layers one after the other,
-    outside any loop or condition (a Functional or Sequential model): its
-    layers then gather their own parameters, each just before its call
-    (`_gather_at_call`), instead of the model gathering all of them at once."""
-    return isinstance(layer, (Functional, keras.Sequential))
 
 
 def _gather_at_call(layer, sharding: ZeroSharding) -> None:
@@ -983,7 +973,10 @@ def _gather_at_call(layer, sharding: ZeroSharding) -> None:
         context = _gathering_context(own, sharding)
         if context is None:
             return call(*args, **kwargs)
-        outputs, losses = _recomputed(layer, call, own, context, sharding, args, kwargs)
+        if _in_control_flow():  # (called in a branch or a loop: gathered before it, kept)
+            outputs, losses = _called_gathered(call, own, context, sharding, args, kwargs)
+        else:
+            outputs, losses = _recomputed(layer, call, own, context, sharding, args, kwargs)
         for loss in losses:  # to the model's scope, the replica's own
             layer.add_loss(loss)
         return outputs
@@ -1129,6 +1122,16 @@ def _keras_context(context):
             global_state.set_global_attribute(name, value)
 
 
+def _called_gathered(call, own, context, sharding: ZeroSharding, args, kwargs):
+    """`call(*args, **kwargs)` reading `own` (sharded parameters) gathered
+    whole, kept until their gradient: (its outputs, the losses it added)."""
+    gathered = [(v, _gather_parameter(v._value, v, context, sharding))  # pylint: disable=protected-access
+                for v in own]
+    with _GatheredScope(gathered) as scope:
+        outputs = call(*args, **kwargs)
+    return outputs, list(scope.losses)
+
+
 def _gathering_context(own, sharding: ZeroSharding):
     """The replica context in which a call gathers `own` (its sharded
     parameters); None where it reads them as they are: outside a replica's
@@ -1242,8 +1245,33 @@ def _gather_parameter(shards, variable, context, sharding: ZeroSharding):
 
         return flat, grad
 
-    flat = gather(tf.convert_to_tensor(shards))
-    return tf.reshape(flat[:_size(variable)], variable.shape)
+    with _outside_control_flow().as_default():
+        flat = gather(tf.convert_to_tensor(shards))
+        return tf.reshape(flat[:_size(variable)], variable.shape)
+
+
+_CONTROL_FLOW_GRAPHS = (control_flow_graphs.CondBranchFuncGraph,
+                        control_flow_graphs.WhileBodyFuncGraph,
+                        control_flow_graphs.WhileCondFuncGraph)
+"""The graphs TensorFlow builds a branch of `tf.cond` (`tf.switch_case`) or
+the condition and body of a `tf.while_loop` (`tf.map_fn`, `tf.scan`) in."""
+
+
+def _in_control_flow() -> bool:
+    """Whether the graph being built is a branch, or a loop's condition or
+    body."""
+    return isinstance(tf.compat.v1.get_default_graph(), _CONTROL_FLOW_GRAPHS)
+
+
+def _outside_control_flow():
+    """The graph being built, or, where that is a branch or a loop's body, the
+    nearest graph around it that is neither: a gather is built there, before
+    the condition or loop (which captures the whole as an input), since the
+    replicas exchange their shards only where each of them runs it once."""
+    graph = tf.compat.v1.get_default_graph()
+    while isinstance(graph, _CONTROL_FLOW_GRAPHS):
+        graph = graph.outer_graph
+    return graph
 
 
 def _whole_across_replicas(variable, sharding: ZeroSharding):
