@@ -647,8 +647,48 @@ def test_tfmulti_shards_a_model_of_built_models_and_refuses_optimizers_of_its_ow
                                              r"\(model.optimizer\), and your model _Wrapper "
                                              r"trains with optimizers of its own in its "
                                              r"train_step \(d_optimizer\)"):
-            run._shard(model, strategy, 1)
+            run._shard(model, strategy, 1, None)
         return
-    run._shard(model, strategy, 3)
+    run._shard(model, strategy, 3, None)
     assert zero.sharding_of(model.optimizer).stage == 3
     assert "zero_stage=3: Adam's state sharded over 2 replicas" in capsys.readouterr().out
+
+
+class Unbuilt(keras.Model):
+    """A subclassed model whose layers are made in `__init__`, no `keras.Input`:
+    Keras makes its variables at its first call (keras-io's recommenders' habit)."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(16, activation="relu")
+        self.out = keras.layers.Dense(num_classes)
+
+    def call(self, x):
+        return self.out(self.hidden(self.flatten(x)))
+
+
+def unbuilt_model(input_shape, num_classes):
+    return Unbuilt(num_classes)
+
+
+@pytest.mark.slow
+def test_tfmulti_builds_a_model_that_makes_its_variables_at_its_first_call(tmp_path, capsys):
+    """`tfmulti.train` builds such a model from the shapes of a training batch
+    before sharding its optimizer (there were no variables to shard, and the
+    run was refused), and it trains to stage 0's weights."""
+    def train(stage):
+        tfmulti.train(tfmulti.TrainConfig(
+            distribution="mirrored", devices=DEVICES[:2], dataset="synthetic", num_examples=128,
+            global_batch_size=32, model="tests.unit.test_zero:unbuilt_model", epochs=1,
+            zero_stage=stage, verbose=0, model_dir=str(tmp_path / str(stage))))
+        model = Unbuilt(10)  # (not serializable: its weights are saved)
+        model(np.zeros((1, 28, 28, 1), "float32"))
+        model.load_weights(tmp_path / str(stage) / "model.weights.h5")
+        return model
+
+    sharded = train(3)
+    out = capsys.readouterr().out
+    assert "tfmulti: built Unbuilt from the shapes of a training batch" in out, out
+    assert "zero_stage=3: Adam's state sharded over 2 replicas" in out, out
+    _assert_same_weights(sharded, train(0))

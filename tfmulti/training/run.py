@@ -216,7 +216,7 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
     if config.sparse_updates == "lazy":
         _lazy(model)
     if config.zero_stage and not config.model_parallel:
-        _shard(model, strategy, config.zero_stage)
+        _shard(model, strategy, config.zero_stage, train_input)
     # labels and inputs the model takes, before the first epoch
     if preprocess is None:  # else the data is the preprocessor's to check
         check_model_fits(run_data, model, output_shape=output)
@@ -250,9 +250,11 @@ def _lazy(model) -> None:
               flush=True)
 
 
-def _shard(model, strategy, stage: int) -> None:
+def _shard(model, strategy, stage: int, train_input) -> None:
     """The compiled `model`'s optimizer state sharded over the replicas (ZeRO
-    `stage`), said in one line."""
+    `stage`), said in one line. A model that makes its variables at its first
+    call (subclassed, no `keras.Input`) is built first, from the shapes of
+    `train_input`'s batches (`_build_from_batches`)."""
     replicas = strategy.num_replicas_in_sync
     if replicas < 2:
         print(f"tfmulti: zero_stage={stage} shards over data-parallel replicas; this run has "
@@ -267,18 +269,53 @@ def _shard(model, strategy, stage: int) -> None:
             f"zero_stage={stage} shards the model's optimizer (model.optimizer), and your "
             f"model {type(model).__name__} trains with optimizers of its own in its "
             f"train_step ({', '.join(own)}), which would stay whole; use zero_stage=0.")
-    layers = list(model._flatten_layers(include_self=False))  # pylint: disable=protected-access
-    built = model.built or (layers and all(layer.built for layer in layers))  # (keras-io's VAE:
-    if not built or not model.trainable_variables:  # built models in one of its own)
+    if not _built(model):
+        _build_from_batches(model, strategy, train_input)
+    if not _built(model):
         raise ValueError(
             f"zero_stage={stage} shards the optimizer over the model's variables, and your "
-            f"model {type(model).__name__} has none yet: build it in your model function "
-            f"(keras.Input, or model.build(input_shape)).")
+            f"model {type(model).__name__} has none yet, and calling it on inputs of the "
+            f"training batches' shapes made none: build it in your model function "
+            f"(keras.Input, or call it on a batch).")
     zero.shard_optimizer(optimizer, model.trainable_variables, strategy, stage, model=model)
     what = {1: "its slots", 2: "its slots and the gradients",
             3: "its slots, the gradients and the parameters"}[stage]
     print(f"tfmulti: zero_stage={stage}: {type(optimizer).__name__}'s state sharded over "
           f"{replicas} replicas ({what}: 1/{replicas} on each)", flush=True)
+
+
+def _built(model) -> bool:
+    """Whether `model` has made its variables (keras-io's VAE: built models in one
+    of its own, itself not marked built)."""
+    layers = list(model._flatten_layers(include_self=False))  # pylint: disable=protected-access
+    built = model.built or (layers and all(layer.built for layer in layers))
+    return bool(built and model.trainable_variables)
+
+
+def _build_from_batches(model, strategy, train_input) -> None:
+    """`model` called symbolically, under `strategy`, on inputs of the shapes and
+    dtypes of one replica's training batch (as Keras' `fit` builds it, reading
+    no data; its optimizer is not built), so that its variables exist before
+    the first step; said in one line. Nothing where the batches' spec is not
+    tensors, or the call fails (the caller then says what to do)."""
+    from keras.src import backend  # (its symbolic call: Keras' own `compute_output_spec`)
+
+    spec = getattr(train_input.dataset, "element_spec", None)
+    if spec is None:
+        return
+    spec = tf.nest.map_structure(lambda s: getattr(s, "_value_specs", (s,))[0], spec)
+    inputs = spec[0] if isinstance(spec, tuple) else spec
+    if not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(inputs)):
+        return
+    inputs = tf.nest.map_structure(
+        lambda s: keras.KerasTensor(tuple(s.shape), dtype=s.dtype.name), inputs)
+    try:
+        with strategy.scope():
+            backend.compute_output_spec(model, inputs)
+    except Exception:  # noqa: BLE001  (whatever the model's call raises: refused after)
+        return
+    print(f"tfmulti: built {type(model).__name__} from the shapes of a training batch, to "
+          f"shard its variables before the first step", flush=True)
 
 
 def _evaluation_input(source, strategy, config: TrainConfig, preprocess):
