@@ -466,6 +466,25 @@ def test_stage_3_gathers_a_subclassed_models_layers_in_and_out_of_control_flow(m
 
 
 @pytest.mark.slow
+def test_stage_3_reads_a_regularized_parameter_whole_for_its_penalty():
+    """A kernel regularizer's penalty (Keras adds it to the loss in the step,
+    outside the layer's call) reads the parameter gathered whole there, and its
+    gradient is reduce-scattered with the rest: stage 0's losses and weights."""
+    def build():
+        inputs = keras.Input((7,))
+        hidden = keras.layers.Dense(13, activation="relu",
+                                    kernel_regularizer=keras.regularizers.L2(0.1))(inputs)
+        return keras.Model(inputs, keras.layers.Embedding(
+            13, 3, embeddings_regularizer=keras.regularizers.L1(0.01))(
+                keras.ops.argmax(hidden, axis=-1)) + keras.layers.Dense(3)(hidden))
+
+    sharded, sharded_losses = _fit_on_2_devices(build, 3, accumulate_steps=1)
+    whole, whole_losses = _fit_on_2_devices(build, 0, accumulate_steps=1)
+    np.testing.assert_allclose(sharded_losses, whole_losses, rtol=1e-5)
+    _assert_same_weights(sharded, whole)
+
+
+@pytest.mark.slow
 def test_stage_3_accumulates_micro_batches_exactly():
     """accumulate_steps=2 runs the micro-batches in a loop, where the replicas
     cannot exchange shards: stage 3 gathers the parameters once before it (a

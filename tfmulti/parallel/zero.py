@@ -410,8 +410,8 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
             variables (a model not built yet); an
             optimizer whose rule is not per element; at stage 3, what reads a
             parameter or a gradient whole in the update (`clipnorm`,
-            `global_clipnorm`, `use_ema`, Keras' `gradient_accumulation_steps`)
-            or a regularized variable; stage 3 without `model`.
+            `global_clipnorm`, `use_ema`, Keras' `gradient_accumulation_steps`);
+            stage 3 without `model`.
     """
     if stage not in STAGES:
         raise ValueError(f"zero_stage={stage!r} is not a sharding stage; use one of "
@@ -421,7 +421,7 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
     given, optimizer = optimizer, updating(optimizer)  # a loss-scale optimizer's inner one
     _check_rule(optimizer)
     if stage == 3:
-        _check_stage_3(optimizer, variables, model)
+        _check_stage_3(optimizer, model)
     if getattr(optimizer, "built", False):
         raise ValueError(f"{type(optimizer).__name__} is already built: its slots are whole on "
                          f"every replica; shard it before its first step.")
@@ -784,10 +784,11 @@ STAGE_3_REFUSED = {
 parameter or gradient in the update, where a replica holds its shard only."""
 
 
-def _check_stage_3(optimizer, variables, model) -> None:
-    """Refuses, at stage 3, an optimizer or variables that read whole what a
-    replica holds a shard of (`STAGE_3_REFUSED`, a regularizer), and no model to
-    gather them in. (A loss-scale optimizer's check for an overflow reads what it
+def _check_stage_3(optimizer, model) -> None:
+    """Refuses, at stage 3, an optimizer that reads whole what a replica holds a
+    shard of (`STAGE_3_REFUSED`), and no model to gather them in. (A variable's
+    regularizer reads it whole where Keras adds the penalty to the loss, in the
+    step: gathered there, kept until its gradient. A loss-scale optimizer's check for an overflow reads what it
     is given, at stage 3 a replica's shards; the answers are made to agree over
     the replicas by `keras_fixes`' "loss scaling that checks one replica's
     gradients".)"""
@@ -797,12 +798,6 @@ def _check_stage_3(optimizer, variables, model) -> None:
                 f"zero_stage=3 cannot shard {type(optimizer).__name__} with {name}="
                 f"{getattr(optimizer, name)!r}: it {why}, and each replica holds a shard of "
                 f"the parameters; leave {name} unset, or use zero_stage=2.")
-    for variable in variables:
-        if getattr(variable, "regularizer", None) is not None:
-            raise ValueError(
-                f"zero_stage=3 cannot shard {variable.path}: it has a regularizer, whose loss "
-                f"reads the parameter whole outside the layer's call; add the penalty in the "
-                f"loss (model.add_loss in call), or use zero_stage=2.")
     if not isinstance(model, keras.Model):
         raise ValueError(
             f"zero_stage=3 gathers the parameters where the model is called: pass the model "
