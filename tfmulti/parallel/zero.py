@@ -788,10 +788,10 @@ def _check_stage_3(optimizer, model) -> None:
     """Refuses, at stage 3, an optimizer that reads whole what a replica holds a
     shard of (`STAGE_3_REFUSED`), and no model to gather them in. (A variable's
     regularizer reads it whole where Keras adds the penalty to the loss, in the
-    step: gathered there, kept until its gradient. A loss-scale optimizer's check for an overflow reads what it
-    is given, at stage 3 a replica's shards; the answers are made to agree over
-    the replicas by `keras_fixes`' "loss scaling that checks one replica's
-    gradients".)"""
+    step: gathered there, kept until its gradient. A loss-scale optimizer's
+    check for an overflow reads what it is given, at stage 3 a replica's
+    shards; the answers are made to agree over the replicas by `keras_fixes`'
+    "loss scaling that checks one replica's gradients".)"""
     for name, why in STAGE_3_REFUSED.items():
         if getattr(optimizer, name, None):
             raise ValueError(
