@@ -711,3 +711,35 @@ def test_tfmulti_builds_a_model_that_makes_its_variables_at_its_first_call(tmp_p
     assert "tfmulti: built Unbuilt from the shapes of a training batch" in out, out
     assert "zero_stage=3: Adam's state sharded over 2 replicas" in out, out
     _assert_same_weights(sharded, train(0))
+
+
+class NeedsValues(keras.Model):
+    """A subclassed model whose call reads its input's values (no symbolic call
+    can build it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x):
+        sign = float(np.asarray(x).sum() > 0)
+        return self.dense(x) * sign
+
+
+def test_a_model_that_cannot_be_built_from_the_batches_shapes_is_refused_saying_why():
+    import types
+
+    from tfmulti.training import run
+
+    strategy = get_strategy("mirrored", devices=DEVICES[:2])
+    with strategy.scope():
+        model = NeedsValues()
+        model.compile(keras.optimizers.Adam())
+    batches = types.SimpleNamespace(
+        dataset=tf.data.Dataset.from_tensor_slices(np.zeros((4, 3), "float32")).batch(2))
+    with pytest.raises(ValueError, match=r"^zero_stage=1 shards the optimizer over the model's "
+                                         r"variables, and your model NeedsValues has none yet, "
+                                         r"and calling it on inputs of the training batches' "
+                                         r"shapes made none \(its call failed: \w+Error: .+\): "
+                                         r"build it in your model function"):
+        run._shard(model, strategy, 1, batches)

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable
 
 import keras
@@ -269,13 +270,13 @@ def _shard(model, strategy, stage: int, train_input) -> None:
             f"zero_stage={stage} shards the model's optimizer (model.optimizer), and your "
             f"model {type(model).__name__} trains with optimizers of its own in its "
             f"train_step ({', '.join(own)}), which would stay whole; use zero_stage=0.")
+    failure = None if _built(model) else _build_from_batches(model, strategy, train_input)
     if not _built(model):
-        _build_from_batches(model, strategy, train_input)
-    if not _built(model):
+        why = f" ({failure})" if failure else ""
         raise ValueError(
             f"zero_stage={stage} shards the optimizer over the model's variables, and your "
             f"model {type(model).__name__} has none yet, and calling it on inputs of the "
-            f"training batches' shapes made none: build it in your model function "
+            f"training batches' shapes made none{why}: build it in your model function "
             f"(keras.Input, or call it on a batch).")
     zero.shard_optimizer(optimizer, model.trainable_variables, strategy, stage, model=model)
     what = {1: "its slots", 2: "its slots and the gradients",
@@ -292,30 +293,37 @@ def _built(model) -> bool:
     return bool(built and model.trainable_variables)
 
 
-def _build_from_batches(model, strategy, train_input) -> None:
+def _build_from_batches(model, strategy, train_input) -> str | None:
     """`model` called symbolically, under `strategy`, on inputs of the shapes and
     dtypes of one replica's training batch (as Keras' `fit` builds it, reading
     no data; its optimizer is not built), so that its variables exist before
     the first step; said in one line. Nothing where the batches' spec is not
-    tensors, or the call fails (the caller then says what to do)."""
+    tensors, or the call fails: then what failed, in a few words (the caller
+    says what to do)."""
     from keras.src import backend  # (its symbolic call: Keras' own `compute_output_spec`)
 
-    spec = getattr(train_input.dataset, "element_spec", None)
+    spec = getattr(getattr(train_input, "dataset", None), "element_spec", None)
     if spec is None:
-        return
+        return None
     spec = tf.nest.map_structure(lambda s: getattr(s, "_value_specs", (s,))[0], spec)
     inputs = spec[0] if isinstance(spec, tuple) else spec
     if not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(inputs)):
-        return
+        return "its batches are not tensors"
     inputs = tf.nest.map_structure(
         lambda s: keras.KerasTensor(tuple(s.shape), dtype=s.dtype.name), inputs)
     try:
         with strategy.scope():
             backend.compute_output_spec(model, inputs)
-    except Exception:  # noqa: BLE001  (whatever the model's call raises: refused after)
-        return
+    except Exception as e:  # noqa: BLE001  (whatever the model's call raises: refused after)
+        # (Keras wraps what the call raised: "Exception encountered when calling ...", then
+        # the cause, in bold)
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(e).splitlines()]
+        cause = next((line for line in lines
+                      if line and not line.startswith("Exception encountered when calling")), "")
+        return f"its call failed: {type(e).__name__}: {cause[:200]}"
     print(f"tfmulti: built {type(model).__name__} from the shapes of a training batch, to "
           f"shard its variables before the first step", flush=True)
+    return None
 
 
 def _evaluation_input(source, strategy, config: TrainConfig, preprocess):
