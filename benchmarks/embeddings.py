@@ -10,6 +10,14 @@ drawn uniformly (`two_tower_data`). A batch touches at most 2,048 of the 2M
 rows. Timed by `fit` in one process, the three optimizers alternating
 `cycles` times per repeat (a repeat's figures use the medians).
 
+Then the tables sharded by rows (`--shard_embeddings`) on 2 workers of
+`tfmulti launch` (`sharded_tables`): the two towers with Adam trained whole and
+sharded, alternating repeat by repeat, each worker's peak RSS read from
+outside (`benchmarks.peak_rss`, GNU time's %M), its saving against the ideal
+(half of the tables' bytes with Adam's two moments: 6 bytes per table element
+on each of 2 workers; goal: 0.6 on every worker), the step time sharded over
+whole, and the largest difference between the two runs' weights.
+
 Figures: lazy_over_sgd and dense_over_sgd, examples/s of lazy Adam and of
 Adam's dense update over SGD's on one device (goal: lazy >= 0.6);
 mirrored_lazy_over_one and mirrored_sgd_over_one, mirrored x 2 over one
@@ -26,13 +34,16 @@ import statistics
 
 from benchmarks import _harness
 
-__all__ = ["SETTINGS", "TOY", "check", "plot", "reduced_bytes", "run", "summarize",
+__all__ = ["SETTINGS", "TOY", "check", "plot", "reduced_bytes", "run", "sharded_tables", "summarize",
            "two_tower_data", "two_tower_model", "worker"]
 
 SETTINGS = {"rows": 1_000_000, "global_batch_size": 1024, "steps": 16, "cycles": 3}
 """The worker's settings, also recorded in the suite's JSON."""
 TOY = {"rows": 1000, "global_batch_size": 64, "steps": 2, "cycles": 1}
 """`SETTINGS` at toy size (`_harness.toy`: the end-to-end test)."""
+SHARDED = {"num_examples": 4096, "epochs": 2}
+"""The 2-worker runs of `sharded_tables` (also the rows and batch of `SETTINGS`)."""
+SHARDED_TOY = {"num_examples": 256, "epochs": 2}
 WIDTH = 32
 _ROWS_ENV = "TFMULTI_BENCH_EMBEDDING_ROWS"
 
@@ -166,6 +177,7 @@ def run(repeats: int) -> dict:
     mirrored_lazy = [a / b for a, b in zip(rates["mirrored_adam_lazy"], rates["adam_lazy"])]
     mirrored_sgd = [a / b for a, b in zip(rates["mirrored_sgd"], rates["sgd"])]
     reduced = r["reduced_bytes_per_replica"]
+    tables = sharded_tables(settings["rows"], settings["global_batch_size"], repeats)
     _harness.report("embeddings", start, [
         f"examples/s: SGD {rates['sgd'][i]:,.0f}, Adam dense {rates['adam_dense'][i]:,.0f}, "
         f"Adam lazy {rates['adam_lazy'][i]:,.0f}: lazy / SGD {lazy[i]:.2f}, dense / SGD "
@@ -180,9 +192,72 @@ def run(repeats: int) -> dict:
         "lazy_over_sgd": _harness.summary(lazy), "dense_over_sgd": _harness.summary(dense),
         "mirrored_lazy_over_one": _harness.summary(mirrored_lazy),
         "mirrored_sgd_over_one": _harness.summary(mirrored_sgd),
-        "reduced_bytes_per_replica": reduced,
+        "reduced_bytes_per_replica": reduced, "sharded_tables": tables,
         "goal": 0.6, "mirrored_goal": 0.8,
     }
+
+
+def sharded_tables(rows: int, global_batch_size: int, repeats: int) -> dict:
+    """The two towers (tables of `rows`) trained with Adam by 2 workers
+    (`memory.launch_measured`), the tables whole and sharded by rows
+    (`--shard_embeddings`), the order alternating repeat by repeat: each
+    worker's peak RSS (median of the repeats), its saving over the ideal, the
+    step time sharded / whole, and the largest difference of the first
+    repeat's weights."""
+    import shutil
+    import tempfile
+
+    from benchmarks import memory
+
+    settings = _harness.toy_sized(SHARDED, SHARDED_TOY)
+    flags = ["--model=benchmarks.embeddings:two_tower_model",
+             "--dataset=benchmarks.embeddings:two_tower_data",
+             f"--num_examples={settings['num_examples']}",
+             f"--global_batch_size={global_batch_size}", f"--epochs={settings['epochs']}",
+             "--optimizer=adam", "--seed=3"]
+    runs: dict[str, list[dict]] = {"whole": [], "sharded": []}
+    difference = None
+    with tempfile.TemporaryDirectory(prefix="tfmulti-tables-") as folder:
+        for repeat in range(repeats):
+            for name in ("whole", "sharded")[::1 if repeat % 2 == 0 else -1]:
+                run = memory.launch_measured(
+                    flags + (["--shard_embeddings"] if name == "sharded" else []),
+                    f"{folder}/{name}{repeat}", env={_ROWS_ENV: str(rows)})
+                if run["returncode"] != 0 or None in run["peak_rss_bytes"]:
+                    raise RuntimeError(f"embeddings suite: {name} tables on 2 workers failed "
+                                       f"({run['returncode']}):\n{run['output']}")
+                runs[name].append(run)
+            if repeat == 0:
+                difference = _largest_difference(f"{folder}/whole0/model.keras",
+                                                 f"{folder}/sharded0/model.keras")
+            for name in runs:  # (the models' files: 768 MB each at full size)
+                shutil.rmtree(f"{folder}/{name}{repeat}", ignore_errors=True)
+    ideal = (memory.NUM_WORKERS - 1) / memory.NUM_WORKERS * 2 * rows * WIDTH * 3 * 4
+    by_worker = []
+    for w in range(memory.NUM_WORKERS):
+        whole = statistics.median(r["peak_rss_bytes"][w] for r in runs["whole"])
+        sharded = statistics.median(r["peak_rss_bytes"][w] for r in runs["sharded"])
+        by_worker.append({"whole_peak_rss_bytes": int(whole),
+                          "sharded_peak_rss_bytes": int(sharded),
+                          "fraction_of_ideal": (whole - sharded) / ideal})
+    return {
+        **settings, "ideal_saving_bytes": int(ideal), "workers": by_worker,
+        "peak_rss_bytes": {name: [r["peak_rss_bytes"] for r in runs[name]] for name in runs},
+        "step_ratio": _harness.summary([
+            memory.step_seconds(s["metrics"]) / memory.step_seconds(w["metrics"])
+            for s, w in zip(runs["sharded"], runs["whole"], strict=True)]),
+        "largest_weight_difference": difference, "goal": 0.6,
+    }
+
+
+def _largest_difference(a: str, b: str) -> float:
+    """The largest absolute difference between the weights of two saved models."""
+    import keras
+    import numpy as np
+
+    first, second = (keras.saving.load_model(path, compile=False).get_weights()
+                     for path in (a, b))
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(first, second, strict=True))
 
 
 def _reduced_line(reduced: dict) -> str:
@@ -198,7 +273,18 @@ def summarize(r: dict) -> list[str]:
             f"Adam's dense update / SGD {fmt(r['dense_over_sgd'])}; mirrored x 2 / one device: "
             f"lazy Adam {fmt(r['mirrored_lazy_over_one'])}, SGD "
             f"{fmt(r['mirrored_sgd_over_one'])} (goal >= {r['mirrored_goal']})",
-            f"embeddings: {_reduced_line(r['reduced_bytes_per_replica'])}"]
+            f"embeddings: {_reduced_line(r['reduced_bytes_per_replica'])}",
+            f"embeddings: {_tables_line(r['sharded_tables'])}"]
+
+
+def _tables_line(t: dict) -> str:
+    peaks = "; ".join(
+        f"worker {w}: {s['whole_peak_rss_bytes'] / 2**20:,.0f} -> "
+        f"{s['sharded_peak_rss_bytes'] / 2**20:,.0f} MiB, {s['fraction_of_ideal']:.2f} of the "
+        f"ideal saving" for w, s in enumerate(t["workers"]))
+    return (f"shard_embeddings on 2 workers, peak RSS whole -> sharded: {peaks} (goal >= "
+            f"{t['goal']}); step {_harness.fmt(t['step_ratio'], 'x', 3)} of whole; weights "
+            f"within {t['largest_weight_difference']:.1e}")
 
 
 def plot(r: dict, ax) -> None:

@@ -41,7 +41,7 @@ import time
 from benchmarks import _harness
 from tfmulti.utils import checks
 
-__all__ = ["SETTINGS", "TOY", "check", "plot", "run", "summarize"]
+__all__ = ["SETTINGS", "TOY", "check", "launch_measured", "plot", "run", "step_seconds", "summarize"]
 
 SETTINGS = {"width": 4096, "layers": 4, "num_examples": 384, "global_batch_size": 32,
             "epochs": 3, "stages": [0, 1, 2, 3]}
@@ -74,27 +74,38 @@ def parameters(width: int, layers: int) -> int:
 
 
 def _train(stage: int, settings: dict, folder: str, limit_bytes: int | None = None) -> dict:
-    """One 2-worker launch at `stage`: {"returncode", "peak_rss_bytes" (by
-    worker), "metrics" (the chief's metrics.json, None where it failed),
-    "oom_kills" (processes the kernel killed for memory, under
-    `limit_bytes`), "output" (its tail)}."""
+    """One 2-worker launch at `stage` (`launch_measured`)."""
+    model_dir = os.path.join(folder, f"stage{stage}-{time.monotonic_ns()}")
+    return launch_measured([
+        "--model=zero_mlp:build", "--dataset=synthetic",
+        f"--num_examples={settings['num_examples']}",
+        f"--global_batch_size={settings['global_batch_size']}",
+        f"--epochs={settings['epochs']}", f"--zero_stage={stage}"], model_dir,
+        python_path=folder, limit_bytes=limit_bytes)
+
+
+def launch_measured(flags: list[str], model_dir: str, python_path: str | None = None,
+                    env: dict | None = None, limit_bytes: int | None = None) -> dict:
+    """One launch of `tfmulti train --distribution=multi_worker FLAGS
+    --model_dir=MODEL_DIR` on `NUM_WORKERS` workers, each under
+    `benchmarks.peak_rss` (with `limit_bytes`): {"returncode",
+    "peak_rss_bytes" (by worker), "peak_anon_bytes", "metrics" (the chief's
+    metrics.json, None where it failed), "oom_kills" (processes the kernel
+    killed for memory, under `limit_bytes`), "output" (its tail)}.
+    `python_path` goes first on the workers' PYTHONPATH; `env`, over theirs."""
     # (here, not at the top: `python -m benchmarks.peak_rss` imports this package first)
     from benchmarks import peak_rss  # pylint: disable=import-outside-toplevel
 
-    model_dir = os.path.join(folder, f"stage{stage}-{time.monotonic_ns()}")
     limit = [f"--limit_bytes={limit_bytes}"] if limit_bytes else []
     command = [sys.executable, "-m", "tfmulti.cli", "launch", f"--num_workers={NUM_WORKERS}",
                "--", sys.executable, "-m", "benchmarks.peak_rss", *limit, "--",
                sys.executable, "-m", "tfmulti.cli", "train", "--distribution=multi_worker",
-               "--model=zero_mlp:build", "--dataset=synthetic",
-               f"--num_examples={settings['num_examples']}",
-               f"--global_batch_size={settings['global_batch_size']}",
-               f"--epochs={settings['epochs']}", f"--zero_stage={stage}",
-               f"--model_dir={model_dir}"]
-    env = _harness.worker_env()
-    env["PYTHONPATH"] = folder + os.pathsep + env["PYTHONPATH"]
+               *flags, f"--model_dir={model_dir}"]
+    worker_env = {**_harness.worker_env(), **(env or {})}
+    if python_path:
+        worker_env["PYTHONPATH"] = python_path + os.pathsep + worker_env["PYTHONPATH"]
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=_LAUNCH_TIMEOUT, env=env, check=False)
+                            text=True, timeout=_LAUNCH_TIMEOUT, env=worker_env, check=False)
     peaks, anon, oom_kills = {}, {}, 0
     for line in result.stdout.splitlines():
         worker = int(line.split("]")[0].split()[1]) if line.startswith("[worker ") else None
@@ -121,7 +132,7 @@ def _checked(run: dict, what: str) -> dict:
     return run
 
 
-def _step_seconds(metrics: dict) -> float:
+def step_seconds(metrics: dict) -> float:
     """Seconds per step over the epochs after the first (the first traces)."""
     seconds = metrics["epoch_seconds"][1:] or metrics["epoch_seconds"]
     return statistics.median(seconds) / metrics["steps_per_epoch"]
@@ -165,9 +176,9 @@ def run(repeats: int) -> dict:
             "saving_bytes": saving, "ideal_saving_bytes": ideal,
             "fraction_of_ideal": saving / ideal if ideal else None,
             "optimizer_state_bytes_per_worker": sum(state.values()) if state else None,
-            "step_seconds": [_step_seconds(r["metrics"]) for r in runs[stage]],
+            "step_seconds": [step_seconds(r["metrics"]) for r in runs[stage]],
             "step_ratio": _harness.summary([
-                _step_seconds(r["metrics"]) / _step_seconds(z["metrics"])
+                step_seconds(r["metrics"]) / step_seconds(z["metrics"])
                 for r, z in zip(runs[stage], runs[0])]),
         }
     _harness.report("memory", start, [

@@ -66,6 +66,13 @@ def test_every_suite_runs_end_to_end(tmp_path):
     # 32 lookups each per replica).
     reduced = record["suites"]["embeddings"]["reduced_bytes_per_replica"]
     assert 0 < reduced["rows_combined"] <= reduced["rows"] < reduced["dense"] / 4, reduced
+    # Its tables sharded by rows on 2 workers: the weights of the whole tables' run, each
+    # worker's peak read from outside in both runs (the saving is noise at toy size).
+    tables = record["suites"]["embeddings"]["sharded_tables"]
+    assert tables["largest_weight_difference"] <= 1e-5, tables
+    assert len(tables["workers"]) == 2 and all(
+        w["whole_peak_rss_bytes"] > 100 * 2**20 and w["sharded_peak_rss_bytes"] > 100 * 2**20
+        for w in tables["workers"]), tables
     rates = record["suites"]["pipeline"]["matmul_gflops_by_rows"]
     assert rates and min(rates.values()) > 0
     # The pipeline's memory: measured by TensorFlow's allocator where it keeps a count

@@ -158,6 +158,26 @@ def test_lazy_updates_train_the_recommenders(name, runs, references, tmp_path, c
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(LAZY))
+def test_sharded_tables_train_the_recommenders(name, runs, tmp_path, capsys):
+    """`shard_embeddings=True` on the published recommenders (subclassed
+    models; the MovieLens one's regularized tables read whole for their
+    penalty), mirrored: every table split by rows, named in one line, and the
+    test loss of the unsharded run."""
+    whole, _ = runs(name, "mirrored")
+    capsys.readouterr()
+    config = tfmulti.TrainConfig(distribution="mirrored", devices=MIRRORED,
+                                 model_dir=str(tmp_path / "run"),
+                                 **harness.config_kwargs(name, shard_embeddings=True))
+    sharded = tfmulti.train(config)
+    said = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("tfmulti: shard_embeddings:")]
+    tables = {"basic_ranking": 2, "collaborative_filtering": 4}[name]
+    assert len(said) == 1 and said[0].count(" x ") == tables, said
+    assert sharded["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-5)
+
+
+@pytest.mark.slow
 def test_callbacks_watching_val_loss_work(runs, references):
     """The time series' published callbacks watch `val_loss` of its
     `validation_split=0.2`: tfmulti validates every epoch, so the checkpoint

@@ -580,7 +580,8 @@ def test_the_saved_model_is_an_ordinary_one_with_the_whole_optimizer_state(adam_
 @pytest.mark.slow
 def test_a_sharded_backup_resumes_resharded_as_the_unsharded_one(tmp_path):
     """A backup holds each slot whole (the keys of the unsharded optimizer's):
-    a stage-1 run's backup on 4 replicas, resumed at stage 2 on 2 replicas,
+    a stage-1 run's backup on 4 replicas, resumed at stage 2 on 2 replicas (and
+    a stage-3 one resumed at stage 3: its slots keyed by the parameters themselves),
     trains to what the same backup of a stage-0 run resumed at stage 0 on 2
     does (the replica count changes the result a little, the stage does not),
     the optimizer's state included."""
@@ -593,12 +594,14 @@ def test_a_sharded_backup_resumes_resharded_as_the_unsharded_one(tmp_path):
         return keras.models.load_model(tmp_path / name / "model.keras")
 
     resumed = {}
-    for first, then in ((0, 0), (1, 2)):
+    for first, then in ((0, 0), (1, 2), (3, 3)):
         train(f"{first}-first", first, DEVICES, 1, f"backup{first}")
         resumed[first] = train(f"{first}-then", then, DEVICES[:2], 2, f"backup{first}")
-    _assert_same_weights(resumed[1], resumed[0])
-    for a, b in zip(resumed[1].optimizer.variables, resumed[0].optimizer.variables, strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=EXACT)
+    for sharded in (1, 3):
+        _assert_same_weights(resumed[sharded], resumed[0])
+        for a, b in zip(resumed[sharded].optimizer.variables, resumed[0].optimizer.variables,
+                        strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=EXACT)
 
 
 @pytest.mark.parametrize("optimizer", [keras.optimizers.Lamb(), keras.optimizers.Nadam()],

@@ -371,6 +371,12 @@ class TrainConfig:
         "moments) over the replicas, each holding and updating 1/N of them; 2 also splits the "
         "gradients (reduce-scattered, no replica holds their whole sum); 3 also splits the "
         "parameters (each gathered whole where the step reads it). The same weights as 0.")
+    shard_embeddings: bool = _field(
+        False, "Split each Embedding table's rows over the data-parallel replicas "
+        "(mirrored, multi_worker): each holds 1/N of a table's rows and their optimizer "
+        "slots, a lookup goes to the rows' owners and back (collectives the batch's size), "
+        "and a table's gradient stays with its rows. The same weights as unsharded; for "
+        "tables too big for one replica.")
     sparse_updates: str = _field(
         "dense", "How the optimizer applies an embedding table's gradient, the rows a batch "
         "touched: dense (Keras' own update; Adam, RMSprop and momentum then move every row "
@@ -474,6 +480,25 @@ class TrainConfig:
         "chief should write: return the writing callbacks where is_chief. From Python, also "
         "the function itself." + _TRUST.format(flag="callbacks"))
 
+    def _check_shard_embeddings(self) -> None:
+        """Refuses what `shard_embeddings` cannot be combined with, in one line."""
+        if self.distribution not in ("mirrored", "multi_worker", "auto"):
+            raise ValueError(
+                f"`shard_embeddings` splits the tables' rows over data-parallel replicas: "
+                f"distribution 'mirrored' or 'multi_worker', got {self.distribution!r}; leave "
+                f"shard_embeddings off for {self.distribution!r}.")
+        if self.sparse_updates == "lazy":
+            raise ValueError(
+                "`sparse_updates` 'lazy' and `shard_embeddings` cannot be combined yet: a "
+                "sharded table's update is dense over its shard (1/N of the rows); use one "
+                "of them.")
+        if self.accumulate_steps > 1:
+            raise ValueError(
+                f"`shard_embeddings` routes each lookup through the replicas in the step, "
+                f"and accumulate_steps={self.accumulate_steps} runs the micro-steps in a loop "
+                f"where the replicas cannot exchange data; use accumulate_steps=1 (a larger "
+                f"global_batch_size) or leave shard_embeddings off.")
+
     @property
     def model_parallel(self) -> bool:
         """Whether layer stages are placed on devices (pipeline, hybrid)."""
@@ -535,6 +560,8 @@ class TrainConfig:
                 f"`zero_stage` ({self.zero_stage}) shards the training state over data-parallel "
                 f"replicas: distribution 'mirrored' or 'multi_worker', got "
                 f"{self.distribution!r}; set zero_stage=0 for {self.distribution!r}.")
+        if self.shard_embeddings:
+            self._check_shard_embeddings()
         if self.zero_stage and self.sparse_updates == "lazy":
             raise ValueError(
                 f"`sparse_updates` 'lazy' updates a table's touched rows in its whole slots, "

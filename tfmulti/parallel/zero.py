@@ -27,6 +27,15 @@ the N data-parallel replicas instead:
   before the condition or loop (the replicas exchange their shards where
   each runs the exchange once) and keeps its wholes until its gradient.
 
+Embedding tables can be sharded by rows at any stage (`shard_embeddings`;
+recommendation models): replica k holds whole rows [k * ceil(R / N),
+(k + 1) * ceil(R / N)) of a table of R rows and the slots of those rows, and a
+lookup goes to the rows' owners and back (`_routed_lookup`: the replicas'
+ids all-gathered, each replica's own rows looked up, the looked-up rows
+all-reduced), so no step holds a table whole; the backward gives each owner
+its rows' gradient summed over the replicas. At stage 0 the other variables
+stay whole, updated as Keras updates them.
+
 `shard_optimizer` does this to a Keras optimizer under TensorFlow's own
 `MirroredStrategy` or `MultiWorkerMirroredStrategy`, through the strategy's
 collectives (`ReplicaContext.all_reduce`, `all_gather`; no transport of its
@@ -127,14 +136,35 @@ class ZeroSharding:
     of the model variable it is the slot of, its name: "momentum", ...), in
     the copies' order, which is the order an unsharded optimizer of the same
     class lists them in."""
+    rows: dict[int, int] = dataclasses.field(default_factory=dict)
+    """The embedding tables sharded by rows (`shard_embeddings`): each one's
+    elements per row, by the id of its variable. A table's shard is whole rows
+    (ceil(rows / N) of them), its parameters sharded as at stage 3 at any
+    stage, its lookups routed to the rows' owners (`_route_lookups`)."""
+    whole: frozenset = frozenset()
+    """The ids of the variables kept whole on every replica (stage 0 beside
+    tables sharded by rows): their slots whole in every copy, their gradients
+    all-reduced, as Keras' own update."""
     _checkpointed: tuple[int, dict] | None = None
     _kept: tuple[int, list[str]] | None = None
     _finalizer: weakref.finalize | None = None
     _gather_function: object = None
 
     def chunk(self, variable) -> int:
-        """The elements of `variable` in each shard (the last ones padded)."""
-        return math.ceil(_size(variable) / self.num_shards)
+        """The elements of `variable` in each shard (the last ones padded):
+        whole rows of a table sharded by rows, all of a variable kept whole."""
+        size = _size(variable)
+        if id(variable) in self.whole:
+            return size
+        width = self.rows.get(id(variable))
+        if width:
+            return math.ceil(size // width / self.num_shards) * width
+        return math.ceil(size / self.num_shards)
+
+    def routed(self, variable) -> bool:
+        """Whether `variable` is a table sharded by rows whose lookups are
+        routed to the rows' owners."""
+        return id(variable) in self.rows and isinstance(variable, ShardedParameter)
 
     def gathered_once(self, variables: list) -> "GatheredOnce | None":
         """At stage 3 in a step's replica context, `variables`' sharded ones
@@ -230,6 +260,9 @@ class ZeroSharding:
             flats = [self._flat(replica, bucket).numpy() for replica in range(self.num_shards)]
         else:
             flats = self._gathered(bucket)
+            if len(bucket) == 1:  # (the rows, one after the other, are the whole: no copy)
+                variable = self.variables[self.slots[bucket[0]][1]]
+                return [flats.reshape(-1)[:_size(variable)].reshape(variable.shape)]
         chunks = [self.chunk(self.variables[self.slots[n][1]]) for n in bucket]
         offsets = np.cumsum([0, *chunks])
         whole = []
@@ -246,32 +279,52 @@ class ZeroSharding:
         return tf.concat([tf.reshape(_plain(optimizer.variables[self.slots[n][0]]), [-1])
                           for n in bucket], axis=0)
 
-    def _gathered(self, bucket: list[int]) -> list[np.ndarray]:
-        """Every replica's `_flat` of `bucket`, by replica, through the
-        strategy's all-gather (one function for every bucket: its length
-        left open), waiting `GATHER_TIMEOUT_S` at most for the other
-        processes."""
-        flat = self.gather_across_processes(
+    def _gathered(self, bucket: list[int]) -> np.ndarray:
+        """Every replica's `_flat` of `bucket`, a row by replica, through the
+        strategy's all-gather (`gather_across_processes`)."""
+        return self.gather_across_processes(
             lambda replica: self._flat(replica, bucket),
             "the sharded optimizer's slots", "saves the model (calls model.save, the others to "
-            "a temporary path)").numpy()
-        return list(flat.reshape(self.num_shards, -1))
+            "a temporary path)")
 
-    def gather_across_processes(self, flat_of, what: str, reads: str):
-        """Every replica's `flat_of(global replica index)` (one length),
-        joined in replica order on every process through the strategy's
+    def gather_across_processes(self, flat_of, what: str, reads: str, into=None,
+                                multiple: int = 1) -> np.ndarray | None:
+        """Every replica's `flat_of(global replica index)` (one length), by
+        replica (a row each), on every process through the strategy's
         all-gather: a collective, waiting `GATHER_TIMEOUT_S` at most for the
         other processes, then raising that every worker `reads` `what` at the
-        same point."""
-        flats = self.strategy.experimental_distribute_values_from_function(
-            lambda context: flat_of(context.replica_id_in_sync_group))
-        try:
-            result = self.strategy.run(self._gather_replica_function(), args=(flats,))
-            return self.strategy.experimental_local_results(result)[0]
-        except tf.errors.DeadlineExceededError:
-            raise RuntimeError(
-                f"gathering {what} waited {GATHER_TIMEOUT_S} s for the other workers: it is a "
-                f"collective, so every worker {reads} at the same point.") from None
+        same point. Gathered `GATHER_PIECE_BYTES` of each replica's at a
+        time, into the result: the process holds the whole once, not the
+        collective's copies of it too (a table's shard of 64 MB gathered at
+        once left 600 MB more resident on each of 2 workers, measured). Where
+        `into` is given, each piece goes to `into(start, end, pieces)` instead
+        (`pieces[r]`: replica r's elements [start, end), `start` a multiple of
+        `multiple`), and nothing is returned."""
+        local = {replica: flat_of(replica) for replica in
+                 range(self.first_replica, self.first_replica + len(self.devices))}
+        first = local[self.first_replica]
+        length = int(first.shape[0])
+        out = None if into else np.empty((self.num_shards, length), first.dtype.as_numpy_dtype)
+        step = max(1, GATHER_PIECE_BYTES // first.dtype.size // multiple) * multiple
+        function = self._gather_replica_function()
+        for start in range(0, length, step):
+            end = min(start + step, length)
+            pieces = self.strategy.experimental_distribute_values_from_function(
+                lambda context, start=start, end=end:
+                local[context.replica_id_in_sync_group][start:end])
+            try:
+                result = self.strategy.run(function, args=(pieces,))
+            except tf.errors.DeadlineExceededError:
+                raise RuntimeError(
+                    f"gathering {what} waited {GATHER_TIMEOUT_S} s for the other workers: it "
+                    f"is a collective, so every worker {reads} at the same point.") from None
+            gathered = self.strategy.experimental_local_results(result)[0].numpy()
+            pieces = gathered.reshape(self.num_shards, end - start)
+            if into:
+                into(start, end, pieces)
+            else:
+                out[:, start:end] = pieces
+        return out
 
     def _gather_replica_function(self):
         """The replica function of `gather_across_processes`: one
@@ -304,18 +357,63 @@ class ZeroSharding:
         return held
 
     def unshard_parameters(self) -> None:
-        """Stage 3's parameters made whole again, each an ordinary (mirrored)
-        variable of its class, its shards let go: at the end of a run, so that
-        the model saves, exports and evaluates as any. A collective where some
-        shards are other processes' (every process calls it at the same point)."""
+        """The sharded parameters (stage 3's, the tables sharded by rows) made
+        whole again, each an ordinary (mirrored) variable of its class, its
+        shards let go: at the end of a run, so that the model saves, exports
+        and evaluates as any. A collective where some shards are other
+        processes' (every process calls it at the same point)."""
         for variable in self.variables:
             if not isinstance(variable, ShardedParameter):
                 continue
-            whole = _whole_across_replicas(variable, self)
+            aggregation = variable._value.aggregation  # pylint: disable=protected-access
+            # Made as `_shard_parameter` makes the shards: every process gathers the same
+            # whole, so the strategy's broadcast of a new variable's value (a collective that
+            # held 400 MB more for a table of 128 MB, measured) has nothing to do.
+            if id(variable) in self.rows and len(self.devices) < self.num_shards:
+                components = self._table_gathered_in_place(variable)
+            else:
+                whole = _gathered_whole(variable, self)
+                variable._value = None  # pylint: disable=protected-access  (the shards go)
+                components = []
+                for device in self.devices:
+                    with tf.device(device):
+                        components.append(tf.Variable(whole, trainable=variable.trainable,
+                                                      name=variable.name))
+                del whole
             variable.__class__ = type(variable).__mro__[2]  # its own (after ShardedParameter)
-            with self.strategy.scope():
-                variable._value = tf.Variable(  # pylint: disable=protected-access
-                    whole, trainable=variable.trainable, name=variable.name)
+            variable._value = values_lib.MirroredVariable(  # pylint: disable=protected-access
+                self.strategy, tuple(components), aggregation)
+
+    def _table_gathered_in_place(self, table) -> list:
+        """A table sharded by rows, gathered from the other processes into
+        variables of its whole shape (one per local device), a piece of rows
+        at a time: the process holds the whole once, with its own shard,
+        never a gathered copy of it beside the variable."""
+        width = self.rows[id(table)]
+        per = self.chunk(table) // width
+        rows = table.shape[0]
+        components = []
+        for device in self.devices:
+            with tf.device(device):
+                components.append(tf.Variable(lambda: tf.zeros(table.shape, table.dtype),
+                                              trainable=table.trainable, name=table.name))
+        shards = table._value.values  # pylint: disable=protected-access
+
+        def place(start: int, end: int, pieces: np.ndarray) -> None:
+            for replica in range(self.num_shards):
+                first = replica * per + start // width
+                last = min(replica * per + end // width, rows)
+                if last > first:
+                    block = pieces[replica, :(last - first) * width].reshape(last - first, width)
+                    for component in components:
+                        component[first:last].assign(block)
+
+        self.gather_across_processes(
+            lambda replica: tf.convert_to_tensor(shards[replica - self.first_replica]),
+            "a sharded table (shard_embeddings)", "reads the weights (saves, calls "
+            "get_weights)", into=place, multiple=width)
+        table._value = None  # pylint: disable=protected-access  (the shards go)
+        return components
 
     def parameter_bytes_by_device(self) -> dict[str, int]:
         """The bytes of the model's trainable parameters on each of this
@@ -376,9 +474,10 @@ def updating(optimizer):
 
 def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
                     strategy: tf.distribute.Strategy, stage: int,
-                    model: keras.Model | None = None) -> keras.optimizers.Optimizer:
+                    model: keras.Model | None = None, tables: list = ()) -> keras.optimizers.Optimizer:
     """Shards `optimizer`'s state for `variables` over `strategy`'s replicas
-    (ZeRO stage `stage`, see the module doc); returns the optimizer.
+    (ZeRO stage `stage`, see the module doc), and the embedding tables of
+    `tables` by rows; returns the optimizer.
 
     Call it before the optimizer is built (before the first training step),
     outside the strategy's scope, with the model's trainable variables (made
@@ -395,7 +494,7 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
         strategy: a `MirroredStrategy` or `MultiWorkerMirroredStrategy`.
         stage: 1 (optimizer slots), 2 (slots and gradients) or 3 (also
             the parameters: `variables` become `ShardedParameter`s); 0 leaves
-            the optimizer as it is.
+            the optimizer as it is, but for `tables`.
         model: at stage 3, the model whose calls read `variables`: the
             layers of each of its models (itself, and those it holds: a
             VAE's encoder and decoder) gather their own at their call
@@ -404,24 +503,35 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
             before those around it (`_outside_control_flow`), where the
             replicas cannot exchange them; a model's own weights, when it is
             called.
+        tables: `keras.layers.Embedding` layers (the class's own `call`)
+            whose tables are sharded by rows at any stage (`shard_embeddings`):
+            each replica holds ceil(rows / N) of a table's rows and their
+            slots, and a lookup goes to the rows' owners and back
+            (`_route_lookups`); the table is never gathered whole in a step.
 
     Raises:
         ValueError: a stage other than 0 to 3; an optimizer already built; no
             variables (a model not built yet); an
-            optimizer whose rule is not per element; at stage 3, what reads a
-            parameter or a gradient whole in the update (`clipnorm`,
-            `global_clipnorm`, `use_ema`, Keras' `gradient_accumulation_steps`);
-            stage 3 without `model`.
+            optimizer whose rule is not per element; at stage 3 or with
+            `tables`, what reads a parameter or a gradient whole in the update
+            (`clipnorm`, `global_clipnorm`, `use_ema`, Keras'
+            `gradient_accumulation_steps`); stage 3 without `model`; a table
+            that is not an `Embedding`'s, or not among `variables`.
     """
     if stage not in STAGES:
         raise ValueError(f"zero_stage={stage!r} is not a sharding stage; use one of "
                          f"{', '.join(map(str, STAGES))}.")
-    if stage == 0:
+    tables = list(tables)
+    if stage == 0 and not tables:
         return optimizer
     given, optimizer = optimizer, updating(optimizer)  # a loss-scale optimizer's inner one
     _check_rule(optimizer)
-    if stage == 3:
-        _check_stage_3(optimizer, model)
+    if stage == 3 or tables:
+        _check_whole_reads(optimizer, "zero_stage=3" if stage == 3 else "shard_embeddings")
+    if stage == 3 and not isinstance(model, keras.Model):
+        raise ValueError(
+            f"zero_stage=3 gathers the parameters where the model is called: pass the model "
+            f"(shard_optimizer(..., model=model)), got {type(model).__name__}.")
     if getattr(optimizer, "built", False):
         raise ValueError(f"{type(optimizer).__name__} is already built: its slots are whole on "
                          f"every replica; shard it before its first step.")
@@ -434,43 +544,83 @@ def shard_optimizer(optimizer: keras.optimizers.Optimizer, variables: list,
             "model makes them at its first call; model.build(shape) makes none without a "
             "build method); call the model on a batch first, then pass "
             "model.trainable_variables.")
+    variables = list(variables)
+    rows = _table_rows(tables, variables)
     extended = strategy.extended
     devices = tuple(extended.worker_devices)
     num_shards = strategy.num_replicas_in_sync
     first = _first_replica(strategy)
-    variables = list(variables)
     with strategy.scope():
         # The optimizer's own variables (iterations, an EMA, Keras' gradient
         # accumulators) stay mirrored; its slots are the shards' optimizers'.
         keras.optimizers.Optimizer.build(optimizer, variables)
-    shards, copies = {}, {}
+    whole = frozenset(id(v) for v in variables if id(v) not in rows) if stage == 0 \
+        else frozenset()
+    sharding = ZeroSharding(stage, num_shards, devices, first, variables, {}, {}, strategy,
+                            rows=rows, whole=whole)
     for local, device in enumerate(devices):
         replica = first + local
-        shards[replica] = [_Shard((math.ceil(_size(v) / num_shards),), v.dtype, f"zero_shard_{i}")
-                           for i, v in enumerate(variables)]
-        copies[replica] = _copy(optimizer, shards[replica], device)
-    sharding = ZeroSharding(stage, num_shards, devices, first, variables, shards, copies,
-                            strategy, _slots(copies[first], shards[first]))
+        sharding.shards[replica] = [
+            _Shard((sharding.chunk(v),), v.dtype, f"zero_shard_{i}")
+            for i, v in enumerate(variables)]
+        sharding.optimizers[replica] = _copy(optimizer, sharding.shards[replica], device)
+    sharding.slots = _slots(sharding.optimizers[first], sharding.shards[first])
     setattr(optimizer, _ATTRIBUTE, sharding)
+    parameters = variables if stage == 3 else [v for v in variables if id(v) in rows]
+    keys = {}
+    for variable in parameters:
+        keys[id(variable)] = optimizer._var_key(variable)
+        _shard_parameter(variable, sharding)
+    # The optimizer knows each variable by the key it had when built (Keras reads it
+    # from the variable's value, which is now the gathered whole), and so does the
+    # loss-scale optimizer that wraps it (mixed_float16), which Keras builds too.
+    wrappers = {given, getattr(model, "optimizer", None)}
+    for holder in {optimizer} | {w for w in wrappers if updating(w) is optimizer}:
+        holder._var_key = _known_keys(holder._var_key, keys)
+    # A sharded parameter's decay is its shards' own (`_update_parameter_shards`), before
+    # the rule, as Keras'; the others' is Keras'.
+    optimizer._apply_weight_decay = _decaying_whole(optimizer._apply_weight_decay)
+    for layer in tables:
+        _route_lookups(layer, sharding)
     if stage == 3:
-        keys = {}
-        for variable in variables:
-            keys[id(variable)] = optimizer._var_key(variable)
-            _shard_parameter(variable, sharding)
-        # The optimizer knows each variable by the key it had when built (Keras reads it
-        # from the variable's value, which is now the gathered whole), and so does the
-        # loss-scale optimizer that wraps it (mixed_float16), which Keras builds too.
-        wrappers = {given, getattr(model, "optimizer", None)}
-        for holder in {optimizer} | {w for w in wrappers if updating(w) is optimizer}:
-            holder._var_key = _known_keys(holder._var_key, keys)
-        # The decay is the shards' own (`_update_parameter_shards`), before the rule, as Keras'.
-        optimizer._apply_weight_decay = lambda variables: None
         for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
             if isinstance(layer, keras.Model):
                 _gather_when_called(layer, sharding)
     optimizer._backend_update_step = _update_step(optimizer, sharding)
     optimizer.save_own_variables = _save_own_variables(optimizer, sharding)
     return given
+
+
+def _decaying_whole(decay):
+    """`decay` (an optimizer's `_apply_weight_decay`) applied to the variables
+    that are not sharded parameters only (a merge call, skipped where none)."""
+    def apply_weight_decay(variables):
+        variables = [v for v in variables if not isinstance(v, ShardedParameter)]
+        if variables:
+            decay(variables)
+    return apply_weight_decay
+
+
+def _table_rows(tables: list, variables: list) -> dict[int, int]:
+    """`ZeroSharding.rows` of `tables` (Embedding layers): each table's
+    elements per row, by the id of its variable; refuses a layer whose call is
+    not `Embedding.call` (a lookup routed by rows is that call's), or whose
+    table is not among `variables`."""
+    rows = {}
+    known = {id(v) for v in variables}
+    for layer in tables:
+        if not isinstance(layer, keras.layers.Embedding) or \
+                type(layer).call is not keras.layers.Embedding.call:
+            raise ValueError(
+                f"shard_embeddings routes an Embedding's lookups to the rows' owners; "
+                f"{layer.name} ({type(layer).__name__}) is not a keras.layers.Embedding "
+                f"with Keras' own call.")
+        table = layer.embeddings
+        if id(table) not in known:
+            raise ValueError(f"shard_embeddings: {layer.name}'s table is not among the "
+                             f"variables the optimizer updates (a frozen table: leave it out).")
+        rows[id(table)] = math.prod(table.shape[1:])
+    return rows
 
 
 def _known_keys(var_key, keys: dict):
@@ -568,6 +718,7 @@ def _save_own_variables(optimizer, sharding: ZeroSharding):
             store[str(i)] = variable.numpy()
         for n, value in enumerate(sharding.each_whole_slot(), start=len(optimizer.variables)):
             store[str(n)] = value
+            del value  # (not held while the next one is read: one whole slot at a time)
 
     return save_own_variables
 
@@ -595,13 +746,20 @@ def _update_step(optimizer, sharding: ZeroSharding):
         with tf.device(device):
             # The copy counts the optimizer's steps (Adam's bias correction reads them).
             copy.iterations.assign(optimizer.iterations)
-        if sharding.stage == 3:
-            return _update_parameter_shards(optimizer, sharding, replica, pairs, learning_rate)
+        sharded = [(g, p) for g, p in pairs
+                   if isinstance(sharding.variables[p], ShardedParameter)]
+        rest = [(g, p) for g, p in pairs
+                if not isinstance(sharding.variables[p], ShardedParameter)]
+        if sharded:  # (stage 3's, and tables sharded by rows)
+            _update_parameter_shards(optimizer, sharding, replica, sharded, learning_rate)
+        if rest and sharding.stage == 0:
+            _update_whole(context, sharding, replica, rest, learning_rate)
+            return None
         done = []
-        sizes = [_bytes(sharding.variables[p]) for _, p in pairs]
+        sizes = [_bytes(sharding.variables[p]) for _, p in rest]
         for bucket in buckets(sizes, BUCKET_BYTES):
             with tf.control_dependencies(done):
-                done = _update_bucket(context, sharding, replica, [pairs[i] for i in bucket],
+                done = _update_bucket(context, sharding, replica, [rest[i] for i in bucket],
                                       learning_rate)
         return None
 
@@ -610,6 +768,10 @@ def _update_step(optimizer, sharding: ZeroSharding):
 
 GATHER_TIMEOUT_S = 600
 """Seconds a gather of the slots (to save them) waits for the other workers."""
+
+GATHER_PIECE_BYTES = 4 << 20
+"""The bytes of each replica's part a gather outside the step
+(`ZeroSharding.gather_across_processes`) exchanges at once."""
 
 BUCKET_BYTES = 25 << 20
 """The parameters' bytes a sharded step reduces, updates and gathers at once
@@ -642,7 +804,33 @@ def _update_bucket(context, sharding: ZeroSharding, replica: int, pairs, learnin
             shard.value = None
         gathered = _all_gather(context, sharding, updated)
     values = [tf.reshape(flat[:_size(v)], v.shape) for flat, v in zip(gathered, variables)]
+    return _assign(context, variables, values)
 
+
+def _update_whole(context, sharding: ZeroSharding, replica: int, pairs, learning_rate):
+    """The update of variables kept whole (stage 0 beside tables sharded by
+    rows) on `replica`: their gradients all-reduced, as Keras reduces them, and
+    each variable updated whole by the replica's copy of the optimizer (whose
+    slots of it are whole). Returns the assignments."""
+    variables = [sharding.variables[p] for _, p in pairs]
+    reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs])
+    own = sharding.shards[replica]
+    copy = sharding.optimizers[replica]
+    values = []
+    with tf.device(sharding.devices[replica - sharding.first_replica]):
+        for grad, (_, position), variable in zip(reduced, pairs, variables):
+            shard = own[position]
+            shard.value = tf.reshape(tf.convert_to_tensor(_plain(variable)), [-1])
+            copy.update_step(tf.reshape(tf.convert_to_tensor(grad), [-1]), shard,
+                             learning_rate)
+            values.append(tf.reshape(shard.value, variable.shape))
+            shard.value = None
+    return _assign(context, variables, values)
+
+
+def _assign(context, variables: list, values: list) -> list:
+    """Each of `values` (this replica's, whole) assigned to its variable of
+    `variables` (mirrored) on every local replica: a merge call."""
     def assign(strategy, targets, news):
         return [strategy.extended.update(target, lambda var, value: var.assign(value),
                                          args=(new,), group=False)
@@ -716,6 +904,8 @@ def _shard(tensor, variable, replica: int, sharding: ZeroSharding):
     make it when they combine it with a slot."""
     size, chunk = _size(variable), sharding.chunk(variable)
     flat = tf.reshape(tf.convert_to_tensor(tensor), [size])
+    if id(variable) in sharding.whole:  # every replica's is the whole
+        return flat
     start = min(replica * chunk, size)
     end = min(start + chunk, size)
     piece = flat[start:end]
@@ -784,24 +974,22 @@ STAGE_3_REFUSED = {
 parameter or gradient in the update, where a replica holds its shard only."""
 
 
-def _check_stage_3(optimizer, model) -> None:
-    """Refuses, at stage 3, an optimizer that reads whole what a replica holds a
-    shard of (`STAGE_3_REFUSED`), and no model to gather them in. (A variable's
-    regularizer reads it whole where Keras adds the penalty to the loss, in the
-    step: gathered there, kept until its gradient. A loss-scale optimizer's
-    check for an overflow reads what it is given, at stage 3 a replica's
-    shards; the answers are made to agree over the replicas by `keras_fixes`'
-    "loss scaling that checks one replica's gradients".)"""
+def _check_whole_reads(optimizer, sharded: str) -> None:
+    """Refuses, where parameters are sharded (`sharded`: "zero_stage=3", or
+    "shard_embeddings" for tables), an optimizer that reads whole what a
+    replica holds a shard of (`STAGE_3_REFUSED`). (A variable's regularizer
+    reads it whole where Keras adds the penalty to the loss, in the step:
+    gathered there, kept until its gradient. A loss-scale optimizer's check
+    for an overflow reads what it is given, here a replica's shards; the
+    answers are made to agree over the replicas by `keras_fixes`' "loss
+    scaling that checks one replica's gradients".)"""
+    other = "zero_stage=2" if sharded == "zero_stage=3" else "shard_embeddings=False"
     for name, why in STAGE_3_REFUSED.items():
         if getattr(optimizer, name, None):
             raise ValueError(
-                f"zero_stage=3 cannot shard {type(optimizer).__name__} with {name}="
+                f"{sharded} cannot shard {type(optimizer).__name__} with {name}="
                 f"{getattr(optimizer, name)!r}: it {why}, and each replica holds a shard of "
-                f"the parameters; leave {name} unset, or use zero_stage=2.")
-    if not isinstance(model, keras.Model):
-        raise ValueError(
-            f"zero_stage=3 gathers the parameters where the model is called: pass the model "
-            f"(shard_optimizer(..., model=model)), got {type(model).__name__}.")
+                f"the parameters; leave {name} unset, or use {other}.")
 
 
 class ShardedParameter:
@@ -889,8 +1077,8 @@ def _shard_parameter(variable, sharding: ZeroSharding) -> None:
     if cls not in _SHARDED_CLASSES:
         _SHARDED_CLASSES[cls] = type(f"Sharded{cls.__name__}", (ShardedParameter, cls), {})
     whole = variable._value  # pylint: disable=protected-access
-    primary = np.asarray(tf.convert_to_tensor(
-        whole.values[0] if hasattr(whole, "values") else whole))
+    # (read, not copied: each shard is sliced from the variable's own buffer)
+    primary = tf.convert_to_tensor(whole.values[0] if hasattr(whole, "values") else whole)
     components = []
     for local, device in enumerate(sharding.devices):
         replica = sharding.first_replica + local
@@ -977,6 +1165,62 @@ def _gather_at_call(layer, sharding: ZeroSharding) -> None:
         return outputs
 
     layer.call = gathering_call
+
+
+def _route_lookups(layer, sharding: ZeroSharding) -> None:
+    """`layer` (a `keras.layers.Embedding` whose table is sharded by rows)
+    made to look its ids up where their rows are, in a replica's step
+    (`_routed_lookup`); elsewhere (Keras' symbolic build, a read outside the
+    step, the table made whole again) its own call. Stage 3's gather at a
+    layer's call leaves it."""
+    setattr(layer, _UNIT, True)
+    call = layer.call
+    table = layer.embeddings
+
+    def routed_call(*args, **kwargs):
+        inputs = args[0] if args else kwargs.get("inputs")
+        context = _step_context(sharding) if sharding.routed(table) else None
+        if context is None or in_symbolic_scope() or _mapped([table]) or \
+                not isinstance(inputs, tf.Tensor):  # (ragged or sparse ids: gathered whole)
+            return call(*args, **kwargs)
+        return tf.cast(_routed_lookup(inputs, table, context, sharding), layer.compute_dtype)
+
+    layer.call = routed_call
+
+
+def _routed_lookup(ids, table, context, sharding: ZeroSharding):
+    """The rows of `table` (sharded by rows) for `ids`, on this replica,
+    without the table whole anywhere: every replica's ids all-gathered, each
+    replica looks up those of its own rows (zeros for the others'), and the
+    sum over the replicas (an all-reduce of the looked-up rows, the batch's
+    size, not the table's) gives each replica its own ids' rows. Its gradient
+    runs back the same way: the all-reduce's gradient is the all-reduce of the
+    rows' gradients, so each replica's shard receives the gradient of its rows
+    from every replica's batch, summed (no further reduction). Negative ids
+    count from the end, as Keras' `take`; an id past the end finds no owner
+    and reads zeros (Keras on a CPU stops with an error; on a GPU, zeros)."""
+    replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+    width = sharding.rows[id(table)]
+    per = sharding.chunk(table) // width  # rows on each replica
+    ids = tf.cast(ids, tf.int64)
+    ids = tf.where(ids < 0, ids + table.shape[0], ids)
+    flat = tf.reshape(ids, [-1])
+    with tf.device(sharding.devices[replica - sharding.first_replica]):
+        local = table._value._get_on_device_or_primary()  # pylint: disable=protected-access
+        own_rows = tf.reshape(tf.convert_to_tensor(local), [per, width])
+        everyone = context.all_gather(flat, axis=0)
+        counts = context.all_gather(tf.size(flat, out_type=tf.int64)[None], axis=0)
+        first = replica * per
+        owned = tf.where((everyone >= first) & (everyone < first + per))
+        found = tf.gather(own_rows, tf.gather_nd(everyone, owned) - first)
+        partial = tf.scatter_nd(owned, found, tf.stack([tf.size(everyone, out_type=tf.int64),
+                                                        tf.constant(width, tf.int64)]))
+        total = context.all_reduce(tf.distribute.ReduceOp.SUM, partial)
+        start = tf.reduce_sum(counts[:replica])
+        mine = total[start:start + tf.size(flat, out_type=tf.int64)]
+    rows = tf.reshape(mine, tf.concat([tf.shape(ids), [width]], axis=0))
+    rows.set_shape(ids.shape.concatenate([width]))
+    return rows
 
 
 _DRAWS = ("RandomUniform", "RandomStandardNormal", "RandomGamma", "RandomPoisson",
@@ -1270,17 +1514,23 @@ def _outside_control_flow():
 
 
 def _whole_across_replicas(variable, sharding: ZeroSharding):
+    """`variable` whole outside a replica's step (`_gathered_whole`), a tensor."""
+    return tf.convert_to_tensor(_gathered_whole(variable, sharding))
+
+
+def _gathered_whole(variable, sharding: ZeroSharding):
     """`variable` whole outside a replica's step: the local shards joined where
     every shard is here, else gathered from the other processes (a collective,
-    `GATHER_TIMEOUT_S` at most)."""
+    `GATHER_TIMEOUT_S` at most) into an array, not copied again."""
     components = variable._value.values  # pylint: disable=protected-access
     if len(sharding.devices) == sharding.num_shards:
         flat = tf.concat([tf.convert_to_tensor(c) for c in components], axis=0)
-    else:
-        flat = sharding.gather_across_processes(
-            lambda replica: tf.convert_to_tensor(components[replica - sharding.first_replica]),
-            "a sharded parameter (zero_stage=3)", "reads the weights (saves, calls get_weights)")
-    return tf.reshape(flat[:_size(variable)], variable.shape)
+        return tf.reshape(flat[:_size(variable)], variable.shape)
+    flat = sharding.gather_across_processes(
+        lambda replica: tf.convert_to_tensor(components[replica - sharding.first_replica]),
+        "a sharded parameter (zero_stage=3, shard_embeddings)",
+        "reads the weights (saves, calls get_weights)").reshape(-1)
+    return flat[:_size(variable)].reshape(variable.shape)
 
 
 def _update_parameter_shards(optimizer, sharding: ZeroSharding, replica: int, pairs,
@@ -1288,21 +1538,26 @@ def _update_parameter_shards(optimizer, sharding: ZeroSharding, replica: int, pa
     """Stage 3's update on `replica`: each gradient is already the replica's
     shard of the sum (the gather's gradient), so the replica's copy of the
     optimizer updates its shard of the parameter in place (its decay first, as
-    Keras decays before the rule); nothing is gathered."""
+    Keras decays before the rule); nothing is gathered. One parameter after
+    the other, in the order the backward pass gives their gradients (the
+    last layer's first), each waiting for the assignment before it: the step
+    holds one parameter's transients of the rule at a time (a table's shard
+    and its moments), and no gradient waits for another's."""
     own = sharding.shards[replica]
     copy = sharding.optimizers[replica]
     updates = []
     with tf.device(sharding.devices[replica - sharding.first_replica]):
-        for grad, position in pairs:
-            variable = sharding.variables[position]
-            local = variable._value._get_on_device_or_primary()  # pylint: disable=protected-access
-            shard = own[position]
-            shard.value = tf.convert_to_tensor(local)
-            if optimizer.weight_decay is not None and optimizer._use_weight_decay(variable):
-                rate = tf.cast(learning_rate, shard.value.dtype)
-                shard.value = shard.value - shard.value * tf.cast(
-                    optimizer.weight_decay, shard.value.dtype) * rate
-            copy.update_step(tf.convert_to_tensor(grad), shard, learning_rate)
-            updates.append(local.assign(shard.value))
-            shard.value = None
+        for grad, position in reversed(pairs):
+            with tf.control_dependencies(updates[-1:]):
+                variable = sharding.variables[position]
+                local = variable._value._get_on_device_or_primary()  # pylint: disable=protected-access
+                shard = own[position]
+                shard.value = tf.convert_to_tensor(local)
+                if optimizer.weight_decay is not None and optimizer._use_weight_decay(variable):
+                    rate = tf.cast(learning_rate, shard.value.dtype)
+                    shard.value = shard.value - shard.value * tf.cast(
+                        optimizer.weight_decay, shard.value.dtype) * rate
+                copy.update_step(tf.identity(grad), shard, learning_rate)
+                updates.append(local.assign(shard.value))
+                shard.value = None
     return updates

@@ -216,8 +216,8 @@ def build_run(config: TrainConfig, *, reuse: Run | None = None,
             steps_per_execution=steps_per_execution)
     if config.sparse_updates == "lazy":
         _lazy(model)
-    if config.zero_stage and not config.model_parallel:
-        _shard(model, strategy, config.zero_stage, train_input)
+    if (config.zero_stage or config.shard_embeddings) and not config.model_parallel:
+        _shard(model, strategy, config.zero_stage, train_input, config.shard_embeddings)
     # labels and inputs the model takes, before the first epoch
     if preprocess is None:  # else the data is the preprocessor's to check
         check_model_fits(run_data, model, output_shape=output)
@@ -251,15 +251,18 @@ def _lazy(model) -> None:
               flush=True)
 
 
-def _shard(model, strategy, stage: int, train_input) -> None:
+def _shard(model, strategy, stage: int, train_input, tables: bool = False) -> None:
     """The compiled `model`'s optimizer state sharded over the replicas (ZeRO
-    `stage`), said in one line. A model that makes its variables at its first
-    call (subclassed, no `keras.Input`) is built first, from the shapes of
+    `stage`), and where `tables` its embedding tables by rows, said in one
+    line each. A model that makes its variables at its first call
+    (subclassed, no `keras.Input`) is built first, from the shapes of
     `train_input`'s batches (`_build_from_batches`)."""
+    asked = " and ".join(([f"zero_stage={stage}"] if stage else []) +
+                         (["shard_embeddings"] if tables else []))
     replicas = strategy.num_replicas_in_sync
     if replicas < 2:
-        print(f"tfmulti: zero_stage={stage} shards over data-parallel replicas; this run has "
-              f"one, so its optimizer state is whole, as with zero_stage=0", flush=True)
+        print(f"tfmulti: {asked} shards over data-parallel replicas; this run has one, so "
+              f"its training state is whole, as without it", flush=True)
         return
     optimizer = zero.updating(model.optimizer)
     own = sorted(name for name, value in vars(model).items()
@@ -267,22 +270,51 @@ def _shard(model, strategy, stage: int, train_input) -> None:
                  and not name.startswith("_"))
     if own:
         raise ValueError(
-            f"zero_stage={stage} shards the model's optimizer (model.optimizer), and your "
+            f"{asked} shards the model's optimizer (model.optimizer), and your "
             f"model {type(model).__name__} trains with optimizers of its own in its "
-            f"train_step ({', '.join(own)}), which would stay whole; use zero_stage=0.")
+            f"train_step ({', '.join(own)}), which would stay whole; leave it off.")
     failure = None if _built(model) else _build_from_batches(model, strategy, train_input)
     if not _built(model):
         why = f" ({failure})" if failure else ""
         raise ValueError(
-            f"zero_stage={stage} shards the optimizer over the model's variables, and your "
+            f"{asked} shards the optimizer over the model's variables, and your "
             f"model {type(model).__name__} has none yet, and calling it on inputs of the "
             f"training batches' shapes made none{why}: build it in your model function "
             f"(keras.Input, or call it on a batch).")
-    zero.shard_optimizer(optimizer, model.trainable_variables, strategy, stage, model=model)
-    what = {1: "its slots", 2: "its slots and the gradients",
-            3: "its slots, the gradients and the parameters"}[stage]
-    print(f"tfmulti: zero_stage={stage}: {type(optimizer).__name__}'s state sharded over "
-          f"{replicas} replicas ({what}: 1/{replicas} on each)", flush=True)
+    layers = _tables(model, replicas) if tables else []
+    if tables and not layers:
+        print("tfmulti: shard_embeddings: the model has no trainable keras.layers.Embedding "
+              f"table of {replicas} rows or more; none sharded", flush=True)
+        if not stage:
+            return
+    zero.shard_optimizer(optimizer, model.trainable_variables, strategy, stage, model=model,
+                         tables=layers)
+    if stage:
+        what = {1: "its slots", 2: "its slots and the gradients",
+                3: "its slots, the gradients and the parameters"}[stage]
+        print(f"tfmulti: zero_stage={stage}: {type(optimizer).__name__}'s state sharded over "
+              f"{replicas} replicas ({what}: 1/{replicas} on each)", flush=True)
+    if layers:
+        named = ", ".join(f"{layer.name} ({layer.input_dim:,} x {layer.output_dim})"
+                          for layer in layers)
+        print(f"tfmulti: shard_embeddings: {named} split by rows over {replicas} replicas "
+              f"(1/{replicas} of the rows and their slots on each; lookups go to the rows' "
+              f"owners)", flush=True)
+
+
+def _tables(model, replicas: int) -> list:
+    """The layers of `model` whose tables `shard_embeddings` splits by rows:
+    every `keras.layers.Embedding` (Keras' own call, not quantized, no LoRA)
+    with a trainable table of at least `replicas` rows."""
+    found = []
+    for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
+        if isinstance(layer, keras.layers.Embedding) and \
+                type(layer).call is keras.layers.Embedding.call and \
+                not layer.quantization_mode and not layer.lora_enabled and \
+                layer.trainable and layer.input_dim >= replicas and \
+                any(v is layer.embeddings for v in model.trainable_variables):
+            found.append(layer)
+    return found
 
 
 def _built(model) -> bool:

@@ -397,8 +397,11 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
         sharding.keep_whole(keep=writes)
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
                        last_epoch)
-    if sharding is not None and sharding.stage == 3:
-        # On every worker (a collective), after the bytes held were read: a whole model.
+    if sharding is not None and (sharding.stage == 3 or sharding.rows):
+        # On every worker (a collective), after the bytes held were read: a whole model. The
+        # step functions hold the shards (their captures): let go of them first, so that each
+        # parameter's shards go as its whole comes.
+        model.train_function = model.test_function = model.predict_function = None
         sharding.unshard_parameters()
     extra, line = dataset_metrics(config, results)
     metrics.update(extra)

@@ -93,11 +93,19 @@ def optimizer_variables(optimizer, model_keys: dict[str, list]) -> dict[str, lis
         keyed.setdefault(key, []).append(variable)
     # A sharded optimizer's slots (tfmulti.parallel.zero), whole, under the keys
     # the unsharded optimizer's would have.
-    key_of = {id(getattr(v, "value", v)): key for key, variables in model_keys.items()
-              for v in variables}
+    key_of = {_identity(v): key for key, variables in model_keys.items() for v in variables}
     for variable, name, slot in zero.whole_slots(optimizer):
-        keyed[f"{key_of[id(getattr(variable, 'value', variable))]}/{name}"] = [slot]
+        keyed[f"{key_of[_identity(variable)]}/{name}"] = [slot]
     return keyed
+
+
+def _identity(variable) -> int:
+    """The id of what holds `variable`'s value: a Keras variable's TensorFlow
+    variable; a sharded parameter's own (its value is gathered afresh at each
+    read: a collective, and another tensor each time)."""
+    if isinstance(variable, zero.ShardedParameter):
+        return id(variable)
+    return id(getattr(variable, "value", variable))
 
 
 def metric_variables(model) -> dict[str, list]:
