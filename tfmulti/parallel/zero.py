@@ -752,9 +752,6 @@ def _update_step(optimizer, sharding: ZeroSharding):
                 if not isinstance(sharding.variables[p], ShardedParameter)]
         if sharded:  # (stage 3's, and tables sharded by rows)
             _update_parameter_shards(optimizer, sharding, replica, sharded, learning_rate)
-        if rest and sharding.stage == 0:
-            _update_whole(context, sharding, replica, rest, learning_rate)
-            return None
         done = []
         sizes = [_bytes(sharding.variables[p]) for _, p in rest]
         for bucket in buckets(sizes, BUCKET_BYTES):
@@ -783,10 +780,12 @@ one bucket's."""
 def _update_bucket(context, sharding: ZeroSharding, replica: int, pairs, learning_rate):
     """One bucket of a sharded step on `replica`: its gradients reduced to this
     replica's shards, the shards updated by the replica's copy of the optimizer,
-    gathered, and assigned to the parameters. Returns the assignments."""
+    gathered, and assigned to the parameters (variables kept whole, stage 0
+    beside tables sharded by rows: all-reduced, and each replica's update is
+    the whole). Returns the assignments."""
     variables = [sharding.variables[p] for _, p in pairs]
     grads = [g for g, _ in pairs]
-    if sharding.stage == 1 or len(sharding.devices) < sharding.num_shards:
+    if sharding.stage < 2 or len(sharding.devices) < sharding.num_shards:
         reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         grad_shards = [_shard(g, v, replica, sharding) for g, v in zip(reduced, variables)]
     else:
@@ -802,29 +801,11 @@ def _update_bucket(context, sharding: ZeroSharding, replica: int, pairs, learnin
             copy.update_step(grad, shard, learning_rate)
             updated.append(tf.identity(shard.value))
             shard.value = None
-        gathered = _all_gather(context, sharding, updated)
+        if sharding.whole:  # (stage 0 beside tables: each replica updated the wholes)
+            gathered = updated
+        else:
+            gathered = _all_gather(context, sharding, updated)
     values = [tf.reshape(flat[:_size(v)], v.shape) for flat, v in zip(gathered, variables)]
-    return _assign(context, variables, values)
-
-
-def _update_whole(context, sharding: ZeroSharding, replica: int, pairs, learning_rate):
-    """The update of variables kept whole (stage 0 beside tables sharded by
-    rows) on `replica`: their gradients all-reduced, as Keras reduces them, and
-    each variable updated whole by the replica's copy of the optimizer (whose
-    slots of it are whole). Returns the assignments."""
-    variables = [sharding.variables[p] for _, p in pairs]
-    reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs])
-    own = sharding.shards[replica]
-    copy = sharding.optimizers[replica]
-    values = []
-    with tf.device(sharding.devices[replica - sharding.first_replica]):
-        for grad, (_, position), variable in zip(reduced, pairs, variables):
-            shard = own[position]
-            shard.value = tf.reshape(tf.convert_to_tensor(_plain(variable)), [-1])
-            copy.update_step(tf.reshape(tf.convert_to_tensor(grad), [-1]), shard,
-                             learning_rate)
-            values.append(tf.reshape(shard.value, variable.shape))
-            shard.value = None
     return _assign(context, variables, values)
 
 
