@@ -202,8 +202,8 @@ def sharded_tables(rows: int, global_batch_size: int, repeats: int) -> dict:
     (`memory.launch_measured`), the tables whole and sharded by rows
     (`--shard_embeddings`), the order alternating repeat by repeat: each
     worker's peak RSS (median of the repeats), its saving over the ideal, the
-    step time sharded / whole, and the largest difference of the first
-    repeat's weights."""
+    step time sharded / whole, the largest difference of the first repeat's
+    weights, and both ways under one per-worker cap (`_tables_cap`)."""
     import shutil
     import tempfile
 
@@ -232,6 +232,9 @@ def sharded_tables(rows: int, global_batch_size: int, repeats: int) -> dict:
                                                  f"{folder}/sharded0/model.keras")
             for name in runs:  # (the models' files: 768 MB each at full size)
                 shutil.rmtree(f"{folder}/{name}{repeat}", ignore_errors=True)
+        anon = {name: statistics.median(max(r["peak_anon_bytes"]) for r in runs[name])
+                for name in runs}
+        cap = _tables_cap(flags, anon, rows, folder)
     ideal = (memory.NUM_WORKERS - 1) / memory.NUM_WORKERS * 2 * rows * WIDTH * 3 * 4
     by_worker = []
     for w in range(memory.NUM_WORKERS):
@@ -246,8 +249,32 @@ def sharded_tables(rows: int, global_batch_size: int, repeats: int) -> dict:
         "step_ratio": _harness.summary([
             memory.step_seconds(s["metrics"]) / memory.step_seconds(w["metrics"])
             for s, w in zip(runs["sharded"], runs["whole"], strict=True)]),
-        "largest_weight_difference": difference, "goal": 0.6,
+        "largest_weight_difference": difference, "goal": 0.6, "cap": cap,
     }
+
+
+def _tables_cap(flags: list[str], anon: dict, rows: int, folder: str) -> dict:
+    """The tables whole and sharded on 2 workers under one cap per worker,
+    halfway between the two ways' peaks of anonymous memory (`anon`: the
+    larger worker's, median; as the memory suite's cap, `memory._cap`);
+    none at toy size. {"limit_bytes", "whole"/"sharded": {"returncode",
+    "oom_kills"}}."""
+    from benchmarks import memory, peak_rss
+
+    why = peak_rss.limit_unavailable() or (
+        "toy size, where the peaks are close" if _harness.toy() else None)
+    if why or not all(anon.values()):
+        return {"skipped": why or "the anonymous memory of the workers could not be read"}
+    limit = int(anon["whole"] + anon["sharded"]) // 2
+    out: dict = {"limit_bytes": limit}
+    for name in ("whole", "sharded"):
+        run = memory.launch_measured(
+            flags + (["--shard_embeddings"] if name == "sharded" else []),
+            f"{folder}/{name}_capped", env={_ROWS_ENV: str(rows)}, limit_bytes=limit)
+        out[name] = {"returncode": run["returncode"], "oom_kills": run["oom_kills"]}
+        if run["returncode"] not in (0, 128 + 9) or (run["returncode"] and not run["oom_kills"]):
+            out[name]["output"] = run["output"]  # neither trained nor killed for memory
+    return out
 
 
 def _largest_difference(a: str, b: str) -> float:
@@ -282,9 +309,14 @@ def _tables_line(t: dict) -> str:
         f"worker {w}: {s['whole_peak_rss_bytes'] / 2**20:,.0f} -> "
         f"{s['sharded_peak_rss_bytes'] / 2**20:,.0f} MiB, {s['fraction_of_ideal']:.2f} of the "
         f"ideal saving" for w, s in enumerate(t["workers"]))
+    cap = t.get("cap", {"skipped": "not measured"})
+    capped = f"no cap: {cap['skipped']}" if "skipped" in cap else (
+        f"under a cap of {cap['limit_bytes'] / 2**20:,.0f} MiB per worker: " + ", ".join(
+            f"{name} exits {cap[name]['returncode']} ({cap[name]['oom_kills']} killed for "
+            f"memory)" for name in ("whole", "sharded")))
     return (f"shard_embeddings on 2 workers, peak RSS whole -> sharded: {peaks} (goal >= "
             f"{t['goal']}); step {_harness.fmt(t['step_ratio'], 'x', 3)} of whole; weights "
-            f"within {t['largest_weight_difference']:.1e}")
+            f"within {t['largest_weight_difference']:.1e}; {capped}")
 
 
 def plot(r: dict, ax) -> None:

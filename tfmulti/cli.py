@@ -71,7 +71,7 @@ ESTIMATE_FIELDS = ("model", "dataset", "data_dir", "download", "task", "distribu
                    "num_virtual_devices", "devices", "num_stages", "num_microbatches",
                    "num_replicas", "remat", "tensor_parallel", "global_batch_size", "optimizer",
                    "mixed_precision", "partition", "dropout", "seq_len", "d_model", "num_heads",
-                   "num_layers", "device_memory_mb", "zero_stage")
+                   "num_layers", "device_memory_mb", "zero_stage", "shard_embeddings")
 
 
 class _Parser(config_flags.ArgumentParser):

@@ -27,11 +27,17 @@ def test_two_workers_train_sharded_tables_to_the_unsharded_weights(tmp_path):
                                  max_restarts=1, grace_period=30)
     assert code == 0, output[-4000:]
     assert "worker 1 failed with exit code 137 (killed by SIGKILL)" in output, output[-4000:]
-    whole = keras.models.load_model(tmp_path / "whole" / "model.keras").get_weights()
+    whole_model = keras.models.load_model(tmp_path / "whole" / "model.keras")
+    whole = whole_model.get_weights()
     for name in ("sharded", "killed"):
-        got = keras.models.load_model(tmp_path / name / "model.keras").get_weights()
-        for a, b in zip(got, whole, strict=True):
+        # The weights, and the optimizer's slots (gathered by the chief straight into files,
+        # a piece at a time, at the end of the run): the unsharded run's.
+        model = keras.models.load_model(tmp_path / name / "model.keras")
+        for a, b in zip(model.get_weights(), whole, strict=True):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+        assert len(model.optimizer.variables) == len(whole_model.optimizer.variables) > 2
+        for a, b in zip(model.optimizer.variables, whole_model.optimizer.variables, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
     metrics = json.loads((tmp_path / "sharded" / "metrics.json").read_text())
     assert metrics["num_workers"] == 2
     dense = sum(w.size for w in whole) - (USERS + ITEMS) * WIDTH

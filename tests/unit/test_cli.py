@@ -300,6 +300,7 @@ def test_diagnose_and_estimate_memory_take_the_training_flags_that_bear_on_them(
                     "num_virtual_devices", "devices", "num_stages", "num_microbatches",
                     "num_replicas", "remat", "tensor_parallel", "partition",
                     "global_batch_size", "optimizer", "mixed_precision", "dropout", "seq_len",
-                    "d_model", "num_heads", "num_layers", "device_memory_mb", "zero_stage"}
+                    "d_model", "num_heads", "num_layers", "device_memory_mb", "zero_stage",
+                    "shard_embeddings"}
     assert cli._option_names(commands["estimate-memory"]) & fields == memory_flags
     assert {"num_devices", "json"} <= cli._option_names(commands["estimate-memory"])

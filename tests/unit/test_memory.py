@@ -524,3 +524,160 @@ def test_cli_estimate_memory_takes_zero_stage(capsys):
     estimate = json.loads(out)
     assert estimate["zero_stage"] == 1
     assert estimate["devices"][0]["optimizer_slots"] == 2 * F32 * _ceil_shards(4)
+
+
+# ------------------------------------------------------------ embedding tables by rows
+
+
+def _two_tower(num_devices: int, **kwargs) -> dict:
+    """`tests.tables.two_tower` (tables of 1001 and 37 rows, width 8) under
+    mirrored on `num_devices`."""
+    from tests.tables import clicks, two_tower
+
+    return memory.estimate_memory(two_tower, dataset=clicks, distribution="mirrored",
+                                  num_devices=num_devices, global_batch_size=32, **kwargs)
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_shard_embeddings_holds_each_devices_rows_of_the_tables(replicas):
+    """Each device holds ceil(rows / N) rows of each table, of its gradient
+    and of Adam's two slots, the dense layers whole: the parameter bytes the
+    sharded run holds (tests/unit/test_shard_embeddings.py, read from its
+    variables: 4 * (rows * WIDTH + dense)); unsharded, the whole tables."""
+    import math
+
+    from tests.tables import ITEMS, USERS, WIDTH
+
+    dense = (16 * 16 + 16) + (16 + 1)  # Dense(16) on the two rows joined, Dense(1)
+    whole, sharded = (_two_tower(replicas, shard_embeddings=s) for s in (False, True))
+    held = F32 * ((math.ceil(USERS / replicas) + math.ceil(ITEMS / replicas)) * WIDTH + dense)
+    everything = F32 * ((USERS + ITEMS) * WIDTH + dense)
+    assert whole["shard_embeddings"] is False and "sharded_tables" not in whole
+    assert sharded["shard_embeddings"] is True
+    assert sharded["sharded_tables"] == [
+        {"name": "items_table", "rows": ITEMS, "width": WIDTH,
+         "rows_per_device": math.ceil(ITEMS / replicas)},
+        {"name": "users", "rows": USERS, "width": WIDTH,
+         "rows_per_device": math.ceil(USERS / replicas)}]
+    assert len(sharded["devices"]) == replicas
+    for a, b in zip(whole["devices"], sharded["devices"], strict=True):
+        assert a["parameters"] == a["gradients"] == everything
+        assert a["optimizer_slots"] == 2 * everything
+        assert b["parameters"] == b["gradients"] == held
+        assert b["optimizer_slots"] == 2 * held
+        assert b["activations"] == a["activations"]
+        assert b["total"] == 4 * held + b["activations"]
+    assert memory.format_memory_estimate(sharded).endswith(
+        f"\ntables: shard_embeddings, by rows over {replicas} replicas: items_table "
+        f"{math.ceil(ITEMS / replicas)} of 37 rows (x 8), users {math.ceil(USERS / replicas)} "
+        f"of 1,001 rows (x 8) on each device, with their gradients and optimizer slots.")
+    assert "\ntables:" not in memory.format_memory_estimate(whole)
+    # With zero_stage: the tables by rows, the dense layers' slots (and at 3 themselves) by 1/N.
+    staged = _two_tower(replicas, shard_embeddings=True, zero_stage=3)["devices"][0]
+    rows = F32 * (math.ceil(USERS / replicas) + math.ceil(ITEMS / replicas)) * WIDTH
+    shards = F32 * sum(math.ceil(size / replicas) for size in (16 * 16, 16, 16, 1))
+    assert staged["parameters"] == staged["gradients"] == rows + shards
+    assert staged["optimizer_slots"] == 2 * (rows + shards)
+    assert sharded["optimizer_slots_sharded"] == 2 * (rows + shards)
+
+
+def test_the_tables_a_run_shards():
+    """The tables picked (`zero.table_layers`, what the run shards and the
+    estimate counts): none of fewer rows than replicas, none frozen."""
+    from tests.tables import two_tower
+    from tfmulti.parallel import zero
+
+    model = two_tower()
+    assert [layer.name for layer in zero.table_layers(model, 2)] == ["items_table", "users"]
+    assert [layer.name for layer in zero.table_layers(model, 64)] == ["users"]
+    assert zero.table_layers(model, 2000) == []
+    model.get_layer("users").trainable = False
+    assert [layer.name for layer in zero.table_layers(model, 2)] == ["items_table"]
+
+
+def test_shard_embeddings_without_tables_or_replicas_says_so():
+    sharded = _one(distribution="mirrored", num_devices=4, shard_embeddings=True)
+    assert sharded["sharded_tables"] == []
+    assert sharded["devices"] == _one(distribution="mirrored", num_devices=4)["devices"]
+    assert memory.format_memory_estimate(sharded).endswith(
+        "\ntables: shard_embeddings, none sharded: no trainable keras.layers.Embedding of 4 "
+        "rows or more.")
+    one = _two_tower(1, shard_embeddings=True)
+    assert one["sharded_tables"] == [] and one["devices"] == _two_tower(1)["devices"]
+    assert memory.format_memory_estimate(one).endswith(
+        "\ntables: shard_embeddings, none sharded: one replica holds them whole.")
+
+
+@pytest.mark.parametrize("distribution", ["one_device", "pipeline", "hybrid"])
+def test_shard_embeddings_needs_data_parallel_replicas(distribution):
+    with pytest.raises(ValueError, match=rf"^`shard_embeddings` splits the tables' rows over "
+                                         rf"data-parallel replicas: distribution 'mirrored' \(the "
+                                         rf"devices of all workers\), got '{distribution}'; leave "
+                                         rf"shard_embeddings off\.$"):
+        _one(distribution=distribution, shard_embeddings=True)
+
+
+@pytest.mark.parametrize("settings,words", [
+    ({"sparse_updates": "lazy"}, r"^`sparse_updates` 'lazy' and `shard_embeddings` cannot be "),
+    ({"accumulate_steps": 2}, r"^`shard_embeddings` routes each lookup through the replicas "),
+    ({"distribution": "pipeline"}, (r"^`shard_embeddings` splits the tables' rows over "
+                                    r"data-parallel replicas: .*got 'pipeline'; leave "
+                                    r"shard_embeddings off\.$")),
+], ids=["lazy", "accumulation", "pipeline"])
+def test_estimate_for_config_refuses_what_training_refuses(settings, words):
+    from tfmulti.config.train_config import TrainConfig
+
+    config = TrainConfig(**{"distribution": "mirrored", "num_virtual_devices": 2,
+                            "shard_embeddings": True, **settings})
+    with pytest.raises(ValueError, match=words):
+        memory.estimate_for_config(config)
+
+
+def test_estimate_for_config_and_the_cli_take_shard_embeddings(capsys):
+    import math
+
+    from tests.tables import ITEMS, USERS
+    from tfmulti.config.train_config import TrainConfig
+
+    config = TrainConfig(model="tests.tables:two_tower", dataset="tests.tables:clicks",
+                         distribution="mirrored", num_virtual_devices=4, global_batch_size=32,
+                         shard_embeddings=True)
+    estimate = memory.estimate_for_config(config)
+    assert estimate["devices"] == _two_tower(4, shard_embeddings=True)["devices"]
+    argv = ["--model=tests.tables:two_tower", "--dataset=tests.tables:clicks",
+            "--distribution=mirrored", "--num_virtual_devices=4", "--global_batch_size=32"]
+    cli_estimate = _estimate_json([*argv, "--shard_embeddings"], capsys)
+    assert cli_estimate["devices"] == estimate["devices"]
+    assert [t["rows_per_device"] for t in cli_estimate["sharded_tables"]] == [
+        math.ceil(ITEMS / 4), math.ceil(USERS / 4)]
+    code, err, _ = cli_main(["estimate-memory", "--model=mlp", "--distribution=pipeline",
+                             "--shard_embeddings"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("tfmulti estimate-memory: error: --shard_embeddings splits the "
+                             "tables' rows over data-parallel replicas"), err
+
+
+@pytest.mark.parametrize("replicas,stage", [(2, 0), (4, 0), (4, 3)])
+def test_the_estimate_is_what_a_sharded_run_holds(replicas, stage):
+    """The optimizer of `two_tower` sharded as a run shards it (not trained):
+    each device's parameters, read from the variables, are the estimate's,
+    and its slots the estimate's plus its copy's step count and learning
+    rate (int64 and float32), as at zero_stage alone (test_zero.py)."""
+    import keras
+
+    from tests.tables import two_tower
+    from tfmulti.parallel import zero
+    from tfmulti.runtime.strategy import get_strategy
+
+    strategy = get_strategy("mirrored", devices=[f"CPU:{i}" for i in range(replicas)])
+    with strategy.scope():
+        model = two_tower()
+    tables = [layer for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
+    zero.shard_optimizer(model.optimizer, model.trainable_variables, strategy, stage,
+                         model=model, tables=tables)
+    sharding = zero.sharding_of(model.optimizer)
+    estimate = _two_tower(replicas, shard_embeddings=True, zero_stage=stage)["devices"]
+    assert [row["parameters"] for row in estimate] == list(
+        sharding.parameter_bytes_by_device().values())
+    assert [row["optimizer_slots"] + 8 + 4 for row in estimate] == list(
+        sharding.bytes_by_device().values())

@@ -79,12 +79,28 @@ def test_tables_sharded_by_rows_train_to_the_unsharded_weights(stage, unsharded,
 
 
 @pytest.mark.slow
-def test_shard_embeddings_through_train_saves_an_ordinary_model(unsharded, tmp_path, capsys):
+def test_shard_embeddings_through_train_saves_an_ordinary_model(unsharded, tmp_path, capsys,
+                                                                monkeypatch):
     """`tfmulti.train(shard_embeddings=True)`, mirrored x 2: said in one line
     naming the tables, the test loss of the unsharded run, and `model.keras`
     an ordinary model (its tables whole) that loads on one device with its
-    optimizer's slots whole."""
+    optimizer's slots whole; Keras' writer is handed the tables and the slots
+    without a copy (its `np.array` of them is them, not a new array)."""
+    from keras.src.saving import saving_lib  # pylint: disable=import-outside-toplevel
+
+    handed = {}
+    setitem = saving_lib.H5IOStore.__setitem__
+
+    def recording(store, key, value):
+        if np.shape(np.array(value)) in ((USERS, WIDTH), (ITEMS, WIDTH)):
+            path = f"{store._h5_entry_path}/{key}"  # pylint: disable=protected-access
+            handed[path] = np.shares_memory(np.array(value), np.array(value))
+        setitem(store, key, value)
+
+    monkeypatch.setattr(saving_lib.H5IOStore, "__setitem__", recording)
+
     def run(name, tables):
+        handed.clear()
         metrics = tfmulti.train(tfmulti.TrainConfig(
             distribution="mirrored", devices=DEVICES[:2], model=two_tower, dataset=clicks,
             global_batch_size=32, epochs=2, shard_embeddings=tables, verbose=0,
@@ -92,8 +108,10 @@ def test_shard_embeddings_through_train_saves_an_ordinary_model(unsharded, tmp_p
         return metrics, keras.models.load_model(tmp_path / name / "model.keras")
 
     whole, whole_model = run("whole", False)
+    assert len(handed) == 6 and not any(handed.values()), handed  # Keras' own: copies
     capsys.readouterr()
     sharded, model = run("sharded", True)
+    assert len(handed) == 6 and all(handed.values()), handed  # 2 tables, 4 slots
     said = [line for line in capsys.readouterr().out.splitlines()
             if line.startswith("tfmulti: shard_embeddings")]
     assert said == ["tfmulti: shard_embeddings: items_table (37 x 8), users (1,001 x 8) split by "

@@ -87,7 +87,7 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
                              seq_len: int | None = None, d_model: int | None = None,
                              num_heads: int | None = None,
                              num_layers: int | None = None, task: str = "auto",
-                             zero_stage: int = 0) -> Layout:
+                             zero_stage: int = 0, shard_embeddings: bool = False) -> Layout:
     """Checks `estimate_memory`'s arguments (same names and defaults; see
     there) and returns the layout.
 
@@ -109,6 +109,10 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
         raise ValueError(f"`zero_stage` ({zero_stage}) shards the optimizer's slots over "
                          f"data-parallel replicas: distribution 'mirrored' (the devices of all "
                          f"workers), got {distribution!r}; leave zero_stage=0.")
+    if shard_embeddings and distribution != "mirrored":
+        raise ValueError(f"`shard_embeddings` splits the tables' rows over data-parallel "
+                         f"replicas: distribution 'mirrored' (the devices of all workers), got "
+                         f"{distribution!r}; leave shard_embeddings off.")
     checks.one_of("mixed_precision", mixed_precision, MIXED_PRECISION)
     checks.positive_int("global_batch_size", global_batch_size)
     checks.finite_number("dropout", dropout, minimum=0)
@@ -150,6 +154,15 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
     if distribution in MODEL_PARALLEL:
         checks.one_of("partition", partition, ("params", "flops"))
     return Layout(settings, replicas, stages, micro, T, sizes)
+
+
+def _check_shard_embeddings(config: TrainConfig) -> None:
+    """Refuses, as training does, a configuration's settings that tables
+    sharded by rows cannot be combined with (its distribution is the
+    estimate's to refuse, in `check_estimate_arguments`)."""
+    if config.sparse_updates == "lazy" or config.accumulate_steps > 1:
+        # pylint: disable-next=protected-access
+        config.replace(distribution="mirrored")._check_shard_embeddings()
 
 
 def config_arguments(config: TrainConfig, *, num_devices: int | None = None,
@@ -202,6 +215,9 @@ def config_arguments(config: TrainConfig, *, num_devices: int | None = None,
                      task=config.task)
     if config.zero_stage:
         arguments["zero_stage"] = config.zero_stage
+    if config.shard_embeddings:
+        _check_shard_embeddings(config)
+        arguments["shard_embeddings"] = True
     if (own and given is None) or (given is not None and "dataset" in given):
         arguments["dataset"] = config.dataset
     pipeline = ("num_stages", "num_microbatches", "num_replicas", "remat", "tensor_parallel")

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import math
 
 import keras
 
@@ -39,9 +40,11 @@ from tfmulti.config.train_config import MODEL_PARALLEL, TRANSFORMER, TrainConfig
 from tfmulti.memory.arguments import DISTRIBUTIONS, check_estimate_arguments, config_arguments
 from tfmulti.parallel import placement
 from tfmulti.parallel import chain as blocks
+from tfmulti.parallel import zero
 from tfmulti.parallel.partition import plan_partition
 from tfmulti.parallel.pipeline import check_remat
 from tfmulti.memory.shares import device_shares
+from tfmulti.utils.sizes import dtype_bytes, variables_bytes
 
 __all__ = ["DISTRIBUTIONS", "check_config", "check_fits", "estimate_for_config", "estimate_memory",
            "format_memory_estimate"]
@@ -72,6 +75,7 @@ def estimate_memory(
     num_layers: int | None = None,
     task: str = "auto",
     zero_stage: int = 0,
+    shard_embeddings: bool = False,
 ) -> dict:
     """Estimates the training memory of each device.
 
@@ -127,9 +131,17 @@ def estimate_memory(
             call, and again for its backward (a Functional or Sequential
             model; another model gathers all of its parameters when called
             and holds them until their gradients): not counted here.
+        shard_embeddings: under "mirrored", each embedding table split by
+            rows over the N replicas as a run splits it (every
+            `keras.layers.Embedding` with Keras' own call, not quantized,
+            without LoRA, trainable, of N rows or more): each device holds
+            ceil(rows / N) rows of the table, of its gradient and of its
+            optimizer slots; the other variables as `zero_stage` says.
 
     Returns:
-        A dict with the arguments and "devices": one row per device with
+        A dict with the arguments, "sharded_tables" (with shard_embeddings:
+        each sharded table's "name", "rows", "width" and "rows_per_device")
+        and "devices": one row per device with
         "device", "replica", "stage", "shard" (its place among a stage's T
         devices) and the bytes of `tfmulti.memory.footprint.stack_footprint`. A
         tensor-parallel device holds its share of the split weights (and of
@@ -152,7 +164,8 @@ def estimate_memory(
         remat=remat, global_batch_size=global_batch_size, optimizer=optimizer,
         mixed_precision=mixed_precision, partition=partition, dropout=dropout,
         tensor_parallel=tensor_parallel, seq_len=seq_len, d_model=d_model,
-        num_heads=num_heads, num_layers=num_layers, task=task, zero_stage=zero_stage))
+        num_heads=num_heads, num_layers=num_layers, task=task, zero_stage=zero_stage,
+        shard_embeddings=shard_embeddings))
 
 
 def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
@@ -182,7 +195,7 @@ def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
             data, dataset is not None, distribution=distribution, layout=layout, slots=slots,
             global_batch_size=global_batch_size, optimizer=optimizer,
             mixed_precision=mixed_precision, partition=partition,
-            zero_stage=arguments["zero_stage"])
+            zero_stage=arguments["zero_stage"], shard_embeddings=arguments["shard_embeddings"])
     summary = {
         "model": model, "distribution": distribution, "num_replicas": replicas,
         "num_stages": stages, "tensor_parallel": layout.tensor_parallel,
@@ -190,7 +203,7 @@ def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
         "remat": settings["remat"] if pipelined else False,
         "global_batch_size": global_batch_size, "optimizer": optimizer,
         "mixed_precision": mixed_precision, **layout.sizes,
-        "zero_stage": arguments["zero_stage"],
+        "zero_stage": arguments["zero_stage"], "shard_embeddings": arguments["shard_embeddings"],
     }
     if model == TRANSFORMER:
         rows = _transformer_rows(layout, summary, slots, partition, dropout)
@@ -199,8 +212,8 @@ def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
     # Built under the run's policy, so each layer computes (and is counted) in
     # its own dtype: the logits stay float32 under mixed precision.
     with models.mixed_precision_policy(_CPU_POLICY.get(mixed_precision, mixed_precision)):
-        layers = list(models.build_model(model, input_shape=input_shape,
-                                         dropout=dropout).layers)
+        built = models.build_model(model, input_shape=input_shape, dropout=dropout)
+    layers = list(built.layers)
     if pipelined and settings["remat"]:
         check_remat(layers)
     rows = []
@@ -209,8 +222,7 @@ def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
             rows.append({"device": r, "replica": r, "stage": 0, "shard": 0,
                          **footprint.stack_footprint(layers, input_shape, micro_batch=micro,
                                                      optimizer_slots=slots)})
-        _shard_slots(summary, rows, [w for layer in layers for w in layer.trainable_weights],
-                     slots, arguments["zero_stage"])
+        _shard_state(summary, rows, built, slots)
     else:
         plan = plan_partition(blocks.chain_of(layers, input_shape=input_shape), stages,
                               method=partition)
@@ -230,24 +242,43 @@ def _estimate(arguments: dict, data_config: TrainConfig | None = None) -> dict:
     return {**summary, "num_devices": len(rows), "devices": rows}
 
 
-def _shard_slots(summary: dict, rows: list[dict], trainable, slots: int, stage: int) -> None:
-    """Data parallelism over 2 or more replicas: each row's slots as `stage`
-    holds them, and in `summary` what each device's slots would be sharded
-    ("optimizer_slots_sharded", for `check_fits` to name the stage that fits)."""
-    if len(rows) < 2 or not slots:
+def _shard_state(summary: dict, rows: list[dict], model, slots: int) -> None:
+    """Data parallelism over 2 or more replicas: each row's parameters,
+    gradients and slots as `summary`'s zero_stage and shard_embeddings hold
+    them (a table sharded by rows: ceil(rows / N) rows of each on every
+    device; the other trainable variables ceil(size / N) elements of their
+    slots from stage 1, of themselves and their gradients at stage 3), in
+    `summary` the tables sharded ("sharded_tables") and what each device's
+    slots would be at stage 1 ("optimizer_slots_sharded", for `check_fits`
+    to name the stage that fits)."""
+    N, stage = len(rows), summary["zero_stage"]
+    tables = zero.table_layers(model, N) if summary["shard_embeddings"] and N > 1 else []
+    if summary["shard_embeddings"]:
+        summary["sharded_tables"] = [
+            {"name": layer.name, "rows": layer.input_dim, "width": layer.output_dim,
+             "rows_per_device": math.ceil(layer.input_dim / N)} for layer in tables]
+    if N < 2:
         return
-    sharded = footprint.sharded_slot_bytes(trainable, slots, len(rows))
-    summary["optimizer_slots_sharded"] = sharded
-    if stage:
-        for row in rows:
-            row["total"] += sharded - row["optimizer_slots"]
-            row["optimizer_slots"] = sharded
-    if stage == 3:  # the parameters and their gradients: each replica's shards
-        shard = footprint.sharded_slot_bytes(trainable, 1, len(rows))
-        for row in rows:
-            for column in ("parameters", "gradients"):
-                row["total"] += shard - row[column]
-                row[column] = shard
+    trainable = model.trainable_variables
+    table_ids = {id(layer.embeddings) for layer in tables}
+    others = [v for v in trainable if id(v) not in table_ids]
+    # One copy of each device's rows of the tables, and of its shards of the others.
+    rows_held = sum(math.ceil(layer.input_dim / N) * layer.output_dim
+                    * dtype_bytes(layer.embeddings.dtype) for layer in tables)
+    other_shards = footprint.sharded_slot_bytes(others, 1, N)
+    if slots:
+        summary["optimizer_slots_sharded"] = slots * (rows_held + other_shards)
+    if not tables and not stage:
+        return
+    whole = variables_bytes(trainable)
+    other_whole = whole - variables_bytes(layer.embeddings for layer in tables)
+    held = rows_held + (other_shards if stage == 3 else other_whole)
+    slot_bytes = slots * (rows_held + (other_shards if stage else other_whole))
+    for row in rows:
+        row["parameters"] += held - whole  # (the weights that do not train: whole)
+        row["gradients"] = held
+        row["optimizer_slots"] = slot_bytes
+        row["total"] = sum(row[k] for k in footprint.COLUMNS[:-1])
 
 
 class _DeviceWeights:
@@ -276,7 +307,7 @@ def _transformer_rows(layout, summary: dict, slots: int, partition: str,
         kind_of=lambda op: (transformer.TENSOR_PARALLEL.get(transformer.role_of(op.name))
                             if T > 1 else None))
     if summary["distribution"] not in MODEL_PARALLEL:
-        _shard_slots(summary, rows, model.trainable_weights, slots, summary["zero_stage"])
+        _shard_state(summary, rows, model, slots)
     return rows
 
 
@@ -450,7 +481,7 @@ def _compiled_optimizer(model) -> str | None:
 
 def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, layout, slots,
                         global_batch_size, optimizer, mixed_precision, partition,
-                        zero_stage) -> dict:
+                        zero_stage, shard_embeddings) -> dict:
     pipelined = distribution in MODEL_PARALLEL
     summary = {
         "model": config.model_name, "distribution": distribution,
@@ -460,6 +491,7 @@ def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, 
         "remat": layout.settings["remat"] if pipelined else False,
         "global_batch_size": global_batch_size, "optimizer": optimizer,
         "mixed_precision": mixed_precision, "zero_stage": zero_stage,
+        "shard_embeddings": shard_embeddings,
     }
     with models.mixed_precision_policy(_CPU_POLICY.get(mixed_precision, mixed_precision)):
         built, input_shape, input_dtype, inputs = _user_model(config, data_given)
@@ -471,7 +503,7 @@ def _estimate_any_model(config: TrainConfig, data_given: bool, *, distribution, 
                                             optimizer_slots=slots, input_dtype=input_dtype)
             rows = [{"device": r, "replica": r, "stage": 0, "shard": 0, **row}
                     for r in range(layout.replicas)]
-            _shard_slots(summary, rows, built.trainable_weights, slots, zero_stage)
+            _shard_state(summary, rows, built, slots)
             return {**summary, "devices": rows}
         # Cut as the run's PipelineModel cuts it: a functional model's graph,
         # a stack's layers on its input shape.
@@ -520,4 +552,14 @@ def format_memory_estimate(estimate: dict) -> str:
             text += ("\nparameters, gradients: zero_stage=3, each device's shard of them too "
                      "(the step gathers them whole when the model is called, until their "
                      "gradients are computed).")
+    tables = estimate.get("sharded_tables")
+    if tables:
+        held = ", ".join(f"{t['name']} {t['rows_per_device']:,} of {t['rows']:,} rows "
+                         f"(x {t['width']:,})" for t in tables)
+        text += (f"\ntables: shard_embeddings, by rows over {estimate['num_replicas']} "
+                 f"replicas: {held} on each device, with their gradients and optimizer slots.")
+    elif tables is not None:
+        text += ("\ntables: shard_embeddings, none sharded: " + (
+            "one replica holds them whole." if estimate["num_replicas"] < 2 else
+            f"no trainable keras.layers.Embedding of {estimate['num_replicas']} rows or more."))
     return text

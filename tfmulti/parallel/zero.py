@@ -206,13 +206,56 @@ class ZeroSharding:
         directory = tempfile.mkdtemp(prefix="tfmulti-zero-") if keep else None
         paths = []
         for bucket in self._slot_buckets():
-            for n, value in zip(bucket, self._gather(bucket)):
-                if directory is not None:
-                    paths.append(os.path.join(directory, f"slot_{n}.npy"))
-                    np.save(paths[-1], value)
+            names = [os.path.join(directory, f"slot_{n}.npy") for n in bucket] if keep else []
+            if len(self.devices) == self.num_shards:  # every shard is here
+                for path, value in zip(names, self._gather(bucket) if keep else ()):
+                    np.save(path, value)
+            else:
+                self._stream_gathered(bucket, names)
+            paths.extend(names)
         if directory is not None:
             self._kept = (self._step(), paths)
             self._finalizer = weakref.finalize(self, shutil.rmtree, directory, True)
+
+    def _stream_gathered(self, bucket: list[int], paths: list[str]) -> None:
+        """The slots of `bucket` gathered from every process's shards
+        (`gather_across_processes`) straight into the `.npy` files `paths`
+        (one per slot), a piece at a time: the process never holds a slot
+        whole (one of 122 MiB gathered whole, then saved, raised each of 2
+        workers' peak RSS by 250 MiB, measured). Without `paths`, it only
+        takes its part in the collectives."""
+        if not paths:
+            self._gathered(bucket, into=lambda start, end, pieces: None)
+            return
+        variables = [self.variables[self.slots[n][1]] for n in bucket]
+        chunks = [self.chunk(v) for v in variables]
+        offsets = np.cumsum([0, *chunks])
+        with contextlib.ExitStack() as files:
+            opened = []
+            optimizer = self.optimizers[self.first_replica]
+            for path, variable, n in zip(paths, variables, bucket, strict=True):
+                f = files.enter_context(open(path, "wb"))
+                slot = optimizer.variables[self.slots[n][0]]
+                dtype = np.dtype(tf.as_dtype(slot.dtype).as_numpy_dtype)
+                np.lib.format.write_array_header_2_0(f, {
+                    "descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                    "shape": tuple(variable.shape)})
+                opened.append((f, f.tell(), dtype.itemsize, _size(variable)))
+
+            def write(start: int, end: int, pieces: np.ndarray) -> None:
+                # Replica r's flat is its chunk of each slot, one after the other; its
+                # chunk of slot k is elements [r * chunk, (r + 1) * chunk) of the slot,
+                # padded past the slot's size (the padding is not written).
+                for k, (f, first, itemsize, size) in enumerate(opened):
+                    low, high = max(start, offsets[k]), min(end, offsets[k + 1])
+                    for replica in range(self.num_shards):
+                        at = replica * chunks[k] + low - offsets[k]
+                        stop = min(high - low, size - at)
+                        if stop > 0:
+                            f.seek(first + at * itemsize)
+                            f.write(pieces[replica, low - start:low - start + stop])
+
+            self._gathered(bucket, into=write)
 
     def drop_whole(self) -> None:
         """Removes what `keep_whole` wrote."""
@@ -279,13 +322,13 @@ class ZeroSharding:
         return tf.concat([tf.reshape(_plain(optimizer.variables[self.slots[n][0]]), [-1])
                           for n in bucket], axis=0)
 
-    def _gathered(self, bucket: list[int]) -> np.ndarray:
+    def _gathered(self, bucket: list[int], into=None) -> np.ndarray | None:
         """Every replica's `_flat` of `bucket`, a row by replica, through the
-        strategy's all-gather (`gather_across_processes`)."""
+        strategy's all-gather (`gather_across_processes`, with `into`)."""
         return self.gather_across_processes(
             lambda replica: self._flat(replica, bucket),
             "the sharded optimizer's slots", "saves the model (calls model.save, the others to "
-            "a temporary path)")
+            "a temporary path)", into=into)
 
     def gather_across_processes(self, flat_of, what: str, reads: str, into=None,
                                 multiple: int = 1) -> np.ndarray | None:
@@ -356,12 +399,15 @@ class ZeroSharding:
                 held[device] = held.get(device, 0) + _bytes(plain)
         return held
 
-    def unshard_parameters(self) -> None:
+    def unshard_parameters(self, keep: bool = True) -> None:
         """The sharded parameters (stage 3's, the tables sharded by rows) made
         whole again, each an ordinary (mirrored) variable of its class, its
         shards let go: at the end of a run, so that the model saves, exports
         and evaluates as any. A collective where some shards are other
-        processes' (every process calls it at the same point)."""
+        processes' (every process calls it at the same point). Where not
+        `keep` (a worker that writes nothing), the tables sharded by rows
+        across processes stay so: the process only takes its part in the
+        gathers of the others (a whole table nobody reads is not made)."""
         for variable in self.variables:
             if not isinstance(variable, ShardedParameter):
                 continue
@@ -370,6 +416,9 @@ class ZeroSharding:
             # whole, so the strategy's broadcast of a new variable's value (a collective that
             # held 400 MB more for a table of 128 MB, measured) has nothing to do.
             if id(variable) in self.rows and len(self.devices) < self.num_shards:
+                if not keep:
+                    self._table_gathered_in_place(variable, keep=False)
+                    continue
                 components = self._table_gathered_in_place(variable)
             else:
                 whole = _gathered_whole(variable, self)
@@ -384,20 +433,21 @@ class ZeroSharding:
             variable._value = values_lib.MirroredVariable(  # pylint: disable=protected-access
                 self.strategy, tuple(components), aggregation)
 
-    def _table_gathered_in_place(self, table) -> list:
+    def _table_gathered_in_place(self, table, keep: bool = True) -> list:
         """A table sharded by rows, gathered from the other processes into
         variables of its whole shape (one per local device), a piece of rows
         at a time: the process holds the whole once, with its own shard,
-        never a gathered copy of it beside the variable."""
+        never a gathered copy of it beside the variable. Where not `keep`,
+        the process only takes its part in the gathers, its shards kept."""
+        shards = table._value.values  # pylint: disable=protected-access
         width = self.rows[id(table)]
         per = self.chunk(table) // width
         rows = table.shape[0]
         components = []
-        for device in self.devices:
+        for device in self.devices if keep else ():
             with tf.device(device):
                 components.append(tf.Variable(lambda: tf.zeros(table.shape, table.dtype),
                                               trainable=table.trainable, name=table.name))
-        shards = table._value.values  # pylint: disable=protected-access
 
         def place(start: int, end: int, pieces: np.ndarray) -> None:
             for replica in range(self.num_shards):
@@ -412,6 +462,8 @@ class ZeroSharding:
             lambda replica: tf.convert_to_tensor(shards[replica - self.first_replica]),
             "a sharded table (shard_embeddings)", "reads the weights (saves, calls "
             "get_weights)", into=place, multiple=width)
+        if not keep:
+            return components
         table._value = None  # pylint: disable=protected-access  (the shards go)
         return components
 
@@ -601,6 +653,21 @@ def _decaying_whole(decay):
     return apply_weight_decay
 
 
+def table_layers(model, replicas: int) -> list:
+    """The layers of `model` whose tables `shard_embeddings` splits by rows
+    over `replicas`: every `keras.layers.Embedding` (Keras' own call, not
+    quantized, no LoRA) with a trainable table of at least `replicas` rows.
+    The run shards these (`tfmulti.training.run`), and `estimate-memory`
+    counts them."""
+    trainable = {id(v) for v in model.trainable_variables}
+    return [layer for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+            if isinstance(layer, keras.layers.Embedding)
+            and type(layer).call is keras.layers.Embedding.call
+            and not layer.quantization_mode and not layer.lora_enabled
+            and layer.trainable and layer.input_dim >= replicas
+            and id(layer.embeddings) in trainable]
+
+
 def _table_rows(tables: list, variables: list) -> dict[int, int]:
     """`ZeroSharding.rows` of `tables` (Embedding layers): each table's
     elements per row, by the id of its variable; refuses a layer whose call is
@@ -716,11 +783,58 @@ def _save_own_variables(optimizer, sharding: ZeroSharding):
     def save_own_variables(store):
         for i, variable in enumerate(optimizer.variables):
             store[str(i)] = variable.numpy()
-        for n, value in enumerate(sharding.each_whole_slot(), start=len(optimizer.variables)):
-            store[str(n)] = value
-            del value  # (not held while the next one is read: one whole slot at a time)
+        # One whole slot at a time: not held while the next is read (nor by `enumerate`,
+        # whose result tuple keeps its last item until the next one is read).
+        n = len(optimizer.variables)
+        for value in sharding.each_whole_slot():
+            store[str(n)] = _Handed(value)
+            del value
+            n += 1
 
     return save_own_variables
+
+
+class _Handed:
+    """An array handed to Keras' weights writer to keep: `np.array(_Handed(a))`
+    is `a` itself, not the copy `np.array(a)` makes (NumPy 2 asks `__array__`
+    for the copy and takes what it returns). Keras' store converts each value
+    with `np.array` before writing it, so a table of 122 MiB written from a
+    variable held two copies of it at once beside the variable (its `numpy()`
+    and that), measured; handed, none. `a` must be nobody else's to change:
+    a slot read back from its file, or a snapshot of a variable's buffer
+    (`_handing`: TensorFlow copies a variable on write while a read of it
+    lives)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __array__(self, dtype=None, copy=None):
+        del copy  # (the array is the writer's: no copy to make)
+        return self.array if dtype is None else self.array.astype(dtype, copy=False)
+
+
+class _HandingStore:
+    """A layer's weights store whose values are handed to the store they
+    wrap without a copy (`_Handed`): each a snapshot of its variable."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def __setitem__(self, key, value):
+        self._store[key] = _Handed(np.asarray(tf.convert_to_tensor(value)))
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def _handing(save_own_variables):
+    """`save_own_variables` of a layer (a table's) handing its variables to
+    Keras' writer without copies (`_HandingStore`): the chief, saving the
+    tables made whole at the end of a run, holds no copy of them beside."""
+    def save(store):
+        return save_own_variables(_HandingStore(store))
+
+    return save
 
 
 def _update_step(optimizer, sharding: ZeroSharding):
@@ -1167,6 +1281,7 @@ def _route_lookups(layer, sharding: ZeroSharding) -> None:
         return tf.cast(_routed_lookup(inputs, table, context, sharding), layer.compute_dtype)
 
     layer.call = routed_call
+    layer.save_own_variables = _handing(layer.save_own_variables)
 
 
 def _routed_lookup(ids, table, context, sharding: ZeroSharding):

@@ -281,7 +281,7 @@ def _shard(model, strategy, stage: int, train_input, tables: bool = False) -> No
             f"model {type(model).__name__} has none yet, and calling it on inputs of the "
             f"training batches' shapes made none{why}: build it in your model function "
             f"(keras.Input, or call it on a batch).")
-    layers = _tables(model, replicas) if tables else []
+    layers = zero.table_layers(model, replicas) if tables else []
     if tables and not layers:
         print("tfmulti: shard_embeddings: the model has no trainable keras.layers.Embedding "
               f"table of {replicas} rows or more; none sharded", flush=True)
@@ -300,21 +300,6 @@ def _shard(model, strategy, stage: int, train_input, tables: bool = False) -> No
         print(f"tfmulti: shard_embeddings: {named} split by rows over {replicas} replicas "
               f"(1/{replicas} of the rows and their slots on each; lookups go to the rows' "
               f"owners)", flush=True)
-
-
-def _tables(model, replicas: int) -> list:
-    """The layers of `model` whose tables `shard_embeddings` splits by rows:
-    every `keras.layers.Embedding` (Keras' own call, not quantized, no LoRA)
-    with a trainable table of at least `replicas` rows."""
-    found = []
-    for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
-        if isinstance(layer, keras.layers.Embedding) and \
-                type(layer).call is keras.layers.Embedding.call and \
-                not layer.quantization_mode and not layer.lora_enabled and \
-                layer.trainable and layer.input_dim >= replicas and \
-                any(v is layer.embeddings for v in model.trainable_variables):
-            found.append(layer)
-    return found
 
 
 def _built(model) -> bool:

@@ -398,11 +398,12 @@ def _train(config: TrainConfig, run: runs.Run, role, callbacks) -> dict:
     metrics = _metrics(run, history, results, timer.seconds, resumed_step, role.num_workers,
                        last_epoch)
     if sharding is not None and (sharding.stage == 3 or sharding.rows):
-        # On every worker (a collective), after the bytes held were read: a whole model. The
-        # step functions hold the shards (their captures): let go of them first, so that each
-        # parameter's shards go as its whole comes.
+        # On every worker (a collective), after the bytes held were read: a whole model (the
+        # tables sharded by rows only where it is written). The step functions hold the shards
+        # (their captures): let go of them first, so that each parameter's shards go as its
+        # whole comes.
         model.train_function = model.test_function = model.predict_function = None
-        sharding.unshard_parameters()
+        sharding.unshard_parameters(keep=writes)
     extra, line = dataset_metrics(config, results)
     metrics.update(extra)
     if line:
