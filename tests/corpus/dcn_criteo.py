@@ -83,6 +83,12 @@ vocabularies.update({name: np.arange(min(cardinality, CATEGORICAL_BUCKETS))
 COMPILE = None  # build() compiles, as the source's train_and_evaluate does
 FIT = {"batch_size": 32, "epochs": 2}
 CHAIN = False  # a subclassed model: 39 tables, the cross layer, then the MLP
+HEAVY = True
+"""Its first epoch on 2 replicas traces 39 tables for about 35 s (a later epoch takes 4 s;
+plain Keras under MirroredStrategy traces it as slowly): its tests run in
+tests/integration/test_corpus_heavy.py, beside the others' (lazy and sharded included),
+and the corpus' 2-worker cluster leaves it out (the MovieLens recommenders take the 2
+workers' path)."""
 LOSS_OF_THE_MEAN = "mse"  # a click rate: the test loss must beat the training labels' mean
 LOSS_ABS = 0.01
 """The loss margin's absolute part (harness.assert_close): plain Keras' test loss was
