@@ -26,6 +26,12 @@ reduced_bytes_per_replica, what each replica of the mirrored run hands the
 all-reduce in a step, counted from a real batch's gradients
 (`reduced_bytes`): as rows (the tables' ids and values), as rows with
 repeated ids combined, and as dense tensors.
+
+`packed_rows` (run by hand, not a suite figure): keras-io's Deep & Cross
+Network of the corpus (`tests/corpus/dcn_criteo.py`, 39 tables) trained
+mirrored x 2 by `tfmulti.train`, a fresh process per run, with tfmulti's fix
+for tensorflow#53160 (the tables' sparse gradients all-reduced as one pack)
+and without it, alternating: each run's seconds and test loss.
 """
 
 from __future__ import annotations
@@ -251,6 +257,48 @@ def sharded_tables(rows: int, global_batch_size: int, repeats: int) -> dict:
             for s, w in zip(runs["sharded"], runs["whole"], strict=True)]),
         "largest_weight_difference": difference, "goal": 0.6, "cap": cap,
     }
+
+
+_PACKED_RUN = """
+import json, sys, time
+import tfmulti
+from tfmulti.runtime import keras_fixes
+from tests.corpus import harness
+tfmulti.configure_virtual_devices(2)
+if sys.argv[1] == "unpacked":  # the fix left out: apply_keras_fixes installs a no-op in its place
+    keras_fixes._PACKED_ROWS = keras_fixes._Fix("left out", "-", "", ())
+    keras_fixes._patch_packed_rows = lambda: None
+start = time.perf_counter()
+config = tfmulti.TrainConfig(distribution="mirrored", devices=("CPU:0", "CPU:1"),
+                             model_dir=sys.argv[2], **harness.config_kwargs("dcn_criteo"))
+metrics = tfmulti.train(config)
+print(json.dumps({"seconds": time.perf_counter() - start, "test_loss": metrics["test_loss"]}))
+"""
+
+
+def packed_rows(repeats: int = 2) -> dict:
+    """The corpus' DCN (39 tables) trained mirrored x 2 with the sparse
+    gradients packed and not (`_PACKED_RUN`), alternating, each in a fresh
+    process: {"packed" | "unpacked": {"seconds": [...], "test_loss": [...],
+    "median_seconds": ...}}. Run from the repository's root:
+    `PYTHONPATH=. python -c "from benchmarks import embeddings as e; print(e.packed_rows(2))"`."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    out = {mode: {"seconds": [], "test_loss": []} for mode in ("packed", "unpacked")}
+    for _ in range(repeats):
+        for mode, record in out.items():
+            with tempfile.TemporaryDirectory() as folder:
+                result = subprocess.run([sys.executable, "-c", _PACKED_RUN, mode, folder + "/run"],
+                                        capture_output=True, text=True, timeout=900, check=True)
+            run = json.loads(result.stdout.strip().splitlines()[-1])
+            record["seconds"].append(round(run["seconds"], 1))
+            record["test_loss"].append(run["test_loss"])
+    for record in out.values():
+        record["median_seconds"] = statistics.median(record["seconds"])
+    return out
 
 
 def _tables_cap(flags: list[str], anon: dict, rows: int, folder: str) -> dict:

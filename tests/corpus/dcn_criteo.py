@@ -84,8 +84,9 @@ COMPILE = None  # build() compiles, as the source's train_and_evaluate does
 FIT = {"batch_size": 32, "epochs": 2}
 CHAIN = False  # a subclassed model: 39 tables, the cross layer, then the MLP
 HEAVY = True
-"""Its first epoch on 2 replicas traces 39 tables for about 35 s (a later epoch takes 4 s;
-plain Keras under MirroredStrategy traces it as slowly): its tests run in
+"""Its 2 epochs on 2 replicas take about 24 s of `tfmulti.train` on an idle machine, most of
+it the first epoch's trace of 39 tables (49 s before tfmulti packed the tables' gradients
+into one all-reduce, tensorflow#53160; BENCHMARKS.md): its tests run in
 tests/integration/test_corpus_heavy.py, beside the others' (lazy and sharded included),
 and the corpus' 2-worker cluster leaves it out (the MovieLens recommenders take the 2
 workers' path)."""

@@ -25,6 +25,7 @@ from tests.unit.test_keras_fixes import (
     FIT_MULTI_WORKER,
     MODEL_WITHOUT_CALL,
     ONE_REPLICAS_FINITE,
+    PACKED_ROWS,
     REPEATED_ROWS,
     SCALAR_LOGS_MULTI_WORKER,
     STEPS_PER_CALL,
@@ -643,12 +644,12 @@ def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
     assert r["mirrored"] == r["again"] == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
                                            BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
                                            MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
-                                           REPEATED_ROWS, ONE_REPLICAS_FINITE]
+                                           REPEATED_ROWS, PACKED_ROWS, ONE_REPLICAS_FINITE]
     assert r["one_device"] == [MODEL_WITHOUT_CALL, REPEATED_ROWS]
     assert r["everything"] == [FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER,
                                STEPS_PER_CALL, BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
                                MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP, REPEATED_ROWS,
-                               ONE_REPLICAS_FINITE]
+                               PACKED_ROWS, ONE_REPLICAS_FINITE]
     assert r["stderr"] == ("tfmulti: Keras fixes active: a first batch split unevenly over "
                            "replicas (keras#20585), several steps per call with 2+ "
                            "replicas (keras#19246), BatchNormalization statistics that differ "
@@ -656,5 +657,6 @@ def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
                            "batch under oneDNN (tensorflow#30968), a model without call "
                            "under a strategy (keras#20051), optimizers and layers built in "
                            "the train step with 2+ replicas (keras#23085), rows repeated in "
-                           "a sparse gradient (keras#18692), loss scaling that checks one "
+                           "a sparse gradient (keras#18692), sparse gradients all-reduced one "
+                           "table at a time (tensorflow#53160), loss scaling that checks one "
                            "replica's gradients (keras#18691)\n")

@@ -28,6 +28,7 @@ SCALAR_LOGS_MULTI_WORKER = "logged scalars under MultiWorkerMirroredStrategy"
 MODEL_WITHOUT_CALL = "a model without call under a strategy"
 BUILT_IN_THE_STEP = "optimizers and layers built in the train step with 2+ replicas"
 REPEATED_ROWS = "rows repeated in a sparse gradient"
+PACKED_ROWS = "sparse gradients all-reduced one table at a time"
 ONE_REPLICAS_FINITE = "loss scaling that checks one replica's gradients"
 
 
@@ -402,6 +403,79 @@ def test_fix_updates_repeated_rows_by_their_summed_gradient(optimizer):
 
 
 # --------------------------------------------------------------------------
+# Sparse gradients all-reduced one table at a time (tensorflow#53160).
+
+
+def _sparse_reduction(reduce_all):
+    """Three sparse gradients of 2 replicas (two tables of 8-wide rows, int64
+    ids; one of 3-wide rows, int32 ids) and a dense one, reduced by
+    `reduce_all(context, gradients)` in one traced step: (each replica's
+    results as NumPy, the step's graph)."""
+    import tensorflow as tf
+
+    import tfmulti
+
+    strategy = tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])
+
+    def step():
+        context = tf.distribute.get_replica_context()
+        r = tf.cast(context.replica_id_in_sync_group, tf.int64)
+        f = tf.cast(r, tf.float32)
+        gradients = [
+            tf.IndexedSlices(tf.reshape(tf.range(24.0), [3, 8]) + 100 * f,
+                             tf.constant([4, 0, 4], tf.int64) + r, tf.constant([6, 8], tf.int64)),
+            tf.ones([2, 2]) * (f + 1),
+            tf.IndexedSlices(tf.fill([1 + 2 * r, 3], 7.0 + f), tf.range(1 + 2 * r, dtype=tf.int32),
+                             tf.constant([3, 3], tf.int32)),
+            tf.IndexedSlices(tf.fill([2 - r, 8], -1.0 - f), tf.constant([2, 1], tf.int64)[:2 - r],
+                             tf.constant([3, 8], tf.int64)),
+        ]
+        return reduce_all(context, gradients)
+
+    function = tf.function(lambda: strategy.run(step))
+    results = [[(g.values.numpy(), g.indices.numpy(), g.dense_shape.numpy())
+                if isinstance(g, tf.IndexedSlices) else g.numpy() for g in replica]
+               for replica in strategy.experimental_local_results(function())]
+    return results, function.get_concrete_function().graph
+
+
+def _gathers(graph) -> int:
+    """The all-gathers in `graph`, its functions' included (the conds' branches)."""
+    nodes = [n.op for n in graph.as_graph_def().node]
+    nodes += [n.op for f in graph.as_graph_def().library.function for n in f.node_def]
+    return sum(op.startswith("CollectiveGather") for op in nodes)
+
+
+def test_upstream_bug_each_sparse_gradient_is_all_reduced_on_its_own():
+    # TensorFlow's all-reduce of a list: per IndexedSlices, an all-gather of its
+    # length and a cond between two pairs of all-gathers, on each replica.
+    import tensorflow as tf
+
+    _, graph = _sparse_reduction(lambda c, g: c.all_reduce(tf.distribute.ReduceOp.SUM, g))
+    assert _gathers(graph) == 2 * 3 * (1 + 2 + 2)
+
+
+def test_fix_packs_sparse_gradients_of_one_row_shape_into_one_reduction():
+    # The two tables of 8-wide rows reduced as one (the 3-wide one on its own):
+    # each result the unpacked reduction's, the same rows in the same order.
+    import numpy as np
+    import tensorflow as tf
+
+    from tfmulti.runtime import keras_fixes
+
+    want, _ = _sparse_reduction(lambda c, g: c.all_reduce(tf.distribute.ReduceOp.SUM, g))
+    got, graph = _sparse_reduction(keras_fixes.packed_rows_all_reduce)
+    assert _gathers(graph) == 2 * 2 * (1 + 2 + 2)
+    for mine, theirs in zip(got, want):
+        for a, b in zip(mine, theirs):
+            for x, y in zip(a if isinstance(a, tuple) else [a], b if isinstance(b, tuple) else [b]):
+                assert x.dtype == y.dtype and x.shape == y.shape
+                np.testing.assert_array_equal(x, y)
+    # Replica 1's rows of the second table follow replica 0's; its ids its own.
+    np.testing.assert_array_equal(got[0][3][1], [2, 1, 2])
+
+
+# --------------------------------------------------------------------------
 # apply_keras_fixes: the fixes for a strategy the user built.
 
 
@@ -418,7 +492,8 @@ def test_apply_keras_fixes_to_a_mirrored_strategy_the_user_built():
     assert tfmulti.apply_keras_fixes(strategy) == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
                                                    BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
                                                    MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
-                                                   REPEATED_ROWS, ONE_REPLICAS_FINITE]
+                                                   REPEATED_ROWS, PACKED_ROWS,
+                                                   ONE_REPLICAS_FINITE]
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
@@ -441,7 +516,7 @@ def test_apply_keras_fixes_by_strategy():
     assert keras_fixes.apply_keras_fixes() == keras_fixes.active_fixes() == [
         FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
         BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV, MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
-        REPEATED_ROWS, ONE_REPLICAS_FINITE]
+        REPEATED_ROWS, PACKED_ROWS, ONE_REPLICAS_FINITE]
 
 
 # --------------------------------------------------------------------------
@@ -471,6 +546,7 @@ def test_recorded_keras_functions_are_the_installed_ones():
     (BUILT_IN_THE_STEP, "keras.src.backend.tensorflow.core:Variable._initialize"),
     (REPEATED_ROWS,
      "keras.src.backend.tensorflow.optimizer:TFOptimizer._distributed_tf_update_step"),
+    (PACKED_ROWS, "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients"),
     (ONE_REPLICAS_FINITE,
      "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer.check_finite"),
 ])
