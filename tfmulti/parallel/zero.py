@@ -1286,7 +1286,8 @@ def _route_lookups(layer, sharding: ZeroSharding) -> None:
 
 def _routed_lookup(ids, table, context, sharding: ZeroSharding):
     """The rows of `table` (sharded by rows) for `ids`, on this replica,
-    without the table whole anywhere: every replica's ids all-gathered, each
+    without the table whole anywhere: every replica's ids exchanged
+    (`_everyones_ids`: two all-reduces of integers), each
     replica looks up those of its own rows (zeros for the others'), and the
     sum over the replicas (an all-reduce of the looked-up rows, the batch's
     size, not the table's) gives each replica its own ids' rows. Its gradient
@@ -1304,8 +1305,7 @@ def _routed_lookup(ids, table, context, sharding: ZeroSharding):
     with tf.device(sharding.devices[replica - sharding.first_replica]):
         local = table._value._get_on_device_or_primary()  # pylint: disable=protected-access
         own_rows = tf.reshape(tf.convert_to_tensor(local), [per, width])
-        everyone = context.all_gather(flat, axis=0)
-        counts = context.all_gather(tf.size(flat, out_type=tf.int64)[None], axis=0)
+        everyone, counts = _everyones_ids(flat, context, replica)
         first = replica * per
         owned = tf.where((everyone >= first) & (everyone < first + per))
         found = tf.gather(own_rows, tf.gather_nd(everyone, owned) - first)
@@ -1317,6 +1317,27 @@ def _routed_lookup(ids, table, context, sharding: ZeroSharding):
     rows = tf.reshape(mine, tf.concat([tf.shape(ids), [width]], axis=0))
     rows.set_shape(ids.shape.concatenate([width]))
     return rows
+
+
+def _everyones_ids(flat, context, replica: int):
+    """Every replica's `flat` (int64 ids, as many as each replica has),
+    replica after replica, and how many each has: (ids, counts). Two
+    all-reduces of integers: the counts (each replica's in its own place),
+    then each replica's ids in its own row of a matrix as wide as the most
+    (zeros elsewhere), whose sum holds them all. TensorFlow's all-gather of a
+    tensor whose size may differ between replicas is itself two collectives
+    (the sizes, then the data padded), so the ids and their count took four,
+    with their padding and transposes traced per table."""
+    mine = tf.constant([[replica]], tf.int64)
+    replicas = tf.constant([context.num_replicas_in_sync], tf.int64)
+    size = tf.size(flat, out_type=tf.int64)
+    counts = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                tf.scatter_nd(mine, size[None], replicas))
+    width = tf.reduce_max(counts)
+    row = tf.pad(flat, tf.stack([[tf.constant(0, tf.int64), width - size]]))
+    rows = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                              tf.scatter_nd(mine, row[None], tf.concat([replicas, [width]], 0)))
+    return tf.boolean_mask(rows, tf.range(width)[None, :] < counts[:, None]), counts
 
 
 _DRAWS = ("RandomUniform", "RandomStandardNormal", "RandomGamma", "RandomPoisson",
