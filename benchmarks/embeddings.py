@@ -301,6 +301,86 @@ def packed_rows(repeats: int = 2) -> dict:
     return out
 
 
+def mirrored_cost(rows: int = SETTINGS["rows"], steps_per_execution: int = 1,
+                  cross_device_ops: str = "auto", repeats: int = 3) -> dict:
+    """Where mirrored x 2 loses to one device on the two towers: examples/s of
+    SGD and lazy Adam, one device and mirrored over 2 virtual CPUs, with tables
+    of `rows`, `steps_per_execution` steps per call and the mirrored gradients
+    reduced by `cross_device_ops`; the medians of `repeats` epochs of 32 steps
+    each, alternating, in this process (make it a fresh one):
+    {"examples_per_second": {"one_sgd" ...}, "mirrored_over_one": {"sgd", "lazy"}}.
+    Run from the repository's root: `PYTHONPATH=. python -c "from benchmarks
+    import embeddings as e; print(e.mirrored_cost(1000))"`."""
+    import os
+
+    os.environ[_ROWS_ENV] = str(rows)
+    import tfmulti
+    from tfmulti.config.train_config import TrainConfig
+    from tfmulti.insight import timing
+    from tfmulti.training import run as runs
+
+    tfmulti.configure_virtual_devices(2)
+    built = {}
+    for where, devices in (("one", None), ("mirrored", ("CPU:0", "CPU:1"))):
+        for optimizer, updates in (("sgd", "dense"), ("lazy", "lazy")):
+            config = TrainConfig(
+                model="benchmarks.embeddings:two_tower_model",
+                dataset="benchmarks.embeddings:two_tower_data",
+                optimizer="sgd" if optimizer == "sgd" else "adam", sparse_updates=updates,
+                global_batch_size=SETTINGS["global_batch_size"],
+                steps_per_execution=steps_per_execution, cross_device_ops=cross_device_ops,
+                seed=0, learning_rate=0.01,
+                distribution="mirrored" if devices else "one_device", devices=devices)
+            run = runs.build_run(config)
+            timing.time_fit(run.model, run.train_input, steps_per_execution, epochs=2)
+            built[f"{where}_{optimizer}"] = run
+    seconds: dict = {name: [] for name in built}
+    for _ in range(repeats):
+        for name, run in built.items():
+            seconds[name] += timing.time_fit(run.model, run.train_input, 32, epochs=2)
+    rates = {name: round(SETTINGS["global_batch_size"] / statistics.median(s))
+             for name, s in seconds.items()}
+    return {"rows": rows, "steps_per_execution": steps_per_execution,
+            "cross_device_ops": cross_device_ops, "examples_per_second": rates,
+            "mirrored_over_one": {k: round(rates[f"mirrored_{k}"] / rates[f"one_{k}"], 2)
+                                  for k in ("sgd", "lazy")}}
+
+
+_TABLE_READ_RUN = """
+import json, sys
+from tfmulti.runtime import keras_fixes
+from benchmarks import embeddings
+if sys.argv[1] == "whole":  # the fix left out: apply_keras_fixes installs a no-op in its place
+    keras_fixes._WHOLE_TABLE_READ = keras_fixes._Fix("left out", "-", "", ())
+    keras_fixes._patch_whole_table_reads = lambda: None
+settings = {k: v for k, v in embeddings.SETTINGS.items()}
+print(json.dumps(embeddings.worker(1, **settings)["examples_per_second"]))
+"""
+
+
+def table_reads(repeats: int = 3) -> dict:
+    """The suite's one-process figures (`worker`: one repeat of its settings)
+    with the lookups gathering rows from the tables and reading them whole
+    (the fix for keras-core#229 left out, `_TABLE_READ_RUN`), alternating,
+    each in a fresh process: {"rows" | "whole": {variant: [examples/s, ...]},
+    "median": {mode: {variant: ...}}}. Run from the repository's root:
+    `PYTHONPATH=. python -c "from benchmarks import embeddings as e; print(e.table_reads(3))"`."""
+    import json
+    import subprocess
+    import sys
+
+    out: dict = {mode: {} for mode in ("rows", "whole")}
+    for _ in range(repeats):
+        for mode, record in out.items():
+            result = subprocess.run([sys.executable, "-c", _TABLE_READ_RUN, mode],
+                                    capture_output=True, text=True, timeout=1200, check=True)
+            for variant, rates in json.loads(result.stdout.strip().splitlines()[-1]).items():
+                record.setdefault(variant, []).extend(round(r) for r in rates)
+    out["median"] = {mode: {variant: statistics.median(rates) for variant, rates in record.items()}
+                     for mode, record in out.items()}
+    return out
+
+
 def _tables_cap(flags: list[str], anon: dict, rows: int, folder: str) -> dict:
     """The tables whole and sharded on 2 workers under one cap per worker,
     halfway between the two ways' peaks of anonymous memory (`anon`: the

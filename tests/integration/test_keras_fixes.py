@@ -30,6 +30,7 @@ from tests.unit.test_keras_fixes import (
     SCALAR_LOGS_MULTI_WORKER,
     STEPS_PER_CALL,
     UNEVEN_FIRST_BATCH,
+    WHOLE_TABLE_READ,
 )
 from tests.workers import keras_upstream
 
@@ -644,12 +645,13 @@ def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
     assert r["mirrored"] == r["again"] == [UNEVEN_FIRST_BATCH, STEPS_PER_CALL,
                                            BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
                                            MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
-                                           REPEATED_ROWS, PACKED_ROWS, ONE_REPLICAS_FINITE]
-    assert r["one_device"] == [MODEL_WITHOUT_CALL, REPEATED_ROWS]
+                                           REPEATED_ROWS, PACKED_ROWS, ONE_REPLICAS_FINITE,
+                                           WHOLE_TABLE_READ]
+    assert r["one_device"] == [MODEL_WITHOUT_CALL, REPEATED_ROWS, WHOLE_TABLE_READ]
     assert r["everything"] == [FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER,
                                STEPS_PER_CALL, BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
                                MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP, REPEATED_ROWS,
-                               PACKED_ROWS, ONE_REPLICAS_FINITE]
+                               PACKED_ROWS, ONE_REPLICAS_FINITE, WHOLE_TABLE_READ]
     assert r["stderr"] == ("tfmulti: Keras fixes active: a first batch split unevenly over "
                            "replicas (keras#20585), several steps per call with 2+ "
                            "replicas (keras#19246), BatchNormalization statistics that differ "
@@ -659,4 +661,5 @@ def test_apply_keras_fixes_says_once_which_fixes_are_active(upstream):
                            "the train step with 2+ replicas (keras#23085), rows repeated in "
                            "a sparse gradient (keras#18692), sparse gradients all-reduced one "
                            "table at a time (tensorflow#53160), loss scaling that checks one "
-                           "replica's gradients (keras#18691)\n")
+                           "replica's gradients (keras#18691), a lookup that copies its whole "
+                           "table (keras-core#229)\n")

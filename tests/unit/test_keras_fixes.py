@@ -30,6 +30,7 @@ BUILT_IN_THE_STEP = "optimizers and layers built in the train step with 2+ repli
 REPEATED_ROWS = "rows repeated in a sparse gradient"
 PACKED_ROWS = "sparse gradients all-reduced one table at a time"
 ONE_REPLICAS_FINITE = "loss scaling that checks one replica's gradients"
+WHOLE_TABLE_READ = "a lookup that copies its whole table"
 
 
 def test_fix_slurm_resolver_on_cpu_nodes(monkeypatch):
@@ -257,7 +258,8 @@ def test_fix_trains_a_model_without_call_on_one_device_strategy_as_without():
     from tests.workers import keras_upstream
 
     strategy = tfmulti.get_strategy("one_device", devices=["CPU:0"])
-    assert tfmulti.apply_keras_fixes(strategy) == [MODEL_WITHOUT_CALL, REPEATED_ROWS]
+    assert tfmulti.apply_keras_fixes(strategy) == [MODEL_WITHOUT_CALL, REPEATED_ROWS,
+                                                   WHOLE_TABLE_READ]
     with strategy.scope():
         got = keras_upstream.own_step("gan")
     want = keras_upstream.own_step("gan")
@@ -476,6 +478,155 @@ def test_fix_packs_sparse_gradients_of_one_row_shape_into_one_reduction():
 
 
 # --------------------------------------------------------------------------
+# A lookup that copies its whole table (keras-core#229).
+
+TABLE_BYTES = 1000 * 256 * 4
+
+
+def _keras_take():
+    """Keras' own TensorFlow `take`, unpatched wherever the fix is installed."""
+    import inspect
+
+    from keras.src.backend.tensorflow import numpy as tf_numpy
+
+    return inspect.unwrap(tf_numpy.take)  # (installed again by a test of the fixes: twice)
+
+
+def _table_readers(function, table) -> set[str]:
+    """The types of the ops of `function`'s graph that read `table` (a Keras
+    variable) through its handle."""
+    concrete = function.get_concrete_function()
+    handles = [inner for outer, inner in concrete.graph.captures
+               if outer is table._value.handle]  # pylint: disable=protected-access
+    return {op.type for op in concrete.graph.get_operations()
+            if any(t is h for t in op.inputs for h in handles)}
+
+
+def _allocated_by(function) -> int | None:
+    """The bytes TensorFlow's CPU allocator held at most during `function()`
+    above what it held before (None: the allocator keeps no count here)."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        function()
+        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    except (ValueError, tf.errors.OpError):
+        return None
+    return None if peak == 0 else peak - before
+
+
+def _sparsely_updated_table():
+    """A Keras variable of 1000 x 256 floats (1 MB) that had a sparse update,
+    as SGD's update of an `Embedding`'s gradient (a scatter) leaves a table."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    table = keras.Variable(np.arange(1000 * 256, dtype="float32").reshape(1000, 256))
+    table._value.scatter_sub(tf.IndexedSlices(tf.ones([1, 256]), tf.constant([3])))
+    return table
+
+
+def test_upstream_bug_a_lookup_reads_its_whole_table_and_copies_it_after_a_sparse_update():
+    # Keras' take of rows reads the table whole (a ReadVariableOp), and TensorFlow,
+    # which keeps a sparsely updated variable in copy-on-read mode, copies it all
+    # at that read: 1 MB allocated for a lookup of 3 rows.
+    import tensorflow as tf
+
+    table, take = _sparsely_updated_table(), _keras_take()
+    lookup = tf.function(lambda: take(table, tf.constant([3, 1, -1]), axis=0))
+    assert _table_readers(lookup, table) == {"ReadVariableOp"}
+    copied = _allocated_by(lookup)
+    if copied is None:
+        pytest.skip("TensorFlow's CPU allocator keeps no count of its bytes here (oneDNN off)")
+    assert copied >= TABLE_BYTES, copied
+
+
+def test_fix_gathers_the_rows_from_the_variable():
+    # The same rows (a negative id counted from the end, as Keras counts it) by a
+    # ResourceGather of the variable: only the rows' bytes are allocated.
+    import numpy as np
+    import tensorflow as tf
+
+    import tfmulti
+    from keras.src.backend.tensorflow import numpy as tf_numpy
+
+    assert WHOLE_TABLE_READ in tfmulti.apply_keras_fixes(tf.distribute.OneDeviceStrategy("CPU:0"))
+    table = _sparsely_updated_table()
+    ids = tf.constant([3, 1, -1])
+    lookup = tf.function(lambda: tf_numpy.take(table, ids, axis=0))
+    assert _table_readers(lookup, table) == {"ResourceGather"}
+    np.testing.assert_array_equal(lookup(), _keras_take()(table, ids, axis=0))
+    np.testing.assert_array_equal(lookup()[0], np.arange(3 * 256, 4 * 256) - 1)
+    copied = _allocated_by(lookup)
+    assert copied is None or copied < TABLE_BYTES / 10, copied
+    # Not a row lookup, or not a variable: Keras' own.
+    flat = tf.function(lambda: tf_numpy.take(table, tf.constant([5])))
+    assert _table_readers(flat, table) == {"ReadVariableOp"}
+    np.testing.assert_array_equal(tf_numpy.take(table.value, ids, axis=0), lookup())
+
+
+def _embedding_sgd_run(strategy):
+    """An Embedding (1000 x 8, ids -1 included) and a Dense, trained by SGD 2
+    epochs under `strategy`: the weights."""
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        ids = keras.Input((), dtype="int32")
+        model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Embedding(1000, 8)(ids)))
+        model.compile(keras.optimizers.SGD(0.5), "mse")
+    rng = np.random.default_rng(0)
+    x = rng.integers(-1, 1000, 256).astype("int32")
+    model.fit(x, (x % 2).astype("float32"), batch_size=32, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+@pytest.mark.slow
+def test_fix_trains_a_table_to_the_weights_of_keras_own_lookup(monkeypatch):
+    # SGD's scatter updates put the table in copy-on-read mode after the first
+    # step; on one device and on 2 replicas the gathered rows train it to the
+    # very weights the whole reads do.
+    import numpy as np
+
+    import tfmulti
+    from keras.src.backend.tensorflow import numpy as tf_numpy
+
+    for strategy in (tfmulti.get_strategy("one_device", devices=["CPU:0"]),
+                     tfmulti.get_strategy("mirrored", devices=["CPU:0", "CPU:1"])):
+        assert WHOLE_TABLE_READ in tfmulti.apply_keras_fixes(strategy)
+        got = _embedding_sgd_run(strategy)
+        with monkeypatch.context() as patch:
+            patch.setattr(tf_numpy, "take", _keras_take())
+            want = _embedding_sgd_run(strategy)
+        assert len(got) == len(want) == 3
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert np.abs(got[0] - want[0]).max() == 0 and np.abs(got[0]).max() > 0
+
+
+@pytest.mark.parametrize("distribution", ["pipeline", "hybrid"])
+def test_a_model_placed_by_hand_gets_the_lookup_fix(distribution, monkeypatch):
+    # tfmulti's pipeline and hybrid train without a strategy (placement by hand):
+    # their lookups gather rows too.
+    from keras.src.backend.tensorflow import numpy as tf_numpy
+
+    from tfmulti.config.train_config import TrainConfig
+    from tfmulti.runtime import keras_fixes
+    from tfmulti.training import run as runs
+
+    monkeypatch.setattr(keras_fixes, "_applied", set())
+    monkeypatch.setattr(keras_fixes, "_announced", True)  # this process printed its line
+    monkeypatch.setattr(tf_numpy, "take", _keras_take())
+    runs._strategy(TrainConfig(distribution=distribution))
+    assert keras_fixes.active_fixes() == [WHOLE_TABLE_READ]
+    assert tf_numpy.take.__wrapped__ is _keras_take()
+
+
+# --------------------------------------------------------------------------
 # apply_keras_fixes: the fixes for a strategy the user built.
 
 
@@ -493,7 +644,7 @@ def test_apply_keras_fixes_to_a_mirrored_strategy_the_user_built():
                                                    BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV,
                                                    MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
                                                    REPEATED_ROWS, PACKED_ROWS,
-                                                   ONE_REPLICAS_FINITE]
+                                                   ONE_REPLICAS_FINITE, WHOLE_TABLE_READ]
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
@@ -511,12 +662,12 @@ def test_apply_keras_fixes_by_strategy():
 
     keras_fixes.apply_keras_fixes()  # all of them, once
     assert keras_fixes.apply_keras_fixes(tf.distribute.OneDeviceStrategy("CPU:0")) == [
-        MODEL_WITHOUT_CALL, REPEATED_ROWS]
+        MODEL_WITHOUT_CALL, REPEATED_ROWS, WHOLE_TABLE_READ]
     assert keras_fixes.apply_keras_fixes(tf.distribute.get_strategy()) == []
     assert keras_fixes.apply_keras_fixes() == keras_fixes.active_fixes() == [
         FIT_MULTI_WORKER, UNEVEN_FIRST_BATCH, SCALAR_LOGS_MULTI_WORKER, STEPS_PER_CALL,
         BATCH_NORM_STATISTICS, EMPTY_BATCH_CONV, MODEL_WITHOUT_CALL, BUILT_IN_THE_STEP,
-        REPEATED_ROWS, PACKED_ROWS, ONE_REPLICAS_FINITE]
+        REPEATED_ROWS, PACKED_ROWS, ONE_REPLICAS_FINITE, WHOLE_TABLE_READ]
 
 
 # --------------------------------------------------------------------------
@@ -549,6 +700,7 @@ def test_recorded_keras_functions_are_the_installed_ones():
     (PACKED_ROWS, "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients"),
     (ONE_REPLICAS_FINITE,
      "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer.check_finite"),
+    (WHOLE_TABLE_READ, "keras.src.backend.tensorflow.numpy:take"),
 ])
 def test_guard_leaves_a_fix_off_where_keras_changed(fix, changed, monkeypatch):
     import importlib
@@ -580,7 +732,7 @@ def test_guard_leaves_a_fix_off_where_keras_changed(fix, changed, monkeypatch):
     # One warning per fix that replaces the changed function, this one's among them.
     sharing = [f for f in keras_fixes._needed(None) if changed in f.replaces]
     assert len(caught) == len(sharing)
-    assert any(re.search(rf"fix for {re.escape(fix)} \([a-z]+#\d+\) was written for Keras "
+    assert any(re.search(rf"fix for {re.escape(fix)} \([a-z-]+#\d+\) was written for Keras "
                          rf"3\.15, .*{attribute}\. The fix stays off", str(w.message))
                for w in caught), [str(w.message) for w in caught]
     assert getattr(owner, attribute) is new_keras_version  # not patched

@@ -481,12 +481,20 @@ class TrainConfig:
         "the function itself." + _TRUST.format(flag="callbacks"))
 
     def _check_shard_embeddings(self) -> None:
-        """Refuses what `shard_embeddings` cannot be combined with, in one line."""
+        """Refuses a distribution `shard_embeddings` does not run under, and
+        what it cannot be combined with (`check_shard_embeddings_settings`)."""
         if self.distribution not in ("mirrored", "multi_worker", "auto"):
             raise ValueError(
                 f"`shard_embeddings` splits the tables' rows over data-parallel replicas: "
                 f"distribution 'mirrored' or 'multi_worker', got {self.distribution!r}; leave "
                 f"shard_embeddings off for {self.distribution!r}.")
+        self.check_shard_embeddings_settings()
+
+    def check_shard_embeddings_settings(self) -> None:
+        """Refuses, in one line, the settings (whatever the distribution) that
+        tables sharded by rows cannot be combined with: `tfmulti train`'s
+        check and `tfmulti estimate-memory`'s (which refuses distributions
+        its own way)."""
         if self.sparse_updates == "lazy":
             raise ValueError(
                 "`sparse_updates` 'lazy' and `shard_embeddings` cannot be combined yet: a "

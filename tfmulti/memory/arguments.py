@@ -156,15 +156,6 @@ def check_estimate_arguments(model="mlp", *, dataset=None, distribution: str = "
     return Layout(settings, replicas, stages, micro, T, sizes)
 
 
-def _check_shard_embeddings(config: TrainConfig) -> None:
-    """Refuses, as training does, a configuration's settings that tables
-    sharded by rows cannot be combined with (its distribution is the
-    estimate's to refuse, in `check_estimate_arguments`)."""
-    if config.sparse_updates == "lazy" or config.accumulate_steps > 1:
-        # pylint: disable-next=protected-access
-        config.replace(distribution="mirrored")._check_shard_embeddings()
-
-
 def config_arguments(config: TrainConfig, *, num_devices: int | None = None,
                      given: tuple | set | None = None) -> dict:
     """`estimate_memory`'s arguments for a training configuration, its layout
@@ -216,7 +207,8 @@ def config_arguments(config: TrainConfig, *, num_devices: int | None = None,
     if config.zero_stage:
         arguments["zero_stage"] = config.zero_stage
     if config.shard_embeddings:
-        _check_shard_embeddings(config)
+        # Its distribution is the estimate's to refuse (check_estimate_arguments).
+        config.check_shard_embeddings_settings()
         arguments["shard_embeddings"] = True
     if (own and given is None) or (given is not None and "dataset" in given):
         arguments["dataset"] = config.dataset

@@ -41,6 +41,13 @@ Each fix is named by the symptom it cures and links its upstream issue:
   row shape into one `IndexedSlices` (each table's ids offset past the
   previous tables' rows), all-reduces that, and splits it back: the same
   rows in the same order, one cond and three all-gathers in all.
+* "a lookup that copies its whole table" (keras-core#229, the symptom of
+  keras#15376): Keras 3's `take` (an `Embedding`'s lookup) reads the whole
+  table and gathers rows from that; after the table's first sparse update
+  (SGD, a lazy update) TensorFlow keeps the variable in copy-on-read mode, so
+  every such read copies the whole table (two tables of 1M x 32: 256 MB
+  copied per step). A patch of Keras' TensorFlow `take` gathers the rows from
+  the variable itself (`ResourceGather`): the same rows, the same gradient.
 * "SlurmClusterResolver without GPUs" (tensorflow#56894):
   `slurm_cluster_resolver`.
 
@@ -78,7 +85,7 @@ from typing import Mapping
 import tensorflow as tf
 
 __all__ = ["KERAS_ORIGINALS", "TESTED_KERAS", "active_fixes", "apply_keras_fixes",
-           "changed_keras_functions", "combined_rows", "mirrored_strategy", "packed_rows_all_reduce",
+           "apply_placement_fixes", "changed_keras_functions", "combined_rows", "mirrored_strategy", "packed_rows_all_reduce",
            "run_steps",
            "slurm_cluster_resolver"]
 
@@ -142,6 +149,10 @@ _PACKED_ROWS = _Fix(
     "sparse gradients all-reduced one table at a time", "tensorflow#53160",
     "https://github.com/tensorflow/tensorflow/issues/53160",
     (_OPTIMIZER + "TFOptimizer._all_reduce_sum_gradients",))
+_WHOLE_TABLE_READ = _Fix(
+    "a lookup that copies its whole table", "keras-core#229",
+    "https://github.com/keras-team/keras-core/pull/229",
+    ("keras.src.backend.tensorflow.numpy:take",))
 _LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer."
 _ONE_REPLICAS_FINITE = _Fix(
     "loss scaling that checks one replica's gradients", "keras#18691",
@@ -188,6 +199,8 @@ KERAS_ORIGINALS = {  # "module:qualified name" -> SHA-256 of its source in Keras
         "b0ce693a4ff0133b24ff258572b4279b2154ed1a3ff0478368ec5914272ea3a5",
     _LOSS_SCALE + "_tf_apply":
         "e702c4db1a0622e3b4da2f76d6cca4660f63c145e272d7510d96d674cf944814",
+    "keras.src.backend.tensorflow.numpy:take":
+        "795868a4c04bb1b45f0e7726525ccce27ba8d70e2ac83e36b92eb08ff3c08d32",
 }
 """Each Keras function a fix replaces, with the SHA-256 of its source."""
 
@@ -269,13 +282,13 @@ def _needed(strategy) -> tuple[_Fix, ...]:
         return (_FIT_MULTI_WORKER, _UNEVEN_FIRST_BATCH, _SCALAR_LOGS_MULTI_WORKER,
                 _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV,
                 _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP, _REPEATED_ROWS, _PACKED_ROWS,
-                _ONE_REPLICAS_FINITE)
+                _ONE_REPLICAS_FINITE, _WHOLE_TABLE_READ)
     if isinstance(strategy, tf.distribute.MirroredStrategy):
         return (_UNEVEN_FIRST_BATCH, _STEPS_PER_CALL, _BATCH_NORM_STATISTICS, _EMPTY_BATCH_CONV,
                 _MODEL_WITHOUT_CALL, _BUILT_IN_THE_STEP, _REPEATED_ROWS, _PACKED_ROWS,
-                _ONE_REPLICAS_FINITE)
+                _ONE_REPLICAS_FINITE, _WHOLE_TABLE_READ)
     if isinstance(strategy, tf.distribute.OneDeviceStrategy):
-        return (_MODEL_WITHOUT_CALL, _REPEATED_ROWS)
+        return (_MODEL_WITHOUT_CALL, _REPEATED_ROWS, _WHOLE_TABLE_READ)
     return ()
 
 
@@ -295,7 +308,8 @@ def active_fixes() -> list[str]:
         ...     "optimizers and layers built in the train step with 2+ replicas",
         ...     "rows repeated in a sparse gradient",
         ...     "sparse gradients all-reduced one table at a time",
-        ...     "loss scaling that checks one replica's gradients"}
+        ...     "loss scaling that checks one replica's gradients",
+        ...     "a lookup that copies its whole table"}
         True
     """
     return [fix.name for fix in _needed(None) if fix.name in _applied]
@@ -338,8 +352,11 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
       `call`, such as a GAN written around its `train_step`) and "rows
       repeated in a sparse gradient" (the scatter updates of keras#18692: an
       `Embedding` whose batch repeats an id, trained by Adam, RMSprop,
-      Adagrad..., updated as if each occurrence were a step of its own);
-    * any other strategy: none. None: all ten (before the strategy exists).
+      Adagrad..., updated as if each occurrence were a step of its own),
+      and "a lookup that copies its whole table" (keras-core#229: an
+      `Embedding`'s lookup reads its whole table, which TensorFlow copies at
+      every read once the table had a sparse update: SGD's, a lazy one);
+    * any other strategy: none. None: all twelve (before the strategy exists).
 
     Calling it again does nothing more. The first call in a process that
     installs a fix prints one line to stderr naming the active fixes. A fix
@@ -364,8 +381,15 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
          'convolutions on an empty batch under oneDNN', 'a model without call under a strategy',
          'optimizers and layers built in the train step with 2+ replicas',
          'rows repeated in a sparse gradient', 'sparse gradients all-reduced one table at a time',
-         "loss scaling that checks one replica's gradients"]
+         "loss scaling that checks one replica's gradients", 'a lookup that copies its whole table']
     """
+    return _apply(_needed(strategy))
+
+
+def _apply(needed: tuple[_Fix, ...]) -> list[str]:
+    """Installs the patches of `needed` (once per process); the first that
+    installs any prints the line naming the active fixes. Returns the names
+    of those of `needed` that are active."""
     global _announced
     patches = {_FIT_MULTI_WORKER: _patch_symbolic_build,
                _UNEVEN_FIRST_BATCH: _patch_symbolic_build,  # the same patch, installed once
@@ -377,8 +401,8 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
                _BUILT_IN_THE_STEP: _patch_variables_in_replicas,
                _REPEATED_ROWS: _patch_repeated_rows,
                _PACKED_ROWS: _patch_packed_rows,
-               _ONE_REPLICAS_FINITE: _patch_loss_scale_finite}
-    needed = _needed(strategy)
+               _ONE_REPLICAS_FINITE: _patch_loss_scale_finite,
+               _WHOLE_TABLE_READ: _patch_whole_table_reads}
     with _lock:
         for fix in needed:
             _install(fix, patches[fix])
@@ -388,6 +412,23 @@ def apply_keras_fixes(strategy: tf.distribute.Strategy | None = None) -> list[st
             names = ", ".join(str(fix) for fix in _needed(None) if fix.name in _applied)
             print(f"tfmulti: Keras fixes active: {names}", file=sys.stderr, flush=True)
     return active
+
+
+def apply_placement_fixes() -> list[str]:
+    """Installs the fixes that a model placed on devices by hand meets (no
+    strategy: tfmulti's pipeline and hybrid): "a lookup that copies its
+    whole table" (keras-core#229). As `apply_keras_fixes`, once per process,
+    one line on stderr at the first fix installed.
+
+    Returns:
+        The names of the fixes active for such a model.
+
+    Example:
+        >>> from tfmulti.runtime import keras_fixes
+        >>> keras_fixes.apply_placement_fixes()
+        ['a lookup that copies its whole table']
+    """
+    return _apply((_WHOLE_TABLE_READ,))
 
 
 # --------------------------------------------------------------------------
@@ -1114,6 +1155,71 @@ def _patch_packed_rows() -> None:
 
     _all_reduce_sum_gradients.__wrapped__ = original
     tf_optimizer.TFOptimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients
+
+
+# --------------------------------------------------------------------------
+# A lookup that copies its whole table (keras-core#229; keras#15376).
+#
+# Keras 3's `Embedding` looks its ids up with `ops.take(self.embeddings, ids)`,
+# whose TensorFlow version converts the table to a tensor (a `ReadVariableOp`
+# of the whole table) and gathers the rows from that. TensorFlow keeps a
+# variable that had a sparse update (`scatter_sub`: SGD's update of an
+# `IndexedSlices` gradient, a lazy update's) in copy-on-read mode, where every
+# whole read copies the buffer: a table of 1M x 32 floats, 128 MB copied at
+# every lookup, per table, per replica, per step, whatever the batch. Gathering
+# from the variable itself (`ResourceGather`, as `tf.nn.embedding_lookup` and
+# Keras 2's `Embedding` do) copies the batch's rows only. The patch does that
+# for Keras' own variables (the table of any layer that `take`s from one, axis
+# 0, dense ids), outside Keras' symbolic and stateless scopes and where no
+# autocast applies; the rows, negative ids counted from the end as Keras
+# counts them, and the gradient (an `IndexedSlices` of the same rows) are
+# Keras' own.
+# --------------------------------------------------------------------------
+
+def _variable_rows_source(x, indices, axis):
+    """The TensorFlow variable that `take(x, indices, axis)` may gather from
+    instead of reading it whole (None: Keras' own `take`): that of Keras'
+    own variable class (not a subclass: tfmulti's sharded parameters read
+    otherwise), a resource variable or, mirrored, this replica's copy (the
+    one a whole read reads); its rows (axis 0), dense ids, no Keras scope
+    that reads the variable as another value."""
+    import keras
+    from keras.src.backend.common import variables as common_variables
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+    from tensorflow.python.distribute import values as values_lib
+    from tensorflow.python.ops import resource_variable_ops
+
+    if type(x) is not keras.Variable or axis != 0:
+        return None
+    if isinstance(indices, (tf.SparseTensor, tf.RaggedTensor)):
+        return None
+    if in_stateless_scope() or in_symbolic_scope():
+        return None
+    if x._autocast and common_variables.get_autocast_scope() is not None:  # pylint: disable=protected-access
+        return None
+    table = x._value  # pylint: disable=protected-access
+    if isinstance(table, values_lib.MirroredVariable):
+        table = table._get_on_device_or_primary()  # pylint: disable=protected-access
+    return table if isinstance(table, resource_variable_ops.BaseResourceVariable) else None
+
+
+def _patch_whole_table_reads() -> None:
+    from keras.src.backend.tensorflow import numpy as tf_numpy
+
+    original = tf_numpy.take
+
+    # Keras' own, its rows gathered from the variable where it holds them.
+    def take(x, indices, axis=None):
+        table = _variable_rows_source(x, indices, axis)
+        if table is None:
+            return original(x, indices, axis=axis)
+        indices = tf_numpy.convert_to_tensor(indices)
+        indices = tf.where(indices < 0, indices + tf.cast(x.shape[0], indices.dtype), indices)
+        return tf.gather(table, indices)
+
+    take.__wrapped__ = original
+    tf_numpy.take = take
 
 
 # --------------------------------------------------------------------------

@@ -49,7 +49,9 @@ def _cross_device_ops(name: str, device_names: list[str]):
             "use 'hierarchical_copy' or 'reduce_to_one'."
         )
     if name == "auto":
-        return None  # TensorFlow picks: NCCL on GPUs, reduction to one device otherwise.
+        # TensorFlow picks its collectives (CollectiveAllReduce): NCCL on GPUs, RING on
+        # CPUs; reduction to one device where CPUs and GPUs mix.
+        return None
     if name == "nccl":
         return tf.distribute.NcclAllReduce()
     if name == "hierarchical_copy":
@@ -256,8 +258,8 @@ def get_strategy(
         devices (Sequence[str] | None): device names ("CPU:0", "/gpu:1", ...), or None for the
             default.
         cross_device_ops: how "mirrored" reduces gradients: "auto" (default,
-            TensorFlow's choice), "nccl" (GPUs), "hierarchical_copy" (GPUs),
-            or "reduce_to_one" (any device).
+            TensorFlow's choice: its collectives, ring on CPUs), "nccl" (GPUs),
+            "hierarchical_copy" (GPUs), or "reduce_to_one" (any device).
         communication: "multi_worker" all-reduce: "auto" (default), "ring"
             (gRPC, any device) or "nccl" (GPUs).
         collective_timeout: "multi_worker": fail a collective that waits

@@ -41,7 +41,7 @@ from tfmulti.parallel import zero
 from tfmulti.parallel.layouts import build_parallel_transformer
 from tfmulti.parallel.pipeline import PipelineModel
 from tfmulti.parallel.tensor_models import split_for_pipeline
-from tfmulti.runtime import devices
+from tfmulti.runtime import devices, keras_fixes
 from tfmulti.runtime import strategy as strategy_lib
 from tfmulti.training import compiling
 from tfmulti.utils import human
@@ -139,6 +139,7 @@ def _strategy(config: TrainConfig):
     if config.num_virtual_devices:
         devices.configure_virtual_devices(config.num_virtual_devices)
     if config.model_parallel:
+        keras_fixes.apply_placement_fixes()
         return tf.distribute.get_strategy()  # placement is manual, per stage
     return strategy_lib.get_strategy(
         config.distribution, devices=list(config.devices) if config.devices else None,
