@@ -18,7 +18,7 @@ from tfmulti.utils import checks
 from benchmarks import _harness
 from tfmulti.config.train_config import TrainConfig
 
-__all__ = ["SETTINGS", "TOY", "run", "worker"]
+__all__ = ["SETTINGS", "TOY", "reductions", "run", "worker"]
 
 SETTINGS = {"global_batch_size": 256, "steps_per_execution": 16, "num_examples": 16384,
             "seconds": 1.0, "device_counts": [1, 2, 4]}
@@ -81,3 +81,36 @@ def run(repeats: int) -> dict:
                    "both through intra-op threads); more replicas add work (all-reduce, "
                    "smaller matmuls), never compute",
     }
+
+
+def reductions(model: str = "mlp", repeats: int = 3) -> dict:
+    """Mirrored x 2 (2 virtual CPUs) with the gradients reduced by TensorFlow's
+    collectives (`cross_device_ops="auto"`: ring all-reduce on CPUs) and
+    through one device ("reduce_to_one"): `model` on synthetic data, global
+    batch 256, 1 step per call; examples/s, the medians of `repeats` epochs of
+    16 steps each, alternating, in this process (make it a fresh one). Run
+    from the repository's root: `PYTHONPATH=. python -c "from benchmarks
+    import devices; print(devices.reductions('mlp'))"`."""
+    import statistics
+
+    import tfmulti
+    from tfmulti.insight import timing
+    from tfmulti.training import run as runs
+
+    tfmulti.configure_virtual_devices(2)
+    built = {}
+    for ops in ("auto", "reduce_to_one"):
+        config = TrainConfig(model=model, dataset="synthetic", num_examples=8192,
+                             global_batch_size=256, steps_per_execution=1,
+                             cross_device_ops=ops, seed=0, distribution="mirrored",
+                             devices=("CPU:0", "CPU:1"))
+        run = runs.build_run(config)
+        timing.time_fit(run.model, run.train_input, 1, epochs=2)  # builds and traces
+        built[ops] = run
+    seconds: dict = {ops: [] for ops in built}
+    for _ in range(repeats):
+        for ops, run in built.items():
+            seconds[ops] += timing.time_fit(run.model, run.train_input, 16, epochs=2)
+    rates = {ops: round(256 / statistics.median(s)) for ops, s in seconds.items()}
+    return {"model": model, "examples_per_second": rates,
+            "reduce_to_one_over_auto": round(rates["reduce_to_one"] / rates["auto"], 2)}

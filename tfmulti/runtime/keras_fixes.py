@@ -85,9 +85,8 @@ from typing import Mapping
 import tensorflow as tf
 
 __all__ = ["KERAS_ORIGINALS", "TESTED_KERAS", "active_fixes", "apply_keras_fixes",
-           "apply_placement_fixes", "changed_keras_functions", "combined_rows", "mirrored_strategy", "packed_rows_all_reduce",
-           "run_steps",
-           "slurm_cluster_resolver"]
+           "apply_placement_fixes", "changed_keras_functions", "combined_rows",
+           "mirrored_strategy", "packed_rows_all_reduce", "run_steps", "slurm_cluster_resolver"]
 
 
 @dataclasses.dataclass(frozen=True)
