@@ -276,28 +276,40 @@ print(json.dumps({"seconds": time.perf_counter() - start, "test_loss": metrics["
 """
 
 
+def _alternating_processes(script: str, modes: tuple[str, ...], repeats: int,
+                           timeout: float) -> dict[str, list]:
+    """`script` (a `python -c` program printing one JSON line last) run once
+    per mode and repeat, each in a fresh process, the modes alternating, its
+    mode as its first argument and a temporary folder as its second:
+    {mode: [each run's JSON]}."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    out: dict[str, list] = {mode: [] for mode in modes}
+    for _ in range(repeats):
+        for mode, runs in out.items():
+            with tempfile.TemporaryDirectory() as folder:
+                result = subprocess.run([sys.executable, "-c", script, mode, folder + "/run"],
+                                        capture_output=True, text=True, timeout=timeout,
+                                        check=True)
+            runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    return out
+
+
 def packed_rows(repeats: int = 2) -> dict:
     """The corpus' DCN (39 tables) trained mirrored x 2 with the sparse
     gradients packed and not (`_PACKED_RUN`), alternating, each in a fresh
     process: {"packed" | "unpacked": {"seconds": [...], "test_loss": [...],
     "median_seconds": ...}}. Run from the repository's root:
     `PYTHONPATH=. python -c "from benchmarks import embeddings as e; print(e.packed_rows(2))"`."""
-    import json
-    import subprocess
-    import sys
-    import tempfile
-
-    out = {mode: {"seconds": [], "test_loss": []} for mode in ("packed", "unpacked")}
-    for _ in range(repeats):
-        for mode, record in out.items():
-            with tempfile.TemporaryDirectory() as folder:
-                result = subprocess.run([sys.executable, "-c", _PACKED_RUN, mode, folder + "/run"],
-                                        capture_output=True, text=True, timeout=900, check=True)
-            run = json.loads(result.stdout.strip().splitlines()[-1])
-            record["seconds"].append(round(run["seconds"], 1))
-            record["test_loss"].append(run["test_loss"])
-    for record in out.values():
-        record["median_seconds"] = statistics.median(record["seconds"])
+    out = {}
+    for mode, runs in _alternating_processes(_PACKED_RUN, ("packed", "unpacked"), repeats,
+                                             900).items():
+        seconds = [round(run["seconds"], 1) for run in runs]
+        out[mode] = {"seconds": seconds, "test_loss": [run["test_loss"] for run in runs],
+                     "median_seconds": statistics.median(seconds)}
     return out
 
 
@@ -353,8 +365,7 @@ from benchmarks import embeddings
 if sys.argv[1] == "whole":  # the fix left out: apply_keras_fixes installs a no-op in its place
     keras_fixes._WHOLE_TABLE_READ = keras_fixes._Fix("left out", "-", "", ())
     keras_fixes._patch_whole_table_reads = lambda: None
-settings = {k: v for k, v in embeddings.SETTINGS.items()}
-print(json.dumps(embeddings.worker(1, **settings)["examples_per_second"]))
+print(json.dumps(embeddings.worker(1, **embeddings.SETTINGS)["examples_per_second"]))
 """
 
 
@@ -365,16 +376,11 @@ def table_reads(repeats: int = 3) -> dict:
     each in a fresh process: {"rows" | "whole": {variant: [examples/s, ...]},
     "median": {mode: {variant: ...}}}. Run from the repository's root:
     `PYTHONPATH=. python -c "from benchmarks import embeddings as e; print(e.table_reads(3))"`."""
-    import json
-    import subprocess
-    import sys
-
     out: dict = {mode: {} for mode in ("rows", "whole")}
-    for _ in range(repeats):
-        for mode, record in out.items():
-            result = subprocess.run([sys.executable, "-c", _TABLE_READ_RUN, mode],
-                                    capture_output=True, text=True, timeout=1200, check=True)
-            for variant, rates in json.loads(result.stdout.strip().splitlines()[-1]).items():
+    runs = _alternating_processes(_TABLE_READ_RUN, tuple(out), repeats, 1200)
+    for mode, record in out.items():
+        for run in runs[mode]:
+            for variant, rates in run.items():
                 record.setdefault(variant, []).extend(round(r) for r in rates)
     out["median"] = {mode: {variant: statistics.median(rates) for variant, rates in record.items()}
                      for mode, record in out.items()}
